@@ -1,0 +1,120 @@
+"""The runner interface every backend implements, and feed validation shared by all of them.
+
+    with open_runner("ort", artifact) as r:         # load
+        outputs = r.infer(feeds)                     # host numpy in -> host numpy out (validated)
+        call = r.prepare(feeds)                      # inputs made resident once (device / bound buffers)
+        call()                                       # the zero-copy call benchmarks time
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+from xdeploy.export.artifact import Artifact
+from xdeploy.models.spec import Axis, Graph
+
+from xdeploy.errors import XDeployError
+
+
+@dataclass(frozen=True)
+class RunnerInfo:
+    runner: str  # registry name, e.g. "ov:bf16"
+    device: str  # "cpu", "cuda:0 (NVIDIA L4)", ...
+    precision: str  # effective compute precision: artifact precision or the runner's hint
+    threads: int
+    versions: Mapping[str, str] = field(default_factory=dict)
+
+
+def validate_feeds(graph: Graph, axes: Mapping[str, Axis], feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Check names, dtypes, ranks and dims against the exported graph; return contiguous arrays.
+
+    Every error names the input and what was expected, so a user never sees a backend's stack trace."""
+    if not isinstance(feeds, Mapping):
+        raise XDeployError(f"feeds must be a mapping of input name -> array, got {type(feeds).__name__}")
+    want = [t.name for t in graph.inputs]
+    missing = [n for n in want if n not in feeds]
+    extra = [n for n in feeds if n not in want]
+    if missing or extra:
+        raise XDeployError(f"graph {graph.name!r} expects inputs {want}; "
+                           f"missing {missing}, unexpected {extra}")
+    out: dict[str, np.ndarray] = {}
+    bound: dict[str, tuple[int, str]] = {}
+    for t in graph.inputs:
+        a = feeds[t.name]
+        if not isinstance(a, np.ndarray):
+            raise XDeployError(f"input {t.name!r} must be a numpy array, got {type(a).__name__}")
+        if a.dtype != np.dtype(t.dtype):
+            raise XDeployError(f"input {t.name!r} has dtype {a.dtype}; expected {t.dtype}")
+        if a.ndim != len(t.dims):
+            raise XDeployError(f"input {t.name!r} has rank {a.ndim} (shape {a.shape}); "
+                               f"expected rank {len(t.dims)} {tuple(t.dims)}")
+        for i, (n, d) in enumerate(zip(a.shape, t.dims)):
+            if isinstance(d, int):
+                if n != d:
+                    raise XDeployError(f"input {t.name!r} dim {i} is {n}; expected {d}")
+                continue
+            ax = axes[d]
+            if n == 0:
+                raise XDeployError(f"input {t.name!r} is empty along axis {d!r}; expected {ax.min}..{ax.max}")
+            if not ax.min <= n <= ax.max:
+                raise XDeployError(f"input {t.name!r} axis {d!r} is {n}; the artifact was exported for "
+                                   f"{ax.min}..{ax.max}")
+            if d in bound and bound[d][0] != n:
+                raise XDeployError(f"axis {d!r} is {n} in {t.name!r} but {bound[d][0]} in {bound[d][1]!r}")
+            bound[d] = (n, t.name)
+        if t.kind == "ids" and t.high and a.size and (a.min() < 0 or a.max() >= t.high):
+            raise XDeployError(f"input {t.name!r} holds ids outside 0..{t.high - 1}")
+        out[t.name] = np.ascontiguousarray(a)
+    return out
+
+
+class Runner(abc.ABC):
+    """Load an artifact graph on one backend. Subclasses implement `_load`, `_run` and optionally `prepare`."""
+
+    name: ClassVar[str]
+    variants: ClassVar[tuple[str, ...]] = ("",)  # accepted "name:variant" suffixes ("" = default)
+
+    def __init__(self, artifact: Artifact, graph: str = "model", *, variant: str = "", threads: int = 0,
+                 **options: Any) -> None:
+        if variant not in self.variants:
+            raise XDeployError(f"runner {self.name!r} has no variant {variant!r}; expected one of: "
+                               f"{', '.join(repr(v) for v in self.variants)}")
+        self.artifact, self.graph, self.variant, self.threads = artifact, artifact.graph(graph), variant, threads
+        self.options = options
+        self._load()
+
+    # -- to implement --
+    @abc.abstractmethod
+    def _load(self) -> None: ...
+
+    @abc.abstractmethod
+    def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+    @abc.abstractmethod
+    def info(self) -> RunnerInfo: ...
+
+    # -- shared --
+    def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self._run(validate_feeds(self.graph, self.artifact.spec.axes, feeds))
+
+    def prepare(self, feeds: Mapping[str, np.ndarray]) -> Callable[[], Any]:
+        """A call with validation and input staging done once; backends override to bind device buffers."""
+        checked = validate_feeds(self.graph, self.artifact.spec.axes, feeds)
+        return lambda: self._run(checked)
+
+    def close(self) -> None:
+        """Release sessions / device memory. Idempotent."""
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def output_names(self) -> list[str]:
+        return [t.name for t in self.graph.outputs]

@@ -1,0 +1,44 @@
+"""Runner registry: adding a backend = one module with a Runner subclass + one line here.
+
+Entries are import paths, so optional backends (openvino, tensorrt, onnxruntime-gpu) are imported only when
+selected. A runner spec is "name" or "name:variant", e.g. "ov:bf16", "torch:bf16", "ort-trt:fp16"."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from xdeploy.export.artifact import Artifact, load_artifact
+
+from xdeploy.errors import XDeployError, one_of
+
+from .base import Runner
+
+RUNNERS: dict[str, str] = {
+    "torch": "xdeploy.deploy.torch_runner:TorchRunner",
+    "ort": "xdeploy.deploy.ort_runner:OrtRunner",
+}
+
+
+def parse_spec(spec: str) -> tuple[str, str]:
+    name, _, variant = spec.partition(":")
+    if name not in RUNNERS:
+        raise one_of("runner", name, RUNNERS)
+    return name, variant
+
+
+def runner_class(spec: str) -> type[Runner]:
+    name, _ = parse_spec(spec)
+    module, _, cls = RUNNERS[name].partition(":")
+    try:
+        return getattr(importlib.import_module(module), cls)
+    except ImportError as e:
+        raise XDeployError(f"runner {name!r} is not available: {e}") from None
+
+
+def open_runner(spec: str, artifact: Artifact | str | Path, graph: str = "model", **options: Any) -> Runner:
+    if not isinstance(artifact, Artifact):
+        artifact = load_artifact(artifact)
+    _, variant = parse_spec(spec)
+    return runner_class(spec)(artifact, graph, variant=variant, **options)

@@ -1,0 +1,68 @@
+"""The eager PyTorch reference: fp32, or bf16 autocast on the CPU (variant "bf16"), optional torch.compile."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+from xdeploy.models.checkpoint import load_state
+from xdeploy.models.registry import get_family
+
+from xdeploy.errors import XDeployError
+
+from .base import Runner, RunnerInfo, validate_feeds
+
+
+def load_reference(artifact: Any) -> torch.nn.Module:
+    """Rebuild the PyTorch model an artifact was exported from (its reference/model.safetensors)."""
+    path = artifact.path / "reference" / "model.safetensors"
+    if not path.exists():
+        raise XDeployError(f"artifact {artifact.path} has no reference/model.safetensors for the torch runner")
+    module = get_family(artifact.model).build(artifact.config).eval()
+    load_state(module, load_file(str(path)), source=str(path))
+    return module
+
+
+class TorchRunner(Runner):
+    name = "torch"
+    variants = ("", "fp32", "bf16", "compile")
+
+    def _load(self) -> None:
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        self.module = load_reference(self.artifact)
+        fn = getattr(self.module, self.graph.method)
+        self.fn = torch.compile(fn) if self.variant == "compile" else fn
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.variant == "bf16":
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _call(self, tensors: list[torch.Tensor]) -> dict[str, np.ndarray]:
+        with torch.inference_mode(), self._autocast():
+            out = self.fn(*tensors)
+        out = out if isinstance(out, tuple) else (out,)
+        return {n: o.float().numpy() for n, o in zip(self.output_names, out)}
+
+    def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self._call([torch.from_numpy(feeds[t.name]) for t in self.graph.inputs])
+
+    def prepare(self, feeds: Mapping[str, np.ndarray]) -> Callable[[], Any]:
+        checked = validate_feeds(self.graph, self.artifact.spec.axes, feeds)
+        tensors = [torch.from_numpy(checked[t.name]) for t in self.graph.inputs]
+
+        def call() -> Any:
+            with torch.inference_mode(), self._autocast():
+                return self.fn(*tensors)
+
+        return call
+
+    def info(self) -> RunnerInfo:
+        return RunnerInfo(runner=self.name + (f":{self.variant}" if self.variant else ""), device="cpu",
+                          precision="bf16" if self.variant == "bf16" else "fp32",
+                          threads=torch.get_num_threads(), versions={"torch": torch.__version__})

@@ -1,0 +1,194 @@
+"""The artifact directory: what `xdeploy export` writes and every runner loads.
+
+    <dir>/manifest.json             what the artifact holds (schema below), with a sha256 of every file
+    <dir>/<graph>.onnx              one ONNX file per graph (model.onnx; decode.onnx / encoder.onnx for
+                                    KV-cache decoding), weights external in <graph>.onnx.data when > 2 GB
+    <dir>/reference/model.safetensors  the PyTorch weights the graphs were exported from (torch runner, parity)
+    <dir>/tokenizer/*               tokenizer files when the source checkpoint has them
+
+Manifests and ONNX files are untrusted input: `load_artifact` checks the schema, types, that every listed
+file lies inside the directory, and (by default) every sha256 before a runner touches them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from xdeploy.models.registry import get_family
+from xdeploy.models.spec import Axis, ExportSpec, Graph, TensorSpec, Tolerance
+
+from xdeploy.errors import XDeployError
+from xdeploy.fsutil import sha256_file
+
+FORMAT = "xdeploy-artifact"
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+REQUIRED = ("format", "schema_version", "model", "config", "precision", "opset", "graphs", "axes", "files")
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A loaded, validated artifact. `manifest` is the raw dict; the rest are parsed views of it."""
+
+    path: Path
+    manifest: Mapping[str, Any]
+    model: str
+    config: Any  # the model's config dataclass
+    precision: str
+    opset: int
+    spec: ExportSpec  # graphs/axes/tolerances as exported (may differ from the code's current defaults)
+
+    def onnx_path(self, graph: str = "model") -> Path:
+        return self.path / self.manifest["graphs"][self.graph(graph).name]["file"]
+
+    def graph(self, name: str = "model") -> Graph:
+        try:
+            return self.spec.graph(name)
+        except KeyError:
+            raise XDeployError(f"artifact {self.path} has no graph {name!r}; it has: "
+                               f"{', '.join(g.name for g in self.spec.graphs)}") from None
+
+    @property
+    def tokenizer_dir(self) -> Path | None:
+        d = self.path / "tokenizer"
+        return d if (d / "tokenizer.json").exists() else None
+
+    @property
+    def tolerance(self) -> Tolerance:
+        return self.spec.tolerances[self.precision]
+
+
+def _tensor_json(t: TensorSpec) -> dict[str, Any]:
+    return {"name": t.name, "dtype": t.dtype, "dims": list(t.dims), "kind": t.kind, "high": t.high}
+
+
+def spec_to_json(spec: ExportSpec, files: Mapping[str, str]) -> tuple[dict, dict, dict]:
+    graphs = {g.name: {"file": files[g.name], "method": g.method,
+                       "inputs": [_tensor_json(t) for t in g.inputs],
+                       "outputs": [_tensor_json(t) for t in g.outputs]} for g in spec.graphs}
+    axes = {k: dataclasses.asdict(a) for k, a in spec.axes.items()}
+    tols = {k: dataclasses.asdict(t) for k, t in spec.tolerances.items()}
+    return graphs, axes, tols
+
+
+def write_manifest_files(root: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Fill manifest["files"] with the sha256 of every file under root (except the manifest itself)."""
+    files = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and p.name != MANIFEST:
+            files[p.relative_to(root).as_posix()] = sha256_file(p)
+    manifest["files"] = files
+    return manifest
+
+
+# ---------------------------------------------------------------- reading (untrusted) ----
+
+def _need(cond: bool, path: Path, what: str) -> None:
+    if not cond:
+        raise XDeployError(f"invalid manifest {path}: {what}")
+
+
+def _inside(root: Path, rel: Any, mpath: Path) -> Path:
+    _need(isinstance(rel, str) and rel != "", mpath, f"file name {rel!r} is not a non-empty string")
+    p = (root / rel).resolve()
+    _need(p.is_relative_to(root.resolve()) and not Path(rel).is_absolute(), mpath,
+          f"file {rel!r} points outside the artifact directory")
+    return p
+
+
+def _parse_tensor(d: Any, mpath: Path) -> TensorSpec:
+    _need(isinstance(d, dict) and isinstance(d.get("name"), str) and isinstance(d.get("dims"), list), mpath,
+          f"tensor entry {d!r} needs a name and dims")
+    _need(d.get("dtype") in ("int64", "int32", "float32", "float16", "bool"), mpath,
+          f"tensor {d.get('name')!r} has unsupported dtype {d.get('dtype')!r}")
+    dims = d["dims"]
+    _need(all(isinstance(x, str) or (isinstance(x, int) and not isinstance(x, bool) and x > 0) for x in dims),
+          mpath, f"tensor {d['name']!r} dims must be axis names or positive ints")
+    high = d.get("high", 0)
+    _need(isinstance(high, int) and high >= 0, mpath, f"tensor {d['name']!r} has a bad 'high'")
+    return TensorSpec(d["name"], d["dtype"], tuple(dims), str(d.get("kind", "float")), high)
+
+
+def load_artifact(path: str | Path, *, verify: bool = True) -> Artifact:
+    """Load and validate an artifact directory; `verify` also checks every file's sha256."""
+    root = Path(path)
+    mpath = root / MANIFEST
+    if not root.is_dir():
+        raise XDeployError(f"artifact directory {root} does not exist")
+    try:
+        m = json.loads(mpath.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise XDeployError(f"{root} is not an xdeploy artifact: it has no {MANIFEST}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise XDeployError(f"invalid manifest {mpath}: not JSON ({e})") from None
+    _need(isinstance(m, dict), mpath, "not a JSON object")
+    missing = [k for k in REQUIRED if k not in m]
+    _need(not missing, mpath, f"missing field(s): {', '.join(missing)}")
+    _need(m["format"] == FORMAT, mpath, f"format is {m['format']!r}, expected {FORMAT!r}")
+    _need(m["schema_version"] == SCHEMA_VERSION, mpath,
+          f"schema_version {m['schema_version']!r}; this xdeploy reads version {SCHEMA_VERSION}")
+    _need(isinstance(m["opset"], int) and 7 <= m["opset"] <= 30, mpath, f"opset {m['opset']!r} out of range")
+    _need(m["precision"] in ("fp32", "fp16", "int8"), mpath, f"precision {m['precision']!r} unknown")
+    try:
+        family = get_family(m["model"])
+    except XDeployError as e:
+        raise XDeployError(f"invalid manifest {mpath}: {e}") from None
+    cfg_cls = type(next(iter(family.presets.values())))
+    fields = {f.name for f in dataclasses.fields(cfg_cls)}
+    _need(isinstance(m["config"], dict) and set(m["config"]) <= fields, mpath,
+          f"config has fields a {m['model']} config does not know: {sorted(set(m['config']) - fields)}")
+    try:
+        cfg = cfg_cls(**m["config"])
+    except TypeError as e:
+        raise XDeployError(f"invalid manifest {mpath}: config: {e}") from None
+
+    files = m["files"]
+    _need(isinstance(files, dict) and all(isinstance(v, str) for v in files.values()), mpath,
+          "files must map names to sha256 strings")
+    for rel in files:
+        _inside(root, rel, mpath)
+
+    _need(isinstance(m["axes"], dict) and m["axes"], mpath, "axes must be a non-empty object")
+    axes = {}
+    for k, a in m["axes"].items():
+        try:
+            axes[k] = Axis(int(a["min"]), int(a["opt"]), int(a["max"]))
+        except (TypeError, KeyError, ValueError) as e:
+            raise XDeployError(f"invalid manifest {mpath}: axis {k!r}: {e}") from None
+    graphs = []
+    _need(isinstance(m["graphs"], dict) and "model" in m["graphs"], mpath, "graphs must include 'model'")
+    for name, g in m["graphs"].items():
+        _need(isinstance(g, dict) and isinstance(g.get("inputs"), list) and isinstance(g.get("outputs"), list),
+              mpath, f"graph {name!r} needs inputs and outputs lists")
+        f = _inside(root, g.get("file"), mpath)
+        _need(g["file"] in files, mpath, f"graph file {g['file']!r} is not listed in files")
+        _need(f.exists(), mpath, f"graph file {g['file']!r} is missing")
+        ins = tuple(_parse_tensor(t, mpath) for t in g["inputs"])
+        outs = tuple(_parse_tensor(t, mpath) for t in g["outputs"])
+        for t in ins + outs:
+            unknown = [d for d in t.dims if isinstance(d, str) and d not in axes]
+            _need(not unknown, mpath, f"tensor {t.name!r} uses undeclared axis {unknown[:1]}")
+        graphs.append(Graph(name, str(g.get("method", "forward")), ins, outs))
+    tols = dict(family.spec(cfg).tolerances)
+    for k, t in (m.get("tolerances") or {}).items():
+        try:
+            tols[k] = Tolerance(float(t["atol"]), float(t["rtol"]), float(t["cosine"]))
+        except (TypeError, KeyError, ValueError):
+            raise XDeployError(f"invalid manifest {mpath}: tolerance {k!r} needs atol, rtol, cosine") from None
+        _need(all(math.isfinite(x) for x in dataclasses.astuple(tols[k])), mpath, f"tolerance {k!r} not finite")
+
+    if verify:
+        for rel, digest in files.items():
+            p = root / rel
+            if not p.exists():
+                raise XDeployError(f"artifact {root} is incomplete: {rel} is missing")
+            if sha256_file(p) != digest:
+                raise XDeployError(f"artifact {root} is corrupted: sha256 of {rel} does not match the manifest")
+    return Artifact(path=root, manifest=m, model=family.name, config=cfg, precision=m["precision"],
+                    opset=m["opset"], spec=ExportSpec(tuple(graphs), axes, tols))

@@ -1,0 +1,168 @@
+"""GPT-2 (Radford et al. 2019): learned positions, pre-LN causal decoder, LM head tied to the embedding.
+
+Three graphs: `model` (the full forward, which is also the prefill: logits and the KV cache of the prompt)
+and `decode` (one new token against a preallocated cache, returning only the new K/V so the runtime writes
+them in place instead of copying the whole cache every step).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from .attention import causal_bias, padding_bias
+from .layers import Layer, positions_from_mask, stack_kv
+from .spec import Axis, ExportSpec, Graph, HFImport, ModelFamily, TensorSpec, layer_flops
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    vocab_size: int = 50257
+    max_positions: int = 1024
+    d_model: int = 768
+    n_layers: int = 12
+    n_heads: int = 12
+    eps: float = 1e-5
+    eos_token_id: int = 50256
+    attn_impl: str = "sdpa"
+
+    @property
+    def d_ff(self) -> int:
+        return 4 * self.d_model
+
+
+PRESETS = {
+    "tiny": GPTConfig(vocab_size=512, max_positions=256, d_model=64, n_layers=2, n_heads=4, eos_token_id=511),
+    "small": GPTConfig(),
+}
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.wpe = nn.Embedding(cfg.max_positions, cfg.d_model)
+        self.layers = nn.ModuleList(
+            Layer(cfg.d_model, cfg.n_heads, cfg.d_ff, act="gelu_tanh", eps=cfg.eps, norm_first=True,
+                  impl=cfg.attn_impl)
+            for _ in range(cfg.n_layers)
+        )
+        self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.eps)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ln_f(x) @ self.wte.weight.T  # tied LM head: (B, T, V)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prompt (B, T) -> logits (B, T, V) and its KV cache (L, 2, B, nh, T, hs).
+
+        Positions count only real tokens, so left-padded prompts (what batched generation uses) get the same
+        positions as unpadded ones."""
+        t = input_ids.shape[1]
+        x = self.wte(input_ids) + self.wpe(positions_from_mask(attention_mask))
+        bias = causal_bias(t, t, x.device, x.dtype) + padding_bias(attention_mask, x.dtype)  # (B, 1, T, T)
+        kvs = []
+        for layer in self.layers:
+            x, kv = layer(x, bias)
+            kvs.append(kv)
+        return self._logits(x), stack_kv(kvs)
+
+    def decode(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: torch.Tensor,
+               cache_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step. input_ids, position_ids (B, 1); cache (L, 2, B, nh, C, hs) preallocated, with
+        cache_mask (B, C) = 1 on the slots written so far. Returns logits (B, 1, V) and the step's
+        new K/V (L, 2, B, nh, 1, hs) for the caller to write into slot `step` of the cache."""
+        x = self.wte(input_ids) + self.wpe(position_ids)
+        past_bias = padding_bias(cache_mask, x.dtype)  # (B, 1, 1, C)
+        kvs = []
+        for i, layer in enumerate(self.layers):
+            x, kv = layer(x, None, past=(cache[i, 0], cache[i, 1]), past_bias=past_bias)
+            kvs.append(kv)
+        return self._logits(x), stack_kv(kvs)
+
+
+def export_spec(cfg: GPTConfig) -> ExportSpec:
+    hs = cfg.d_model // cfg.n_heads
+    kv = lambda t: (cfg.n_layers, 2, "batch", cfg.n_heads, t, hs)  # noqa: E731
+    return ExportSpec(
+        graphs=(
+            Graph("model", "forward",
+                  inputs=(TensorSpec("input_ids", "int64", ("batch", "seq"), "ids", cfg.vocab_size),
+                          TensorSpec("attention_mask", "int64", ("batch", "seq"), "mask")),
+                  outputs=(TensorSpec("logits", "float32", ("batch", "seq", cfg.vocab_size)),
+                           TensorSpec("present", "float32", kv("seq")))),
+            Graph("decode", "decode",
+                  inputs=(TensorSpec("input_ids", "int64", ("batch", 1), "ids", cfg.vocab_size),
+                          TensorSpec("position_ids", "int64", ("batch", 1), "positions"),
+                          TensorSpec("cache", "float32", kv("cache")),
+                          TensorSpec("cache_mask", "int64", ("batch", "cache"), "mask")),
+                  outputs=(TensorSpec("logits", "float32", ("batch", 1, cfg.vocab_size)),
+                           TensorSpec("new_kv", "float32", kv(1)))),
+        ),
+        axes={"batch": Axis(1, 1, 16), "seq": Axis(1, 128, cfg.max_positions),
+              "cache": Axis(1, 256, cfg.max_positions)},
+    )
+
+
+def flops(cfg: GPTConfig, sizes: Mapping[str, int]) -> float:
+    b, t = sizes["batch"], sizes["seq"]
+    return b * (cfg.n_layers * layer_flops(t, t, cfg.d_model, cfg.d_ff) + 2.0 * t * cfg.d_model * cfg.vocab_size)
+
+
+# ---- Hugging Face import (GPT2Model / GPT2LMHeadModel) ----
+
+def config_from_hf(c: Mapping[str, Any]) -> GPTConfig:
+    if c.get("n_inner") not in (None, 4 * c["n_embd"]):
+        raise ValueError(f"n_inner {c['n_inner']} is not 4 * n_embd; only the standard GPT-2 MLP is supported")
+    if c.get("activation_function", "gelu_new") != "gelu_new":
+        raise ValueError(f"activation_function {c['activation_function']!r}; expected gelu_new")
+    return GPTConfig(vocab_size=c["vocab_size"], max_positions=c["n_positions"], d_model=c["n_embd"],
+                     n_layers=c["n_layer"], n_heads=c["n_head"], eps=c.get("layer_norm_epsilon", 1e-5),
+                     eos_token_id=c.get("eos_token_id", c["vocab_size"] - 1))
+
+
+def state_dict_from_hf(tensors: Mapping[str, torch.Tensor], cfg: GPTConfig) -> dict[str, torch.Tensor]:
+    # GPT-2 stores its linears as Conv1D with weight (in, out): transpose into nn.Linear's (out, in),
+    # and split the fused c_attn (C, 3C) into query/key/value.
+    out: dict[str, torch.Tensor] = {}
+    c = cfg.d_model
+    for key, w in tensors.items():
+        key = key.removeprefix("transformer.")
+        parts = key.split(".")
+        if key == "lm_head.weight" or re.fullmatch(r"h\.\d+\.attn\.(bias|masked_bias)", key):
+            continue  # tied head; causal-mask buffers of old checkpoints
+        if parts[0] in ("wte", "wpe", "ln_f"):
+            out[key] = w
+            continue
+        if parts[0] != "h":
+            out[key] = w
+            continue
+        i, rest = parts[1], ".".join(parts[2:])
+        p = f"layers.{i}."
+        if rest.startswith("attn.c_attn."):
+            kind = parts[-1]
+            chunks = w.split(c, dim=-1)
+            for name, chunk in zip(("query", "key", "value"), chunks):
+                out[f"{p}attn.{name}.{kind}"] = chunk.T.contiguous() if kind == "weight" else chunk
+            continue
+        simple = {"ln_1": "ln1", "ln_2": "ln2", "attn.c_proj": "attn.out", "mlp.c_fc": "ffn.fc1",
+                  "mlp.c_proj": "ffn.fc2"}
+        mod, kind = rest.rsplit(".", 1)
+        if mod not in simple:
+            out[key] = w
+            continue
+        conv = mod in ("attn.c_proj", "mlp.c_fc", "mlp.c_proj") and kind == "weight"
+        out[f"{p}{simple[mod]}.{kind}"] = w.T.contiguous() if conv else w
+    return out
+
+
+FAMILY = ModelFamily(
+    name="gpt", description="GPT-2 decoder (pre-LN, tied LM head) with KV-cache decode graph",
+    presets=PRESETS, build=GPT, spec=export_spec, flops=flops,
+    hf=HFImport(model_types=("gpt2",), config=config_from_hf, state_dict=state_dict_from_hf),
+)

@@ -1,0 +1,3 @@
+"""xdeploy: export, optimize, run and benchmark transformer models."""
+
+__version__ = "0.1.0"

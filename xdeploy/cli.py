@@ -1,0 +1,55 @@
+"""The `xdeploy` console script: thin subcommands over the Python API.
+
+Each subcommand lives in xdeploy/commands/<name>.py with `add_arguments(parser)` and `run(args) -> int`;
+adding one = one module + one line in COMMANDS. Only the chosen command's module is imported, so
+`xdeploy models` does not pay for importing onnxruntime or openvino."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from xdeploy.errors import XDeployError
+
+COMMANDS: dict[str, str] = {
+    "models": "list models, presets, parameter counts and FLOPs",
+    "export": "export a model or checkpoint to an ONNX artifact directory",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line + exit 2, like every other user error
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    from xdeploy import __version__
+
+    parser = _Parser(prog="xdeploy", description="Export, optimize, run and benchmark transformer models.")
+    parser.add_argument("--version", action="version", version=f"xdeploy {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for name, help_text in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == command:
+            importlib.import_module(f"xdeploy.commands.{name}").add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = argv[0] if argv and argv[0] in COMMANDS else None
+    args = build_parser(command).parse_args(argv)
+    try:
+        return int(importlib.import_module(f"xdeploy.commands.{args.command}").run(args) or 0)
+    except XDeployError as e:
+        print(f"xdeploy: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("xdeploy: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""xdeploy models: the registry as a table (and JSON)."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+from rich.table import Table
+
+from xdeploy.commands import add_json_option, write_json
+from xdeploy.models.registry import MODELS, describe
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_json_option(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    rows = [describe(m, p) | {"description": f.description} for m, f in MODELS.items() for p in f.presets]
+    table = Table(title="xdeploy models")
+    for col in ("model", "preset", "params", "GFLOPs / forward", "at"):
+        table.add_column(col, justify="right" if col in ("params", "GFLOPs / forward") else "left")
+    for r in rows:
+        at = " ".join(f"{k}={v}" for k, v in r["flops_at"].items() if k in ("batch", "seq", "src_seq"))
+        table.add_row(r["model"], r["preset"], f"{r['params'] / 1e6:.2f}M", f"{r['flops'] / 1e9:.2f}", at)
+    Console().print(table)
+    write_json(args.json, {"models": rows})
+    return 0
