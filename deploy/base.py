@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
-from xdeploy.export.artifact import Artifact
-from xdeploy.models.spec import Axis, Graph
 
 from xdeploy.errors import XDeployError
+from xdeploy.export.artifact import Artifact
+from xdeploy.models.spec import Axis, Graph
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,27 @@ class Runner(abc.ABC):
         """A call with validation and input staging done once; backends override to bind device buffers."""
         checked = validate_feeds(self.graph, self.artifact.spec.axes, feeds)
         return lambda: self._run(checked)
+
+    def bind(self, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> Callable[[], None]:
+        """Zero-copy steady-state call on caller-owned host buffers (the KV-cache decoding loop uses it).
+
+        Each call reads the *current contents* of `inputs` and writes results into `outputs` in place; the
+        caller may change array contents between calls, never shapes. This default copies the outputs;
+        backends override it to bind the buffers directly (onnxruntime IO binding, OpenVINO shared tensors)."""
+        checked = validate_feeds(self.graph, self.artifact.spec.axes, inputs)
+        for name, a in checked.items():
+            if a is not inputs[name]:
+                raise XDeployError(f"bound input {name!r} must be a C-contiguous array")
+        unknown = [n for n in outputs if n not in self.output_names]
+        if unknown:
+            raise XDeployError(f"unknown output(s) {unknown}; graph {self.graph.name!r} has {self.output_names}")
+
+        def call() -> None:
+            result = self._run(checked)
+            for name, buf in outputs.items():
+                np.copyto(buf, result[name])
+
+        return call
 
     def close(self) -> None:
         """Release sessions / device memory. Idempotent."""

@@ -9,9 +9,8 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from xdeploy.export.artifact import Artifact, load_artifact
-
 from xdeploy.errors import XDeployError, one_of
+from xdeploy.export.artifact import Artifact, load_artifact
 
 from .base import Runner
 

@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors.torch import load_file
-from xdeploy.models.checkpoint import load_state
-from xdeploy.models.registry import get_family
 
 from xdeploy.errors import XDeployError
+from xdeploy.models.checkpoint import load_state
+from xdeploy.models.registry import get_family
 
 from .base import Runner, RunnerInfo, validate_feeds
 

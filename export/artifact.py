@@ -20,11 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from xdeploy.models.registry import get_family
-from xdeploy.models.spec import Axis, ExportSpec, Graph, TensorSpec, Tolerance
-
 from xdeploy.errors import XDeployError
 from xdeploy.fsutil import sha256_file
+from xdeploy.models.spec import DEFAULT_TOLERANCES, Axis, ExportSpec, Graph, TensorSpec, Tolerance
 
 FORMAT = "xdeploy-artifact"
 SCHEMA_VERSION = 1
@@ -39,7 +37,6 @@ class Artifact:
     path: Path
     manifest: Mapping[str, Any]
     model: str
-    config: Any  # the model's config dataclass
     precision: str
     opset: int
     spec: ExportSpec  # graphs/axes/tolerances as exported (may differ from the code's current defaults)
@@ -53,6 +50,11 @@ class Artifact:
         except KeyError:
             raise XDeployError(f"artifact {self.path} has no graph {name!r}; it has: "
                                f"{', '.join(g.name for g in self.spec.graphs)}") from None
+
+    @property
+    def config(self) -> Any:
+        """The model's config dataclass (imports the torch-based model registry; the ONNX path does not)."""
+        return parse_config(self.model, self.manifest["config"], self.path / MANIFEST)
 
     @property
     def tokenizer_dir(self) -> Path | None:
@@ -88,6 +90,23 @@ def write_manifest_files(root: Path, manifest: dict[str, Any]) -> dict[str, Any]
 
 
 # ---------------------------------------------------------------- reading (untrusted) ----
+
+def parse_config(model: str, config: Mapping[str, Any], mpath: Path) -> Any:
+    from xdeploy.models.registry import get_family
+
+    try:
+        family = get_family(model)
+    except XDeployError as e:
+        raise XDeployError(f"invalid manifest {mpath}: {e}") from None
+    cfg_cls = type(next(iter(family.presets.values())))
+    fields = {f.name for f in dataclasses.fields(cfg_cls)}
+    _need(set(config) <= fields, mpath,
+          f"config has fields a {model} config does not know: {sorted(set(config) - fields)}")
+    try:
+        return cfg_cls(**config)
+    except TypeError as e:
+        raise XDeployError(f"invalid manifest {mpath}: config: {e}") from None
+
 
 def _need(cond: bool, path: Path, what: str) -> None:
     if not cond:
@@ -135,18 +154,8 @@ def load_artifact(path: str | Path, *, verify: bool = True) -> Artifact:
           f"schema_version {m['schema_version']!r}; this xdeploy reads version {SCHEMA_VERSION}")
     _need(isinstance(m["opset"], int) and 7 <= m["opset"] <= 30, mpath, f"opset {m['opset']!r} out of range")
     _need(m["precision"] in ("fp32", "fp16", "int8"), mpath, f"precision {m['precision']!r} unknown")
-    try:
-        family = get_family(m["model"])
-    except XDeployError as e:
-        raise XDeployError(f"invalid manifest {mpath}: {e}") from None
-    cfg_cls = type(next(iter(family.presets.values())))
-    fields = {f.name for f in dataclasses.fields(cfg_cls)}
-    _need(isinstance(m["config"], dict) and set(m["config"]) <= fields, mpath,
-          f"config has fields a {m['model']} config does not know: {sorted(set(m['config']) - fields)}")
-    try:
-        cfg = cfg_cls(**m["config"])
-    except TypeError as e:
-        raise XDeployError(f"invalid manifest {mpath}: config: {e}") from None
+    _need(isinstance(m["model"], str) and isinstance(m["config"], dict), mpath,
+          "model must be a name and config an object")
 
     files = m["files"]
     _need(isinstance(files, dict) and all(isinstance(v, str) for v in files.values()), mpath,
@@ -175,7 +184,7 @@ def load_artifact(path: str | Path, *, verify: bool = True) -> Artifact:
             unknown = [d for d in t.dims if isinstance(d, str) and d not in axes]
             _need(not unknown, mpath, f"tensor {t.name!r} uses undeclared axis {unknown[:1]}")
         graphs.append(Graph(name, str(g.get("method", "forward")), ins, outs))
-    tols = dict(family.spec(cfg).tolerances)
+    tols = dict(DEFAULT_TOLERANCES)
     for k, t in (m.get("tolerances") or {}).items():
         try:
             tols[k] = Tolerance(float(t["atol"]), float(t["rtol"]), float(t["cosine"]))
@@ -190,5 +199,5 @@ def load_artifact(path: str | Path, *, verify: bool = True) -> Artifact:
                 raise XDeployError(f"artifact {root} is incomplete: {rel} is missing")
             if sha256_file(p) != digest:
                 raise XDeployError(f"artifact {root} is corrupted: sha256 of {rel} does not match the manifest")
-    return Artifact(path=root, manifest=m, model=family.name, config=cfg, precision=m["precision"],
+    return Artifact(path=root, manifest=m, model=m["model"], precision=m["precision"],
                     opset=m["opset"], spec=ExportSpec(tuple(graphs), axes, tols))

@@ -17,12 +17,12 @@ import onnx
 import torch
 from safetensors.torch import save_file
 from torch import nn
-from xdeploy.models import registry
-from xdeploy.models.spec import ExportSpec, Graph
 
 import xdeploy
 from xdeploy.errors import XDeployError
 from xdeploy.fsutil import atomic_dir, atomic_write_json, sha256_file
+from xdeploy.models import registry
+from xdeploy.models.spec import ExportSpec, Graph
 
 from .artifact import FORMAT, MANIFEST, SCHEMA_VERSION, spec_to_json, write_manifest_files
 

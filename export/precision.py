@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import onnx
-from xdeploy.models.spec import ExportSpec, Graph
 
 from xdeploy.errors import one_of
+from xdeploy.models.spec import ExportSpec, Graph
 
 EXPORT_PRECISIONS = ("fp32",)
 

@@ -1,5 +1,4 @@
-"""Reference PyTorch models: one readable file per model, one shared attention, one registry."""
+"""Reference PyTorch models: one readable file per model, one shared attention, one registry.
 
-from .registry import MODELS, build, describe, get_config, get_family, param_count
-
-__all__ = ["MODELS", "build", "describe", "get_config", "get_family", "param_count"]
+`xdeploy.models.spec` is torch-free (the lean serving environment reads artifacts without torch); the
+registry and the models import torch, so they are imported from their modules, not here."""

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from xdeploy.models.checkpoint import load_checkpoint
 
 from xdeploy.errors import XDeployError
+from xdeploy.models.checkpoint import load_checkpoint
 
 transformers = pytest.importorskip("transformers")
 

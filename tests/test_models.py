@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 import torch
-from xdeploy.models import MODELS, build, get_config, param_count
-from xdeploy.models.spec import make_feeds
 
 from xdeploy.errors import XDeployError
+from xdeploy.models.registry import MODELS, build, get_config, param_count
+from xdeploy.models.spec import make_feeds
 
 
 def _run(model, graph, feeds):
