@@ -134,6 +134,29 @@ def _parse_tensor(d: Any, mpath: Path) -> TensorSpec:
     return TensorSpec(d["name"], d["dtype"], tuple(dims), str(d.get("kind", "float")), high)
 
 
+def check_external_data(onnx_path: Path, root: Path) -> None:
+    """Refuse ONNX files whose external-data locations point outside the artifact (path traversal) or at
+    files that are not there, before any runtime follows them."""
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors
+
+    try:
+        proto = onnx.load(str(onnx_path), load_external_data=False)
+    except Exception as e:  # protobuf DecodeError and friends
+        raise XDeployError(f"{onnx_path} is not a readable ONNX model: {str(e).splitlines()[0]}") from None
+    base = onnx_path.parent.resolve()
+    for t in _get_all_tensors(proto):
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        loc = ExternalDataInfo(t).location
+        target = (base / loc).resolve()
+        if Path(loc).is_absolute() or not target.is_relative_to(root.resolve()):
+            raise XDeployError(f"{onnx_path.name}: external data {loc!r} of tensor {t.name!r} points outside "
+                               "the artifact directory")
+        if not target.is_file():
+            raise XDeployError(f"{onnx_path.name}: external data file {loc!r} of tensor {t.name!r} is missing")
+
+
 def load_artifact(path: str | Path, *, verify: bool = True) -> Artifact:
     """Load and validate an artifact directory; `verify` also checks every file's sha256."""
     root = Path(path)
@@ -199,5 +222,7 @@ def load_artifact(path: str | Path, *, verify: bool = True) -> Artifact:
                 raise XDeployError(f"artifact {root} is incomplete: {rel} is missing")
             if sha256_file(p) != digest:
                 raise XDeployError(f"artifact {root} is corrupted: sha256 of {rel} does not match the manifest")
+        for g in m["graphs"].values():
+            check_external_data(root / g["file"], root)
     return Artifact(path=root, manifest=m, model=m["model"], precision=m["precision"],
                     opset=m["opset"], spec=ExportSpec(tuple(graphs), axes, tols))

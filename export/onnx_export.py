@@ -15,6 +15,7 @@ from typing import Any
 
 import onnx
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 from torch import nn
 
@@ -136,7 +137,10 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
     with atomic_dir(out, force=force) as tmp:
         (tmp / "reference").mkdir()
         state = {k: v.contiguous() for k, v in module.state_dict().items()}
-        save_file(state, str(tmp / "reference" / "model.safetensors"))
+        try:
+            save_file(state, str(tmp / "reference" / "model.safetensors"))
+        except SafetensorError as e:  # e.g. a full disk: not an OSError, so say it here
+            raise XDeployError(f"cannot write {out}: {e}") from None
         source["weights_sha256"] = sha256_file(tmp / "reference" / "model.safetensors")
         files: dict[str, str] = {}
         conversion: dict[str, Any] = {}
