@@ -17,6 +17,10 @@ from .base import Runner
 RUNNERS: dict[str, str] = {
     "torch": "xdeploy.deploy.torch_runner:TorchRunner",
     "ort": "xdeploy.deploy.ort_runner:OrtRunner",
+    "ov": "xdeploy.deploy.ov_runner:OvRunner",
+    "trt": "xdeploy.deploy.trt_runner:TrtRunner",
+    "ort-cuda": "xdeploy.deploy.ort_gpu_runner:OrtCudaRunner",
+    "ort-trt": "xdeploy.deploy.ort_gpu_runner:OrtTrtRunner",
 }
 
 

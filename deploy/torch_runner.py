@@ -1,4 +1,5 @@
-"""The eager PyTorch reference: fp32, or bf16 autocast on the CPU (variant "bf16"), optional torch.compile."""
+"""The eager PyTorch reference: fp32, bf16 autocast on the CPU (variant "bf16"), fp16 weights and activations on
+CUDA (variant "fp16"; a clear error without a GPU), optional torch.compile (variant "compile")."""
 
 from __future__ import annotations
 
@@ -29,12 +30,20 @@ def load_reference(artifact: Any) -> torch.nn.Module:
 
 class TorchRunner(Runner):
     name = "torch"
-    variants = ("", "fp32", "bf16", "compile")
+    variants = ("", "fp32", "bf16", "fp16", "compile")
 
     def _load(self) -> None:
         if self.threads:
             torch.set_num_threads(self.threads)
+        self.device = torch.device("cpu")
+        if self.variant == "fp16":
+            if not torch.cuda.is_available():
+                raise XDeployError(f"runner 'torch:fp16' runs on CUDA only; no CUDA device is visible to torch "
+                                   f"{torch.__version__} (use 'torch:bf16' on the CPU)")
+            self.device = torch.device("cuda", 0)
         self.module = load_reference(self.artifact)
+        if self.variant == "fp16":
+            self.module = self.module.half().to(self.device)
         fn = getattr(self.module, self.graph.method)
         self.fn = torch.compile(fn) if self.variant == "compile" else fn
 
@@ -47,22 +56,30 @@ class TorchRunner(Runner):
         with torch.inference_mode(), self._autocast():
             out = self.fn(*tensors)
         out = out if isinstance(out, tuple) else (out,)
-        return {n: o.float().numpy() for n, o in zip(self.output_names, out)}
+        return {n: o.float().cpu().numpy() for n, o in zip(self.output_names, out)}
+
+    def _tensors(self, feeds: Mapping[str, np.ndarray]) -> list[torch.Tensor]:
+        ts = [torch.from_numpy(feeds[t.name]).to(self.device) for t in self.graph.inputs]
+        # fp16 on CUDA: float inputs (pixels, KV caches) follow the half weights; ids and masks stay int64.
+        return [t.half() if self.variant == "fp16" and t.is_floating_point() else t for t in ts]
 
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return self._call([torch.from_numpy(feeds[t.name]) for t in self.graph.inputs])
+        return self._call(self._tensors(feeds))
 
     def prepare(self, feeds: Mapping[str, np.ndarray]) -> Callable[[], Any]:
         checked = validate_feeds(self.graph, self.artifact.spec.axes, feeds)
-        tensors = [torch.from_numpy(checked[t.name]) for t in self.graph.inputs]
+        tensors = self._tensors(checked)
 
         def call() -> Any:
             with torch.inference_mode(), self._autocast():
-                return self.fn(*tensors)
+                out = self.fn(*tensors)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # time the work, not the kernel launches
+            return out
 
         return call
 
     def info(self) -> RunnerInfo:
-        return RunnerInfo(runner=self.name + (f":{self.variant}" if self.variant else ""), device="cpu",
-                          precision="bf16" if self.variant == "bf16" else "fp32",
+        return RunnerInfo(runner=self.name + (f":{self.variant}" if self.variant else ""), device=str(self.device),
+                          precision=self.variant if self.variant in ("bf16", "fp16") else "fp32",
                           threads=torch.get_num_threads(), versions={"torch": torch.__version__})

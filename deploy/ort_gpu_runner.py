@@ -1,0 +1,156 @@
+"""ONNX Runtime on NVIDIA GPUs: the CUDA execution provider (`ort-cuda`) and the TensorRT one (`ort-trt`).
+
+    open_runner("ort-cuda", art)                       # computes in the artifact's precision (fp32 / fp16)
+    open_runner("ort-trt:fp16", art, cache_dir=...)    # TensorRT EP, fp16 kernels allowed, engine+timing cache
+
+Needs the onnxruntime-gpu wheel (not installed by `make`) and a GPU. The provider options are built by pure
+functions (`provider_list`), tested on CPU; running is NOT verified on this project's CPU-only machine.
+The TensorRT EP's optimization profile comes from the manifest's axes (xdeploy.export.tensorrt), exactly
+like the `trt` runner's, so both engines cover the same exported shape range.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xdeploy.errors import XDeployError
+from xdeploy.export.tensorrt import default_cache_root, format_shapes, profile_shapes
+from xdeploy.models.spec import Axis, Graph
+
+from .base import RunnerInfo, validate_feeds
+from .ort_runner import OrtRunner
+
+Provider = tuple[str, dict[str, str]]
+
+
+def cuda_options(device_id: int = 0, *, cuda_graph: bool = False) -> dict[str, str]:
+    # use_tf32=0: keep fp32 artifacts at fp32 so parity tolerances mean the same as on CPU.
+    return {"device_id": str(device_id), "use_tf32": "0", "arena_extend_strategy": "kSameAsRequested",
+            "cudnn_conv_algo_search": "HEURISTIC", "enable_cuda_graph": "1" if cuda_graph else "0"}
+
+
+def tensorrt_options(graph: Graph, axes: Mapping[str, Axis], *, device_id: int = 0, fp16: bool = False,
+                     cache_dir: str | Path, workspace_mib: int = 0) -> dict[str, str]:
+    """TensorRT EP options: fp16, engine cache, timing cache and an explicit min/opt/max profile."""
+    profiles = profile_shapes(graph, axes)
+    cache = str(Path(cache_dir).expanduser())
+    opts = {"device_id": str(device_id), "trt_fp16_enable": "True" if fp16 else "False",
+            "trt_engine_cache_enable": "True", "trt_engine_cache_path": cache,
+            "trt_timing_cache_enable": "True", "trt_timing_cache_path": cache,
+            "trt_profile_min_shapes": format_shapes(profiles, "min"),
+            "trt_profile_opt_shapes": format_shapes(profiles, "opt"),
+            "trt_profile_max_shapes": format_shapes(profiles, "max")}
+    if workspace_mib:
+        opts["trt_max_workspace_size"] = str(workspace_mib << 20)
+    return opts
+
+
+@dataclass(frozen=True)
+class GpuEP:
+    """One GPU flavour: its primary provider, accepted variants and how its provider list is built."""
+
+    provider: str
+    variants: tuple[str, ...]
+    build: Callable[..., list[Provider]]
+
+
+def _cuda_list(graph: Graph, axes: Mapping[str, Axis], variant: str, device_id: int, **opts: Any) -> list[Provider]:
+    return [("CUDAExecutionProvider", cuda_options(device_id, cuda_graph=bool(opts.get("cuda_graph"))))]
+
+
+def _trt_list(graph: Graph, axes: Mapping[str, Axis], variant: str, device_id: int, **opts: Any) -> list[Provider]:
+    cache = opts.get("cache_dir") or default_cache_root() / "ort-trt"
+    # CUDA after TensorRT: nodes TensorRT cannot take run on CUDA instead of falling back to the CPU.
+    return [("TensorrtExecutionProvider",
+             tensorrt_options(graph, axes, device_id=device_id, fp16=variant == "fp16", cache_dir=cache,
+                              workspace_mib=int(opts.get("workspace_mib", 0)))),
+            ("CUDAExecutionProvider", cuda_options(device_id))]
+
+
+GPU_EPS: dict[str, GpuEP] = {
+    "ort-cuda": GpuEP("CUDAExecutionProvider", ("",), _cuda_list),
+    "ort-trt": GpuEP("TensorrtExecutionProvider", ("", "fp16"), _trt_list),
+}
+OPTIONS = ("opt_level", "device", "cache_dir", "workspace_mib", "cuda_graph")
+
+
+def provider_list(runner: str, graph: Graph, axes: Mapping[str, Axis], variant: str = "", device_id: int = 0,
+                  **opts: Any) -> list[Provider]:
+    """The `providers=` list for onnxruntime.InferenceSession (pure: imports no onnxruntime)."""
+    ep = GPU_EPS[runner]
+    if variant not in ep.variants:
+        raise XDeployError(f"runner {runner!r} has no variant {variant!r}; expected one of: "
+                           f"{', '.join(repr(v) for v in ep.variants)}")
+    unknown = set(opts) - set(OPTIONS)
+    if unknown:
+        raise XDeployError(f"unknown {runner} option(s) {sorted(unknown)}; expected {', '.join(OPTIONS)}")
+    return ep.build(graph, axes, variant, device_id, **opts)
+
+
+def check_available(runner: str, available: list[str], version: str) -> None:
+    """One clear error when this onnxruntime build lacks the provider (the CPU wheel has neither)."""
+    want = GPU_EPS[runner].provider
+    if want not in available:
+        raise XDeployError(f"runner {runner!r} needs onnxruntime-gpu with {want} and an NVIDIA GPU; this "
+                           f"onnxruntime {version} offers only {', '.join(available)}")
+
+
+class _OrtGpuRunner(OrtRunner):
+    def _load(self) -> None:
+        import onnxruntime as ort
+
+        check_available(self.name, ort.get_available_providers(), ort.__version__)
+        self.device_id = int(self.options.get("device", 0))
+        extra = {k: v for k, v in self.options.items() if k not in ("opt_level", "device")}
+        self._plist = provider_list(self.name, self.graph, self.artifact.spec.axes, self.variant, self.device_id,
+                                    **extra)
+        super()._load()
+        active = self.session.get_providers()
+        if GPU_EPS[self.name].provider not in active:  # onnxruntime falls back to CPU when CUDA fails to start
+            raise XDeployError(f"runner {self.name!r}: onnxruntime could not start "
+                               f"{GPU_EPS[self.name].provider} (no usable GPU?); active providers: {active}")
+
+    def _providers(self) -> tuple[Any, ...]:
+        return (*self._plist, "CPUExecutionProvider")
+
+    def prepare(self, feeds: Mapping[str, np.ndarray]) -> Callable[[], Any]:
+        """Inputs copied to the GPU once as OrtValues; outputs stay on the device."""
+        import onnxruntime as ort
+
+        checked = validate_feeds(self.graph, self.artifact.spec.axes, feeds)
+        binding = self.session.io_binding()
+        resident = {n: ort.OrtValue.ortvalue_from_numpy(a, "cuda", self.device_id) for n, a in checked.items()}
+        for n, v in resident.items():
+            binding.bind_ortvalue_input(n, v)
+        for n in self.output_names:
+            binding.bind_output(n, "cuda", self.device_id)
+        run = self.session.run_with_iobinding
+
+        def call() -> None:
+            _ = resident  # the device copies must outlive the binding
+            run(binding)
+
+        return call
+
+    def info(self) -> RunnerInfo:
+        import onnxruntime as ort
+
+        precision = "fp16" if self.variant == "fp16" else self.artifact.precision
+        return RunnerInfo(runner=self.name + (f":{self.variant}" if self.variant else ""),
+                          device=f"cuda:{self.device_id}", precision=precision, threads=1,
+                          versions={"onnxruntime": ort.__version__})
+
+
+class OrtCudaRunner(_OrtGpuRunner):
+    name = "ort-cuda"
+    variants = GPU_EPS["ort-cuda"].variants
+
+
+class OrtTrtRunner(_OrtGpuRunner):
+    name = "ort-trt"
+    variants = GPU_EPS["ort-trt"].variants

@@ -1,0 +1,154 @@
+"""OpenVINO on the CPU: compile the artifact's ONNX graph with a precision hint.
+
+    open_runner("ov", art)                                   # f32 compute
+    open_runner("ov:bf16", art, threads=2, hint="latency",   # bf16 compute (AVX-512 BF16 / AMX CPUs)
+                cache_dir="~/.cache/xdeploy/ov")             # compiled-model blobs reused across processes
+
+Variants set INFERENCE_PRECISION_HINT ("" and "f32" -> f32, "bf16" -> bf16). Weights stay as stored in the
+ONNX file (fp32, fp16 or int8 Q/DQ); the hint is the precision the CPU plugin computes in. Dynamic axes
+stay dynamic: the ONNX frontend keeps them and each call may use any shape inside the exported range.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xdeploy.errors import XDeployError, one_of
+
+from .base import Runner, RunnerInfo, validate_feeds
+
+PRECISION_HINTS = {"": "f32", "f32": "f32", "bf16": "bf16"}  # variant -> INFERENCE_PRECISION_HINT
+PERFORMANCE_HINTS = {"latency": "LATENCY", "throughput": "THROUGHPUT"}
+_OV_TO_NAME = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
+
+
+def ov_config(variant: str = "", *, hint: str = "latency", threads: int = 0,
+              cache_dir: str | Path | None = None) -> dict[str, Any]:
+    """The compile_model properties for a variant and options (pure: no openvino import)."""
+    if variant not in PRECISION_HINTS:
+        raise one_of("ov variant", variant, [v for v in PRECISION_HINTS if v])
+    if hint not in PERFORMANCE_HINTS:
+        raise one_of("OpenVINO performance hint", hint, PERFORMANCE_HINTS)
+    if not isinstance(threads, int) or threads < 0:
+        raise XDeployError(f"threads must be an integer >= 0 (0 = all cores); got {threads!r}")
+    config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": PRECISION_HINTS[variant],
+                              "PERFORMANCE_HINT": PERFORMANCE_HINTS[hint]}
+    if threads:
+        config["INFERENCE_NUM_THREADS"] = threads
+    if cache_dir is not None:
+        config["CACHE_DIR"] = str(Path(cache_dir).expanduser())
+    return config
+
+
+class OvRunner(Runner):
+    name = "ov"
+    variants = tuple(PRECISION_HINTS)
+
+    def _load(self) -> None:
+        try:
+            import openvino as ov
+        except ImportError:
+            raise XDeployError("runner 'ov' needs the openvino package: pip install 'xdeploy[openvino]'") from None
+        self._ov = ov
+        unknown = set(self.options) - {"hint", "cache_dir", "device"}
+        if unknown:
+            raise XDeployError(f"unknown ov option(s) {sorted(unknown)}; expected hint, cache_dir, device")
+        config = ov_config(self.variant, hint=self.options.get("hint", "latency"), threads=self.threads,
+                           cache_dir=self.options.get("cache_dir"))
+        self.device = str(self.options.get("device", "CPU"))
+        if "CACHE_DIR" in config:
+            Path(config["CACHE_DIR"]).mkdir(parents=True, exist_ok=True)
+        path = self.artifact.onnx_path(self.graph.name)
+        core = ov.Core()
+        try:
+            # Compiling from the path (not a read_model result) lets the cache skip reading the ONNX file
+            # entirely when a blob for this model + config exists.
+            self.compiled = core.compile_model(str(path), self.device, config)
+        except Exception as e:  # openvino raises RuntimeError subclasses with multi-line messages
+            raise XDeployError(f"OpenVINO cannot compile {path} for {self.device}: "
+                               f"{str(e).strip().splitlines()[0]}") from None
+        self.request = self.compiled.create_infer_request()
+        self._in_ports = {p.get_any_name(): p for p in self.compiled.inputs}
+        self._out_ports = {p.get_any_name(): p for p in self.compiled.outputs}
+        missing = [t.name for t in self.graph.inputs if t.name not in self._in_ports] + \
+                  [n for n in self.output_names if n not in self._out_ports]
+        if missing:
+            raise XDeployError(f"{path} does not match its manifest: OpenVINO finds no tensor(s) {missing}")
+
+    def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        # share_inputs: OpenVINO reads the (validated, contiguous) arrays in place; outputs are copied out
+        # because the request reuses its output memory on the next call.
+        res = self.request.infer(feeds, share_inputs=True)
+        return {n: np.array(res[self._out_ports[n]], copy=True) for n in self.output_names}
+
+    def _request_on(self, arrays: Mapping[str, np.ndarray]) -> Any:
+        """A new infer request whose input tensors share the arrays' memory. Each prepared/bound call owns
+        its request, so a later `infer()` (which sets its own inputs) never re-points a bound call."""
+        req = self.compiled.create_infer_request()
+        for name, a in arrays.items():
+            req.set_tensor(self._in_ports[name], self._ov.Tensor(a, shared_memory=True))
+        return req
+
+    def prepare(self, feeds: Mapping[str, np.ndarray]) -> Callable[[], Any]:
+        """Inputs set once as tensors sharing the arrays' memory; each call only runs the model."""
+        req = self._request_on(validate_feeds(self.graph, self.artifact.spec.axes, feeds))
+        return lambda: req.infer(None, share_outputs=True)
+
+    def bind(self, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> Callable[[], None]:
+        """Truly zero-copy: input and output ov.Tensors wrap the caller's numpy buffers (shared_memory=True),
+        so each call reads the current input contents and the CPU plugin writes results straight into the
+        output arrays. Output arrays must have the exact shape the inputs imply (dims from the manifest)."""
+        checked = validate_feeds(self.graph, self.artifact.spec.axes, inputs)
+        for name, a in checked.items():
+            if a is not inputs[name]:
+                raise XDeployError(f"bound input {name!r} must be a C-contiguous array")
+        sizes = _axis_sizes(self.graph, checked)
+        declared = {t.name: t for t in self.graph.outputs}
+        for name, buf in outputs.items():
+            if name not in declared:
+                raise XDeployError(f"unknown output(s) [{name!r}]; graph {self.graph.name!r} has {self.output_names}")
+            t = declared[name]
+            if any(isinstance(d, str) and d not in sizes for d in t.dims):
+                raise XDeployError(f"output {name!r} has an axis no input binds; it cannot be bound")
+            shape = tuple(d if isinstance(d, int) else sizes[d] for d in t.dims)
+            if not isinstance(buf, np.ndarray) or buf.dtype != np.dtype(t.dtype) or buf.shape != shape \
+                    or not buf.flags.c_contiguous or not buf.flags.writeable:
+                raise XDeployError(f"bound output {name!r} must be a writeable C-contiguous {t.dtype} array of "
+                                   f"shape {shape}")
+        req = self._request_on(checked)
+        for name, buf in outputs.items():
+            req.set_tensor(self._out_ports[name], self._ov.Tensor(buf, shared_memory=True))
+        keep = (checked, dict(outputs))  # the tensors alias these arrays: keep them alive with the call
+
+        def call() -> None:
+            _ = keep
+            req.infer(None, share_outputs=True)
+
+        return call
+
+    def info(self) -> RunnerInfo:
+        hint = self.compiled.get_property("INFERENCE_PRECISION_HINT").to_string()  # ov.Type -> "bf16"
+        compute = "int8" if self.artifact.precision == "int8" else _OV_TO_NAME.get(hint, hint)
+        full_name = self._ov.Core().get_property(self.device, "FULL_DEVICE_NAME")
+        return RunnerInfo(runner=self.name + (f":{self.variant}" if self.variant else ""),
+                          device=f"{self.device.lower()} ({full_name})",
+                          precision=compute, threads=int(self.compiled.get_property("INFERENCE_NUM_THREADS")),
+                          versions={"openvino": self._ov.get_version()})
+
+    def close(self) -> None:
+        for k in ("request", "compiled"):
+            self.__dict__.pop(k, None)
+
+
+def _axis_sizes(graph: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, int]:
+    """Axis name -> size as bound by the (validated) inputs."""
+    sizes: dict[str, int] = {}
+    for t in graph.inputs:
+        for d, n in zip(t.dims, feeds[t.name].shape):
+            if isinstance(d, str):
+                sizes[d] = int(n)
+    return sizes

@@ -1,0 +1,245 @@
+"""Pure TensorRT / GPU-provider logic on CPU: profiles from manifest axes, cache keys and rebuild-on-mismatch,
+strong typing vs the FP16 flag across TensorRT 10/11, trtexec command lines, onnxruntime GPU provider options.
+
+Builder-driving code is exercised against tests/fake_tensorrt.py, a FAKE module: that checks our calls, not
+TensorRT. The real hardware path is in the `gpu`-marked test at the end (skipped without an NVIDIA GPU)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import numpy as np
+import pytest
+from fake_tensorrt import make_fake_tensorrt
+
+from xdeploy.deploy.ort_gpu_runner import check_available, provider_list
+from xdeploy.deploy.trt_runner import build_engine
+from xdeploy.errors import XDeployError
+from xdeploy.export.tensorrt import (
+    BuildPlan,
+    EngineKey,
+    ShapeRange,
+    build_plan,
+    cached_engine,
+    engine_dir,
+    format_shapes,
+    profile_shapes,
+    timing_cache_path,
+    trtexec_command,
+)
+from xdeploy.models.registry import get_config, get_family
+from xdeploy.models.spec import Axis, Graph, TensorSpec
+
+
+def _spec(model: str):
+    return get_family(model).spec(get_config(model, "tiny"))
+
+
+def test_profiles_follow_manifest_axes_for_every_graph():
+    for model in ("transformer", "bert", "gpt", "vit"):
+        spec = _spec(model)
+        for g in spec.graphs:
+            profiles = profile_shapes(g, spec.axes)
+            assert [p.name for p in profiles] == [t.name for t in g.inputs]
+            for p, t in zip(profiles, g.inputs):
+                for which in ("min", "opt", "max"):
+                    want = tuple(d if isinstance(d, int) else getattr(spec.axes[d], which) for d in t.dims)
+                    assert getattr(p, which) == want, (model, g.name, t.name, which)
+                assert all(a <= b <= c for a, b, c in zip(p.min, p.opt, p.max))
+    # inputs sharing an axis get the same size at each profile point (input_ids / attention_mask)
+    bert = _spec("bert")
+    ids, mask, _ = profile_shapes(bert.graph("model"), bert.axes)
+    assert ids.min == mask.min == (1, 1) and ids.opt == mask.opt == (1, 128) and ids.max == (64, 128)
+
+
+def test_profile_with_undeclared_axis_is_a_clear_error():
+    g = Graph("model", "forward", (TensorSpec("x", "float32", ("batch", "time")),), ())
+    with pytest.raises(XDeployError, match="axis 'time'"):
+        profile_shapes(g, {"batch": Axis(1, 1, 8)})
+
+
+def test_shape_strings_use_trtexec_syntax():
+    ps = (ShapeRange("input_ids", (1, 1), (1, 128), (64, 128)), ShapeRange("pixel_values", (1, 3, 32, 32),
+                                                                            (1, 3, 32, 32), (8, 3, 32, 32)))
+    assert format_shapes(ps, "min") == "input_ids:1x1,pixel_values:1x3x32x32"
+    assert format_shapes(ps, "max") == "input_ids:64x128,pixel_values:8x3x32x32"
+
+
+@pytest.mark.parametrize("variant,art,has_fp16,want", [
+    ("", "fp32", True, BuildPlan(True, False, "fp32")),
+    ("", "fp16", False, BuildPlan(True, False, "fp16")),
+    ("", "int8", True, BuildPlan(True, False, "int8")),
+    ("fp16", "fp16", False, BuildPlan(True, False, "fp16")),  # already fp16: strong typing, no flag needed
+    ("fp16", "fp32", True, BuildPlan(False, True, "fp16")),  # TensorRT 10: weak typing + FP16 flag
+])
+def test_build_plan(variant, art, has_fp16, want):
+    assert build_plan(variant, art, has_fp16_flag=has_fp16) == want
+
+
+def test_build_plan_refuses_fp16_flag_on_tensorrt_11():
+    with pytest.raises(XDeployError, match="no FP16 builder flag.*--precision fp16"):
+        build_plan("fp16", "fp32", has_fp16_flag=False)
+    with pytest.raises(XDeployError, match="no variant 'int8'"):
+        build_plan("int8", "fp32", has_fp16_flag=True)
+
+
+def _key(**kw) -> EngineKey:
+    base = dict(onnx_sha256="a" * 64, trt_version="10.13.0", gpu_name="NVIDIA L4", compute_capability="8.9",
+                profiles=(ShapeRange("x", (1, 1), (1, 8), (4, 8)),), plan=BuildPlan(True, False, "fp32"))
+    return EngineKey(**(base | kw))
+
+
+def test_engine_key_changes_with_every_field():
+    k = _key()
+    assert k.digest == _key().digest and len(k.digest) == 64
+    variants = [_key(onnx_sha256="b" * 64), _key(trt_version="11.4.0"), _key(gpu_name="NVIDIA A100"),
+                _key(compute_capability="8.0"), _key(profiles=(ShapeRange("x", (1, 1), (1, 8), (8, 8)),)),
+                _key(plan=BuildPlan(False, True, "fp16")), _key(workspace_mib=1024)]
+    digests = {v.digest for v in variants} | {k.digest}
+    assert len(digests) == len(variants) + 1
+
+
+def test_engine_cache_reuses_and_rebuilds_on_mismatch(tmp_path):
+    builds = []
+
+    def build(tag):
+        return lambda: builds.append(tag) or f"engine-{tag}".encode()
+
+    k = _key()
+    d = engine_dir(tmp_path, "bert", "model", "fp32", k)
+    assert d.parent == tmp_path and d.name.startswith("bert-model-fp32-")
+    blob, built = cached_engine(d, k, build(1), ["trtexec", "--onnx=m.onnx"])
+    assert (blob, built) == (b"engine-1", True)
+    blob, built = cached_engine(d, k, build(2))
+    assert (blob, built, builds) == (b"engine-1", False, [1])  # same key: read back, no build
+    meta = json.loads((d / "engine.json").read_text())
+    assert meta["key"] == k.digest and meta["trt_version"] == "10.13.0" and meta["gpu_name"] == "NVIDIA L4"
+    # a different key in the same directory (e.g. TensorRT upgraded): stale engine is rebuilt, not loaded
+    k2 = _key(trt_version="10.14.1")
+    blob, built = cached_engine(d, k2, build(3))
+    assert (blob, built, builds) == (b"engine-3", True, [1, 3])
+    # a crash between writing the plan and the record leaves no record: rebuilt next time
+    (d / "engine.json").unlink()
+    assert cached_engine(d, k2, build(4))[1] is True
+
+
+def test_timing_cache_path_is_per_gpu_and_version(tmp_path):
+    a = timing_cache_path(tmp_path, "10.13.0", "NVIDIA L4", "8.9")
+    assert a.name == "timing-trt10.13.0-nvidia-l4-sm8.9.cache"
+    assert a != timing_cache_path(tmp_path, "10.13.0", "NVIDIA A100-SXM4-80GB", "8.0")
+
+
+def test_trtexec_command_lines():
+    spec = _spec("bert")
+    prof = profile_shapes(spec.graph("model"), spec.axes)
+    cmd = trtexec_command("/a/model.onnx", "/c/engine.plan", prof, BuildPlan(True, False, "fp32"), "10.13.0",
+                          timing_cache="/c/t.cache", workspace_mib=2048)
+    assert cmd == ["trtexec", "--onnx=/a/model.onnx", "--saveEngine=/c/engine.plan",
+                   "--minShapes=input_ids:1x1,attention_mask:1x1,token_type_ids:1x1",
+                   "--optShapes=input_ids:1x128,attention_mask:1x128,token_type_ids:1x128",
+                   "--maxShapes=input_ids:64x128,attention_mask:64x128,token_type_ids:64x128",
+                   "--stronglyTyped", "--timingCacheFile=/c/t.cache", "--memPoolSize=workspace:2048M"]
+    weak = trtexec_command("m.onnx", "e.plan", prof, BuildPlan(False, True, "fp16"), "10.9.0")
+    assert "--fp16" in weak and "--stronglyTyped" not in weak
+    # TensorRT 11: always strongly typed, neither flag exists
+    t11 = trtexec_command("m.onnx", "e.plan", prof, BuildPlan(True, False, "fp16"), "11.4.0")
+    assert not any(a in t11 for a in ("--fp16", "--stronglyTyped"))
+    with pytest.raises(XDeployError):
+        trtexec_command("m.onnx", "e.plan", prof, BuildPlan(False, True, "fp16"), "11.4.0")
+    # a fully static graph gets no shape flags; paths with spaces survive shell quoting
+    static = (ShapeRange("x", (1, 3), (1, 3), (1, 3)),)
+    cmd = trtexec_command("my dir/m.onnx", "e.plan", static, BuildPlan(True, False, "fp32"), "10.13.0")
+    assert not any(a.startswith("--minShapes") for a in cmd)
+    assert shlex.split(shlex.join(cmd))[1] == "--onnx=my dir/m.onnx"
+
+
+@pytest.mark.parametrize("version", ["10.13.0", "11.4.0"])
+def test_build_engine_with_fake_tensorrt(tmp_path, version):
+    """Our builder calls, checked against a FAKE tensorrt (not a TensorRT verification)."""
+    trt = make_fake_tensorrt(version)
+    onnx = tmp_path / "model.onnx"
+    onnx.write_bytes(b"\x08\x09fake-onnx")
+    spec = _spec("gpt")
+    prof = profile_shapes(spec.graph("decode"), spec.axes)
+    plan = build_plan("", "fp32", has_fp16_flag=hasattr(trt.BuilderFlag, "FP16"))
+    tc = tmp_path / "timing.cache"
+    blob = build_engine(trt, onnx, prof, plan, tc, workspace_mib=512)
+    assert json.loads(blob)["fake_engine"]
+    assert trt.calls["network_flags"] == 1 << 5  # STRONGLY_TYPED bit
+    assert trt.calls["flags"] == []  # no FP16 flag for a strongly typed network
+    assert trt.calls["workspace"] == 512 << 20
+    assert trt.calls["profiles"] == [{p.name: (p.min, p.opt, p.max) for p in prof}]
+    assert trt.calls["timing_cache_in"] == b"" and json.loads(tc.read_bytes()) == ["tactic-1"]
+    build_engine(trt, onnx, prof, plan, tc)  # the second build starts from the first one's timings
+    assert json.loads(trt.calls["timing_cache_in"]) == ["tactic-1"]
+    assert json.loads(tc.read_bytes()) == ["tactic-1", "tactic-2"]
+
+
+def test_fp16_flag_only_where_it_exists(tmp_path):
+    onnx = tmp_path / "m.onnx"
+    onnx.write_bytes(b"\x08fake")
+    prof = (ShapeRange("x", (1, 1), (1, 4), (2, 4)),)
+    trt10 = make_fake_tensorrt("10.13.0")
+    plan = build_plan("fp16", "fp32", has_fp16_flag=hasattr(trt10.BuilderFlag, "FP16"))
+    build_engine(trt10, onnx, prof, plan, tmp_path / "tc")
+    assert trt10.calls["flags"] == ["FP16"] and trt10.calls["network_flags"] == 0  # weakly typed
+    trt11 = make_fake_tensorrt("11.4.0")
+    with pytest.raises(XDeployError, match="BuilderFlag.FP16"):
+        build_engine(trt11, onnx, prof, BuildPlan(False, True, "fp16"), tmp_path / "tc")
+
+
+def test_parser_errors_become_one_line(tmp_path):
+    onnx = tmp_path / "m.onnx"
+    onnx.write_bytes(b"BAD")
+    trt = make_fake_tensorrt()
+    with pytest.raises(XDeployError, match="cannot parse .*MatMulInteger") as e:
+        build_engine(trt, onnx, (), BuildPlan(True, False, "int8"), tmp_path / "tc")
+    assert "\n" not in str(e.value) and trt.calls["builds"] == 0 and not (tmp_path / "tc").exists()
+
+
+def test_ort_gpu_provider_options():
+    spec = _spec("bert")
+    g = spec.graph("model")
+    trt_list = provider_list("ort-trt", g, spec.axes, "fp16", 1, cache_dir="/tmp/c", workspace_mib=64)
+    (name, opts), (fallback, cuda) = trt_list
+    assert name == "TensorrtExecutionProvider" and fallback == "CUDAExecutionProvider"
+    assert opts["trt_fp16_enable"] == "True" and opts["device_id"] == "1" == cuda["device_id"]
+    assert opts["trt_engine_cache_enable"] == opts["trt_timing_cache_enable"] == "True"
+    assert opts["trt_engine_cache_path"] == "/tmp/c" and opts["trt_max_workspace_size"] == str(64 << 20)
+    prof = profile_shapes(g, spec.axes)
+    for which in ("min", "opt", "max"):  # the same profile as the native trt runner
+        assert opts[f"trt_profile_{which}_shapes"] == format_shapes(prof, which)
+    assert provider_list("ort-trt", g, spec.axes, "")[0][1]["trt_fp16_enable"] == "False"
+    (cname, copts), = provider_list("ort-cuda", g, spec.axes, cuda_graph=True)
+    assert cname == "CUDAExecutionProvider" and copts["enable_cuda_graph"] == "1" and copts["use_tf32"] == "0"
+    with pytest.raises(XDeployError, match="no variant 'fp16'"):
+        provider_list("ort-cuda", g, spec.axes, "fp16")
+    with pytest.raises(XDeployError, match="unknown ort-trt option"):
+        provider_list("ort-trt", g, spec.axes, "", trt_fp8=True)
+    with pytest.raises(XDeployError, match="needs onnxruntime-gpu with CUDAExecutionProvider.*offers only"):
+        check_available("ort-cuda", ["CPUExecutionProvider"], "1.31.1")
+    check_available("ort-trt", ["TensorrtExecutionProvider", "CUDAExecutionProvider"], "1.31.1")
+
+
+@pytest.mark.gpu
+def test_trt_engine_on_gpu_matches_ort(tmp_path):
+    """Hardware path: build, cache, reload and run a real engine; needs an NVIDIA GPU with TensorRT."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("tensorrt", reason="needs an NVIDIA GPU with TensorRT")
+    if not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU with TensorRT")
+    from xdeploy.deploy.registry import open_runner
+    from xdeploy.export.onnx_export import export
+    from xdeploy.models.spec import make_feeds
+
+    art = export("bert", preset="tiny", out=tmp_path / "bert")
+    feeds = make_feeds(_spec("bert").graph("model"), {"batch": 2, "seq": 16})
+    with open_runner("ort", art) as o, open_runner("trt", art, cache_dir=tmp_path / "c") as t:
+        assert t.built and (t.engine_dir / "trtexec.sh").read_text().count("trtexec --onnx=") == 1
+        ref, got = o.infer(feeds), t.infer(feeds)
+        for k in ref:
+            np.testing.assert_allclose(got[k], ref[k], atol=1e-3, rtol=1e-3)
+        t.prepare(feeds)()
+    with open_runner("trt", art, cache_dir=tmp_path / "c") as t2:
+        assert not t2.built  # same key: the cached engine is loaded
