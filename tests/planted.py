@@ -1,0 +1,46 @@
+"""Planted defects for the parity/layerwise tests: each returns the name of the node that must be blamed."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+
+def corrupt_weight(model: onnx.ModelProto, initializer: str, delta: float = 5.0) -> str:
+    """Add `delta` to one element of `initializer` (in place); returns the name of the node consuming it."""
+    init = next(i for i in model.graph.initializer if i.name == initializer)
+    a = numpy_helper.to_array(init).copy()
+    a.flat[a.size // 2] += delta
+    init.CopyFrom(numpy_helper.from_array(a, init.name))
+    consumers = [n.name for n in model.graph.node if initializer in n.input]
+    assert len(consumers) == 1, consumers
+    return consumers[0]
+
+
+def scale_up(model: onnx.ModelProto, tensor: str, factor: float = 6e4) -> str:
+    """Insert `tensor * factor` before every consumer of `tensor` (in place); returns the new Mul's name.
+
+    With activations of order 1 the product exceeds fp16's 65504: finite in the fp32 graph, ±inf once the
+    graph is converted to fp16 (the fp16 converter keeps the planted node and its name)."""
+    g = model.graph
+    idx = next(i for i, n in enumerate(g.node) if tensor in n.output)
+    scaled = f"{tensor}_planted_scaled"
+    for n in g.node:
+        for k, name in enumerate(n.input):
+            if name == tensor:
+                n.input[k] = scaled
+    g.initializer.append(numpy_helper.from_array(np.array(factor, np.float32), f"{tensor}_planted_factor"))
+    g.node.insert(idx + 1, helper.make_node("Mul", [tensor, f"{tensor}_planted_factor"], [scaled],
+                                            name="planted_overflow"))
+    onnx.checker.check_model(model)
+    return "planted_overflow"
+
+
+def attention_query(model: onnx.ModelProto) -> str:
+    """The query projection feeding the first ONNX Attention op (walking back through Reshape/Transpose)."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    name = next(n for n in model.graph.node if n.op_type == "Attention").input[0]
+    while producer[name].op_type in ("Reshape", "Transpose"):
+        name = producer[name].input[0]
+    return name
