@@ -108,6 +108,10 @@ def parse_config(model: str, config: Mapping[str, Any], mpath: Path) -> Any:
         raise XDeployError(f"invalid manifest {mpath}: config: {e}") from None
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def _need(cond: bool, path: Path, what: str) -> None:
     if not cond:
         raise XDeployError(f"invalid manifest {path}: {what}")
@@ -127,10 +131,10 @@ def _parse_tensor(d: Any, mpath: Path) -> TensorSpec:
     _need(d.get("dtype") in ("int64", "int32", "float32", "float16", "bool"), mpath,
           f"tensor {d.get('name')!r} has unsupported dtype {d.get('dtype')!r}")
     dims = d["dims"]
-    _need(all(isinstance(x, str) or (isinstance(x, int) and not isinstance(x, bool) and x > 0) for x in dims),
+    _need(all(isinstance(x, str) or (_is_int(x) and x > 0) for x in dims),
           mpath, f"tensor {d['name']!r} dims must be axis names or positive ints")
     high = d.get("high", 0)
-    _need(isinstance(high, int) and high >= 0, mpath, f"tensor {d['name']!r} has a bad 'high'")
+    _need(_is_int(high) and high >= 0, mpath, f"tensor {d['name']!r} has a bad 'high'")
     return TensorSpec(d["name"], d["dtype"], tuple(dims), str(d.get("kind", "float")), high)
 
 
@@ -172,11 +176,13 @@ def load_artifact(path: str | Path, *, verify: bool = True) -> Artifact:
     _need(isinstance(m, dict), mpath, "not a JSON object")
     missing = [k for k in REQUIRED if k not in m]
     _need(not missing, mpath, f"missing field(s): {', '.join(missing)}")
-    _need(m["format"] == FORMAT, mpath, f"format is {m['format']!r}, expected {FORMAT!r}")
-    _need(m["schema_version"] == SCHEMA_VERSION, mpath,
+    _need(isinstance(m["format"], str) and m["format"] == FORMAT, mpath,
+          f"format is {m['format']!r}, expected {FORMAT!r}")
+    _need(_is_int(m["schema_version"]) and m["schema_version"] == SCHEMA_VERSION, mpath,
           f"schema_version {m['schema_version']!r}; this xdeploy reads version {SCHEMA_VERSION}")
-    _need(isinstance(m["opset"], int) and 7 <= m["opset"] <= 30, mpath, f"opset {m['opset']!r} out of range")
-    _need(m["precision"] in ("fp32", "fp16", "int8"), mpath, f"precision {m['precision']!r} unknown")
+    _need(_is_int(m["opset"]) and 7 <= m["opset"] <= 30, mpath, f"opset {m['opset']!r} out of range")
+    _need(isinstance(m["precision"], str) and m["precision"] in ("fp32", "fp16", "int8"), mpath,
+          f"precision {m['precision']!r} unknown")
     _need(isinstance(m["model"], str) and isinstance(m["config"], dict), mpath,
           "model must be a name and config an object")
 
@@ -189,9 +195,11 @@ def load_artifact(path: str | Path, *, verify: bool = True) -> Artifact:
     _need(isinstance(m["axes"], dict) and m["axes"], mpath, "axes must be a non-empty object")
     axes = {}
     for k, a in m["axes"].items():
+        vals = [a.get(f) for f in ("min", "opt", "max")] if isinstance(a, dict) else [None]
+        _need(all(_is_int(v) for v in vals), mpath, f"axis {k!r} needs integer min, opt, max")
         try:
-            axes[k] = Axis(int(a["min"]), int(a["opt"]), int(a["max"]))
-        except (TypeError, KeyError, ValueError) as e:
+            axes[k] = Axis(*vals)
+        except ValueError as e:
             raise XDeployError(f"invalid manifest {mpath}: axis {k!r}: {e}") from None
     graphs = []
     _need(isinstance(m["graphs"], dict) and "model" in m["graphs"], mpath, "graphs must include 'model'")
@@ -206,14 +214,17 @@ def load_artifact(path: str | Path, *, verify: bool = True) -> Artifact:
         for t in ins + outs:
             unknown = [d for d in t.dims if isinstance(d, str) and d not in axes]
             _need(not unknown, mpath, f"tensor {t.name!r} uses undeclared axis {unknown[:1]}")
+        names = [t.name for t in ins]
+        _need(len(set(names)) == len(names) and ins, mpath, f"graph {name!r} inputs must be non-empty and unique")
         graphs.append(Graph(name, str(g.get("method", "forward")), ins, outs))
     tols = dict(DEFAULT_TOLERANCES)
-    for k, t in (m.get("tolerances") or {}).items():
-        try:
-            tols[k] = Tolerance(float(t["atol"]), float(t["rtol"]), float(t["cosine"]))
-        except (TypeError, KeyError, ValueError):
-            raise XDeployError(f"invalid manifest {mpath}: tolerance {k!r} needs atol, rtol, cosine") from None
-        _need(all(math.isfinite(x) for x in dataclasses.astuple(tols[k])), mpath, f"tolerance {k!r} not finite")
+    extra_tols = m.get("tolerances") or {}
+    _need(isinstance(extra_tols, dict), mpath, "tolerances must be an object")
+    for k, t in extra_tols.items():
+        vals = [t.get(f) for f in ("atol", "rtol", "cosine")] if isinstance(t, dict) else [None]
+        _need(all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in vals),
+              mpath, f"tolerance {k!r} needs finite numbers atol, rtol, cosine")
+        tols[k] = Tolerance(*(float(v) for v in vals))
 
     if verify:
         for rel, digest in files.items():

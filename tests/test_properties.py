@@ -1,0 +1,117 @@
+"""Property-based tests (hypothesis): feed validation and manifest parsing never fail with anything but a
+clear XDeployError, and accept exactly what they should."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from xdeploy.deploy.base import validate_feeds
+from xdeploy.errors import XDeployError
+from xdeploy.export.artifact import MANIFEST, load_artifact
+from xdeploy.export.onnx_export import export
+from xdeploy.models.spec import Axis, Graph, TensorSpec
+
+GRAPH = Graph("model", "forward",
+              inputs=(TensorSpec("ids", "int64", ("batch", "seq"), "ids", 100),
+                      TensorSpec("mask", "int64", ("batch", "seq"), "mask"),
+                      TensorSpec("pixels", "float32", ("batch", 3, 4))),
+              outputs=())
+AXES = {"batch": Axis(1, 2, 4), "seq": Axis(1, 8, 16)}
+DTYPES = ["int64", "int32", "float32", "float16", "bool"]
+
+
+def _ok(feeds) -> bool:
+    """Independent statement of the contract: names, dtypes, ranks, fixed dims, ranges, shared axes, id range."""
+    if set(feeds) != {"ids", "mask", "pixels"}:
+        return False
+    ids, mask, pix = feeds["ids"], feeds["mask"], feeds["pixels"]
+    if (ids.dtype, mask.dtype, pix.dtype) != (np.int64, np.int64, np.float32):
+        return False
+    if ids.ndim != 2 or mask.ndim != 2 or pix.ndim != 3 or pix.shape[1:] != (3, 4):
+        return False
+    b, s = ids.shape
+    if mask.shape != (b, s) or pix.shape[0] != b or not (1 <= b <= 4 and 1 <= s <= 16):
+        return False
+    return bool(ids.size == 0 or (ids.min() >= 0 and ids.max() < 100))
+
+
+shape = st.lists(st.integers(0, 6), min_size=0, max_size=4).map(tuple)
+array = st.builds(lambda shp, dt, v: np.full(shp, v).astype(dt), shape, st.sampled_from(DTYPES),
+                  st.integers(-2, 120))
+
+
+@st.composite
+def feeds(draw):
+    b, s = draw(st.integers(0, 6)), draw(st.integers(0, 20))
+    f = {"ids": np.full((b, s), draw(st.integers(-1, 101)), np.int64), "mask": np.ones((b, s), np.int64),
+         "pixels": np.zeros((b, 3, 4), np.float32)}
+    for name in draw(st.lists(st.sampled_from(["ids", "mask", "pixels", "extra"]), max_size=2)):
+        if draw(st.booleans()):
+            f.pop(name, None)
+        else:
+            f[name] = draw(array)
+    return f
+
+
+@given(feeds())
+@settings(max_examples=300, deadline=None)
+def test_validate_feeds_accepts_exactly_the_contract(f):
+    try:
+        out = validate_feeds(GRAPH, AXES, f)
+    except XDeployError as e:
+        assert not _ok(f), f"rejected valid feeds: {e}"
+        assert "\n" not in str(e)
+    else:
+        assert _ok(f), "accepted invalid feeds"
+        assert all(out[k] is f[k] for k in f)  # contiguous input arrays are not copied
+
+
+@pytest.fixture(scope="module")
+def art(tmp_path_factory):
+    return export("vit", preset="tiny", out=tmp_path_factory.mktemp("p") / "vit")
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-5, 10**6) | st.floats(allow_nan=True)
+                           | st.text(max_size=8), lambda c: st.lists(c, max_size=3)
+                           | st.dictionaries(st.text(max_size=6), c, max_size=3), max_leaves=6)
+
+
+@st.composite
+def mutation(draw, manifest):
+    """Replace or delete one value at a random path of the manifest."""
+    m = json.loads(json.dumps(manifest))
+    node, path = m, []
+    while isinstance(node, (dict, list)) and node and (not path or draw(st.booleans())):
+        keys = list(node) if isinstance(node, dict) else list(range(len(node)))
+        k = draw(st.sampled_from(keys))
+        path.append(k)
+        parent, node = node, node[k]
+    if path:
+        if isinstance(parent, dict) and draw(st.booleans()):
+            del parent[path[-1]]
+        else:
+            parent[path[-1]] = draw(json_values)
+    return m
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_mutated_manifests_load_or_fail_cleanly(art, tmp_path, data):
+    d = tmp_path / "m"
+    if not d.exists():
+        shutil.copytree(art, d)
+    original = json.loads((art / MANIFEST).read_text())
+    m = data.draw(mutation(original))
+    (d / MANIFEST).write_text(json.dumps(m))
+    try:
+        loaded = load_artifact(d, verify=True)
+    except XDeployError as e:
+        assert "\n" not in str(e)
+    else:
+        assert loaded.graph("model").inputs  # whatever loads is usable
