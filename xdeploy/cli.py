@@ -15,6 +15,7 @@ from xdeploy.errors import XDeployError
 COMMANDS: dict[str, str] = {
     "models": "list models, presets, parameter counts and FLOPs",
     "export": "export a model or checkpoint to an ONNX artifact directory",
+    "embed": "embed sentences (one per line) with an encoder artifact -> .npy / JSON lines",
 }
 
 
