@@ -44,3 +44,37 @@ def test_measure_sees_a_known_distribution():
                  max_iters=50, max_seconds=10.0)
     assert st.n == 50 and st.p50 < 0.005 and st.p99 >= 0.019 and st.max >= 0.019
     assert st.mean == pytest.approx(st.total_s / st.n)
+
+
+# ---------------------------------------------------------------- memory, fingerprint, records ----
+
+def test_isolated_memory_sees_a_bigger_allocation():
+    from xdeploy.bench.memory import allocate, run_isolated
+
+    small, _, m_small = run_isolated(allocate, 8 << 20)
+    big, phases, m_big = run_isolated(allocate, 160 << 20)
+    assert big > small and set(phases) >= {"start", "imported", "loaded", "run", "end"}
+    # the run phase touched ~152 MiB more; baseline interpreter noise is a few MiB
+    assert m_big.activations_bytes - m_small.activations_bytes > 120 * 2**20
+    assert m_big.peak_rss > m_small.peak_rss and m_big.device_bytes is None
+    # freed before the mark: still seen by the high-water mark, not by the phase's end RSS
+    _, phases, m_freed = run_isolated(allocate, 160 << 20, False)
+    assert m_freed.activations_bytes > 120 * 2**20 and phases["run"]["rss"] < phases["run"]["hwm"] - 100 * 2**20
+
+
+def test_isolated_child_errors_are_reported():
+    from xdeploy.bench.memory import allocate, run_isolated
+
+    with pytest.raises(XDeployError, match="nbytes must be >= 0"):  # a user error in the child stays one line
+        run_isolated(allocate, -1)
+
+
+def test_fingerprint_has_cpu_isa_versions_threads():
+    from xdeploy.bench.fingerprint import fingerprint
+
+    fp = fingerprint()
+    assert fp["cpu_model"] and fp["logical_cpus"] >= 1 and fp["threads"]["affinity_cpus"] >= 1
+    assert isinstance(fp["isa"], list) and all(not f.startswith("sse2") for f in fp["isa"])
+    assert fp["versions"]["numpy"] and "onnxruntime" in fp["versions"]
+    import json
+    json.dumps(fp)  # JSON-ready

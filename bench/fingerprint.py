@@ -1,0 +1,118 @@
+"""A machine fingerprint stored in every benchmark record: what the numbers were measured on.
+
+CPU model and family, cores available to this process, the ISA flags that decide which kernels a runtime can
+use (AVX-512, VNNI, BF16, AMX, FP16), memory, library versions (read from package metadata, so nothing heavy is
+imported), thread settings (torch's, if torch is already loaded, and every threading environment variable,
+including OPENBLAS_*), and whether a GPU is visible.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import os
+import platform
+import re
+import sys
+from typing import Any
+
+# ISA features that change which GEMM/attention kernels a runtime selects.
+ISA_PATTERN = re.compile(r"^(avx512.*|amx.*|avx_vnni.*|avx_ifma|avx_ne_convert|avx2|fma|f16c|sse4_2|sha_ni)$")
+LIBRARIES = ("torch", "onnxruntime", "onnxruntime-gpu", "openvino", "onnx", "onnxscript", "numpy", "tensorrt",
+             "transformers")
+THREAD_ENV = re.compile(r"^(OMP_.*|MKL_.*|OPENBLAS_.*|GOTO_NUM_THREADS|KMP_.*|ONEDNN_.*|DNNL_.*|OV_.*|ORT_.*"
+                        r"|TORCH_NUM_THREADS|VECLIB_MAXIMUM_THREADS|NUMEXPR_.*|CUDA_VISIBLE_DEVICES)$")
+
+
+def _cpuinfo() -> dict[str, str]:
+    """The first processor block of /proc/cpuinfo (Linux); empty elsewhere."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return {}
+    out: dict[str, str] = {}
+    for line in text.split("\n\n", 1)[0].splitlines():
+        key, _, value = line.partition(":")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _mem_total() -> float | None:
+    try:
+        import psutil
+
+        return float(psutil.virtual_memory().total)
+    except ImportError:
+        return None
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@functools.cache
+def _static() -> dict[str, Any]:
+    info = _cpuinfo()
+    flags = sorted(f for f in info.get("flags", "").split() if ISA_PATTERN.match(f))
+    import xdeploy
+
+    return {
+        "cpu_model": info.get("model name") or platform.processor() or platform.machine(),
+        "cpu_vendor": info.get("vendor_id", ""),
+        "cpu_family": info.get("cpu family", ""),
+        "cpu_model_id": info.get("model", ""),
+        "arch": platform.machine(),
+        "logical_cpus": os.cpu_count() or 0,
+        "isa": flags,
+        "memory_bytes": _mem_total(),
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "versions": {"xdeploy": xdeploy.__version__} | {k: v for k in LIBRARIES if (v := _version(k))},
+    }
+
+
+def fingerprint() -> dict[str, Any]:
+    """JSON-ready description of the machine and the threading configuration of this process now."""
+    threads: dict[str, Any] = {"affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                               else os.cpu_count() or 0}
+    torch = sys.modules.get("torch")  # only if already imported: importing torch costs seconds and memory
+    if torch is not None:
+        threads["torch_intra_op"] = torch.get_num_threads()
+        threads["torch_inter_op"] = torch.get_num_interop_threads()
+    return _static() | {
+        "threads": threads,
+        "env": {k: v for k, v in sorted(os.environ.items()) if THREAD_ENV.match(k)},
+        "gpu": _gpu(),
+    }
+
+
+@functools.cache
+def _gpu() -> str | None:
+    """Name of a visible NVIDIA GPU, or None (no driver query tool here: checked via /proc)."""
+    path = "/proc/driver/nvidia/gpus"
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return None
+    for n in names:
+        try:
+            with open(os.path.join(path, n, "information"), encoding="utf-8") as f:
+                for line in f:
+                    if line.startswith("Model:"):
+                        return line.split(":", 1)[1].strip()
+        except OSError:
+            continue
+    return "nvidia" if names else None
+
+
+def summary(fp: dict[str, Any]) -> str:
+    """One line for table captions: 'AMD EPYC, 2 CPUs, avx512f avx512_bf16 avx512_vnni, torch 2.13.0 ...'."""
+    isa = [f for f in fp.get("isa", []) if f in ("avx512f", "avx512_bf16", "avx512_vnni", "avx512_fp16",
+                                                 "amx_bf16", "amx_int8", "avx2")]
+    v = fp.get("versions", {})
+    libs = " ".join(f"{k} {v[k]}" for k in ("torch", "onnxruntime", "openvino") if k in v)
+    return f"{fp.get('cpu_model')}, {fp.get('threads', {}).get('affinity_cpus')} CPUs, {' '.join(isa)}; {libs}"

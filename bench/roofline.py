@@ -1,0 +1,322 @@
+"""The machine's measured ceilings: peak GEMM FLOP/s per precision and memory read bandwidth.
+
+Peaks are *found*, not assumed: every precision is tried on several real implementations (PyTorch matmul via
+oneDNN/MKL, ONNX Runtime's MLAS MatMul / MatMulInteger, OpenVINO's CPU plugin, torch._int_mm), at several
+square sizes and thread counts, and the best is kept together with the path that reached it. Each trial uses
+the *minimum* call time (the least-disturbed run: the quantity a peak is about), so a noisy shared machine
+lowers the peak less than a median would. Latency records report `% of peak` against these numbers.
+
+    python -m xdeploy.bench.roofline            # or: xdeploy roofline [--quick] [--json FILE]
+
+The result is cached as JSON (atomically) in $XDEPLOY_CACHE/roofline.json (default ~/.cache/xdeploy), keyed
+by the machine fingerprint, for `xdeploy bench` and other tools: `load_peaks()`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xdeploy.errors import XDeployError
+from xdeploy.fsutil import atomic_write_json
+
+from .fingerprint import fingerprint
+from .latency import measure
+from .records import make_record
+
+GEMM_PRECISIONS = ("fp32", "bf16", "int8")
+CACHE_FILE = "roofline.json"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("XDEPLOY_CACHE") or Path.home() / ".cache" / "xdeploy")
+
+
+def _machine_key(fp: dict[str, Any]) -> dict[str, Any]:
+    """The fingerprint parts a peak depends on (not the timestamp, env or current thread setting)."""
+    return {k: fp.get(k) for k in ("cpu_model", "cpu_family", "cpu_model_id", "isa", "logical_cpus", "versions")}
+
+
+@dataclass(frozen=True)
+class Trial:
+    measure: str  # "gemm" | "memory"
+    precision: str | None
+    path: str  # e.g. "torch.matmul n=2048 threads=2"
+    value: float  # FLOP/s or bytes/s
+    seconds: float  # best call time
+
+
+def _best_time(call: Callable[[], Any], budget: float) -> float:
+    return measure(call, warmup=1, min_iters=2, max_iters=50, max_seconds=budget).min
+
+
+# ------------------------------------------------------------------------------------------ GEMM paths ----
+
+@contextlib.contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def _torch_gemm(prec: str, n: int, threads: int, budget: float) -> float:
+    import torch
+
+    with _torch_threads(threads), torch.inference_mode():
+        if prec == "int8":  # int8 x int8 -> int32 (oneDNN / VNNI where available)
+            a = torch.randint(-128, 127, (n, n), dtype=torch.int8)
+            b = torch.randint(-128, 127, (n, n), dtype=torch.int8)
+            return _best_time(lambda: torch._int_mm(a, b), budget)
+        dt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[prec]
+        a, b = torch.randn(n, n).to(dt), torch.randn(n, n).to(dt)
+        c = torch.empty(n, n, dtype=dt)
+        return _best_time(lambda: torch.matmul(a, b, out=c), budget)
+
+
+def _matmul_onnx(prec: str, n: int) -> bytes:
+    """A one-node ONNX model: A (n, n) input times a constant B (n, n). int8: MatMulInteger u8 x s8 -> i32."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    if prec == "int8":
+        b = numpy_helper.from_array(rng.integers(-127, 127, (n, n), dtype=np.int8), "B")
+        node = helper.make_node("MatMulInteger", ["A", "B"], ["Y"])
+        a_t, y_t = TensorProto.UINT8, TensorProto.INT32
+    else:
+        b = numpy_helper.from_array(rng.standard_normal((n, n)).astype(np.float32), "B")
+        node = helper.make_node("MatMul", ["A", "B"], ["Y"])
+        a_t = y_t = TensorProto.FLOAT
+    graph = helper.make_graph([node], "gemm", [helper.make_tensor_value_info("A", a_t, [n, n])],
+                              [helper.make_tensor_value_info("Y", y_t, [n, n])], initializer=[b])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def _a_input(prec: str, n: int) -> np.ndarray:
+    rng = np.random.default_rng(1)
+    if prec == "int8":
+        return rng.integers(0, 255, (n, n), dtype=np.uint8)
+    return rng.standard_normal((n, n)).astype(np.float32)
+
+
+def _ort_gemm(prec: str, n: int, threads: int, budget: float) -> float:
+    import onnxruntime as ort
+
+    if prec not in ("fp32", "int8"):
+        raise NotImplementedError("MLAS has no bf16 GEMM on x86")
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.inter_op_num_threads, so.log_severity_level = threads, 1, 3
+    sess = ort.InferenceSession(_matmul_onnx(prec, n), so, providers=["CPUExecutionProvider"])
+    a = _a_input(prec, n)
+    binding = sess.io_binding()
+    binding.bind_cpu_input("A", a)
+    binding.bind_output("Y", "cpu")
+    return _best_time(lambda: sess.run_with_iobinding(binding), budget)
+
+
+def _ov_gemm(prec: str, n: int, threads: int, budget: float) -> float:
+    import openvino as ov
+
+    if prec not in ("fp32", "bf16", "int8"):
+        raise NotImplementedError(prec)
+    core = ov.Core()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "gemm.onnx"
+        path.write_bytes(_matmul_onnx(prec, n))
+        cfg = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1,
+               "INFERENCE_PRECISION_HINT": "bf16" if prec == "bf16" else "f32"}
+        compiled = core.compile_model(core.read_model(str(path)), "CPU", cfg)
+    if prec == "bf16" and "bf" not in str(compiled.get_property("INFERENCE_PRECISION_HINT")).lower():
+        raise NotImplementedError("OpenVINO did not accept bf16 on this CPU")
+    req = compiled.create_infer_request()
+    req.set_input_tensor(ov.Tensor(_a_input(prec, n), shared_memory=True))
+    return _best_time(lambda: req.infer(), budget)
+
+
+GEMM_PATHS: dict[str, tuple[Callable[[str, int, int, float], float], tuple[str, ...]]] = {
+    "torch.matmul": (_torch_gemm, ("fp32", "bf16")),
+    "torch._int_mm": (_torch_gemm, ("int8",)),
+    "onnxruntime MatMul/MatMulInteger": (_ort_gemm, ("fp32", "int8")),
+    "openvino MatMul": (_ov_gemm, ("fp32", "bf16", "int8")),
+}
+
+
+def gemm_trials(precisions: tuple[str, ...] = GEMM_PRECISIONS, *, sizes: tuple[int, ...] = (1024, 2048, 4096),
+                threads: tuple[int, ...] | None = None, budget: float = 0.6,
+                log: Callable[[str], None] | None = None) -> list[Trial]:
+    """Every (path, precision, size, threads) combination; failures (unsupported paths) are skipped."""
+    threads = threads or tuple(sorted({1, len(os.sched_getaffinity(0))}))
+    out: list[Trial] = []
+    for name, (fn, precs) in GEMM_PATHS.items():
+        for prec in precs:
+            if prec not in precisions:
+                continue
+            for n in sizes:
+                for th in threads:
+                    try:
+                        t = fn(prec, n, th, budget)
+                    except Exception as e:  # an unsupported path on this machine is a skipped trial
+                        if log:
+                            log(f"  {name} {prec}: unavailable ({str(e).splitlines()[0][:80]})")
+                        break
+                    trial = Trial("gemm", prec, f"{name} n={n} threads={th}", 2.0 * n**3 / t, t)
+                    out.append(trial)
+                    if log:
+                        log(f"  {prec:5s} {trial.path:48s} {trial.value / 1e9:8.1f} GFLOP/s")
+                else:
+                    continue
+                break
+    return out
+
+
+# ------------------------------------------------------------------------------------------ memory ----
+
+def memory_trials(nbytes: int = 1 << 30, *, budget: float = 1.0,
+                  log: Callable[[str], None] | None = None) -> list[Trial]:
+    """Read bandwidth of a large array (far beyond L3): numpy sum (1 thread) and torch sum (all threads);
+    copy bandwidth counts read + write bytes."""
+    import torch
+
+    a = np.ones(nbytes // 4, dtype=np.float32)  # touched: pages are resident before timing
+    out: list[Trial] = []
+    t = _best_time(lambda: np.add.reduce(a), budget)
+    out.append(Trial("memory", None, f"read: numpy sum {nbytes >> 20} MiB threads=1", nbytes / t, t))
+    ta = torch.from_numpy(a)
+    for th in sorted({1, len(os.sched_getaffinity(0))}):
+        with _torch_threads(th):
+            t = _best_time(lambda: ta.sum(), budget)
+        out.append(Trial("memory", None, f"read: torch sum {nbytes >> 20} MiB threads={th}", nbytes / t, t))
+    b = np.empty_like(a)
+    t = _best_time(lambda: np.copyto(b, a), budget)
+    out.append(Trial("memory", None, f"copy: numpy copyto {nbytes >> 20} MiB (read+write bytes)", 2 * nbytes / t, t))
+    if log:
+        for tr in out:
+            log(f"  {tr.path:52s} {tr.value / 1e9:8.1f} GB/s")
+    return out
+
+
+# ------------------------------------------------------------------------------------------ API ----
+
+def measure_roofline(*, quick: bool = False, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Measure all peaks. Returns {"gemm": {prec: {value, path}}, "memory_read": {...}, "records": [...]}."""
+    fp = fingerprint()
+    sizes = (512, 1024) if quick else (1024, 2048, 4096)
+    budget = 0.2 if quick else 0.6
+    trials = gemm_trials(sizes=sizes, budget=budget, log=log)
+    trials += memory_trials(256 << 20 if quick else 1 << 30, budget=budget, log=log)
+    result: dict[str, Any] = {"gemm": {}, "memory_read": None, "memory_copy": None, "quick": quick,
+                              "machine": _machine_key(fp), "records": []}
+    for prec in GEMM_PRECISIONS:
+        ts = [t for t in trials if t.measure == "gemm" and t.precision == prec]
+        if ts:
+            best = max(ts, key=lambda t: t.value)
+            result["gemm"][prec] = {"value": best.value, "path": best.path}
+            result["records"].append(make_record(
+                "roofline", fp, measure="gemm", precision=prec, path=best.path, value=best.value, unit="FLOP/s",
+                trials=[{"path": t.path, "value": t.value} for t in ts],
+                note="quick" if quick else None))
+    for kind in ("read", "copy"):
+        ts = [t for t in trials if t.measure == "memory" and t.path.startswith(kind)]
+        best = max(ts, key=lambda t: t.value)
+        result[f"memory_{kind}"] = {"value": best.value, "path": best.path}
+        result["records"].append(make_record(
+            "roofline", fp, measure=f"memory_{kind}", precision=None, path=best.path, value=best.value,
+            unit="B/s", trials=[{"path": t.path, "value": t.value} for t in ts], note="quick" if quick else None))
+    return result
+
+
+def save(result: dict[str, Any], path: Path | None = None) -> Path:
+    path = path or cache_dir() / CACHE_FILE
+    atomic_write_json(path, result)
+    return path
+
+
+def load(path: Path | None = None) -> dict[str, Any] | None:
+    """The cached roofline if it was measured on this machine with these library versions, else None."""
+    path = path or cache_dir() / CACHE_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    if not isinstance(data, dict) or data.get("machine") != _machine_key(fingerprint()):
+        return None
+    return data
+
+
+def load_peaks(path: Path | None = None) -> dict[str, float]:
+    """{precision: peak FLOP/s} from the cache ({} when no roofline was measured on this machine)."""
+    data = load(path)
+    if not data:
+        return {}
+    return {k: float(v["value"]) for k, v in data.get("gemm", {}).items()}
+
+
+def peak_for(peaks: dict[str, float], precision: str) -> float | None:
+    """The peak a run at `precision` is judged against. fp16 on a CPU without native fp16 GEMM runs its
+    matmuls in fp32 (ORT/OpenVINO upcast), so it is judged against the fp32 peak."""
+    if precision in peaks:
+        return peaks[precision]
+    if precision == "fp16":
+        return peaks.get("fp32")
+    return None
+
+
+def get_roofline(*, refresh: bool = False, quick: bool = False,
+                 log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Cached result, or measure and cache it."""
+    data = None if refresh else load()
+    if data is None or (data.get("quick") and not quick):
+        data = measure_roofline(quick=quick, log=log)
+        save(data)
+    return data
+
+
+def main() -> int:
+    from rich.console import Console
+
+    console = Console()
+    data = get_roofline(refresh=True, log=console.print)
+    render(data, console)
+    return 0
+
+
+def render(data: dict[str, Any], console: Any) -> None:
+    from rich.table import Table
+
+    from .fingerprint import summary
+
+    t = Table(title="machine roofline (best of several paths; min call time)",
+              caption=summary(data["records"][0]["fingerprint"]) if data.get("records") else None)
+    for col in ("measure", "precision", "peak", "reached by"):
+        t.add_column(col, justify="right" if col == "peak" else "left")
+    for prec, v in data["gemm"].items():
+        t.add_row("GEMM", prec, f"{v['value'] / 1e9:.1f} GFLOP/s", v["path"])
+    for kind in ("memory_read", "memory_copy"):
+        if data.get(kind):
+            t.add_row(kind.replace("_", " "), "", f"{data[kind]['value'] / 1e9:.1f} GB/s", data[kind]["path"])
+    console.print(t)
+
+
+def require_peaks() -> dict[str, float]:
+    peaks = load_peaks()
+    if not peaks:
+        raise XDeployError("no roofline measured on this machine yet; run `xdeploy roofline` first")
+    return peaks
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
