@@ -1,0 +1,67 @@
+// xdeploy C++ embedding runtime: an exported encoder artifact (manifest.json + model.onnx) -> sentence vectors.
+//
+//   xdeploy::Embedder emb("artifacts/minilm", {.provider = "auto"});
+//   std::vector<std::vector<float>> v = emb.embed({{101, 7592, 2088, 102}});   // [n][d], L2-normalized
+//
+// Token ids come from the caller (the artifact's tokenizer/tokenizer.json, e.g. via HF tokenizers), special
+// tokens included and already truncated to max_length(). Pooling (mean / cls / max) and L2 normalization follow
+// the manifest's "pooling" record exactly like the Python Embedder; artifacts without one use CLS, unnormalized.
+// Batches are length-sorted and padded to a multiple of 8, as in Python, so both run the same shapes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace xdeploy {
+
+// Every user-caused problem (bad artifact, bad ids, unavailable provider) is one of these, with a one-line message.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct Options {
+  std::string provider = "auto";  // auto | cpu | cuda | tensorrt  (auto: tensorrt > cuda > cpu, if the library has it)
+  int threads = 0;                // intra-op threads, 0 = ONNX Runtime's default (all cores)
+  int batch_size = 32;            // sentences per model call (capped by the artifact's batch axis)
+  int pad_to = 8;                 // pad each batch's length to a multiple of this
+};
+
+struct Pooling {
+  std::string mode = "cls";  // mean | cls | max
+  bool normalize = false;
+};
+
+// Version facts checked at start-up: the headers' ORT_API_VERSION must be <= the library's API version.
+struct RuntimeInfo {
+  std::string ort_version;       // the loaded library, e.g. "1.31.1"
+  int header_api_version = 0;    // ORT_API_VERSION of the headers compiled against
+  std::vector<std::string> available_providers;
+};
+
+RuntimeInfo runtime_info();
+
+class Embedder {
+ public:
+  explicit Embedder(const std::string& artifact_dir, const Options& options = Options());
+  ~Embedder();
+  Embedder(const Embedder&) = delete;
+  Embedder& operator=(const Embedder&) = delete;
+
+  // ids[i]: token ids of sentence i (1..max_length ids, each in 0..vocab-1). Returns [n][dim()].
+  std::vector<std::vector<float>> embed(const std::vector<std::vector<int64_t>>& ids);
+
+  int dim() const;
+  int max_length() const;
+  const Pooling& pooling() const;
+  const std::string& provider() const;  // the execution provider actually used
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace xdeploy

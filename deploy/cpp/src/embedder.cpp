@@ -1,0 +1,328 @@
+// Implementation of xdeploy::Embedder over the ONNX Runtime C++ API (see include/xdeploy/embedder.hpp).
+#include "xdeploy/embedder.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+#include <onnxruntime_cxx_api.h>
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace xdeploy {
+namespace {
+
+const char* const kHidden = "last_hidden_state";
+
+// The C++ wrapper reads OrtGetApiBase()->GetApi(ORT_API_VERSION); a library older than the headers returns
+// nullptr there, so it is initialised by hand (ORT_API_MANUAL_INIT) and refused with a clear message.
+void init_api() {
+  static std::once_flag once;
+  static std::string error;
+  std::call_once(once, [] {
+    const OrtApiBase* base = OrtGetApiBase();
+    const OrtApi* api = base ? base->GetApi(ORT_API_VERSION) : nullptr;
+    if (!api) {
+      error = std::string("the ONNX Runtime library (") + (base ? base->GetVersionString() : "?") +
+              ") does not provide C API version " + std::to_string(ORT_API_VERSION) +
+              " of the headers this program was built with; use a library at least as new as the headers";
+      return;
+    }
+    Ort::InitApi(api);
+  });
+  if (!error.empty()) throw Error(error);
+}
+
+Ort::Env& env() {
+  static Ort::Env e(ORT_LOGGING_LEVEL_ERROR, "xdeploy");
+  return e;
+}
+
+[[noreturn]] void bad(const fs::path& manifest, const std::string& what) {
+  throw Error("invalid manifest " + manifest.string() + ": " + what);
+}
+
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+bool has(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+}  // namespace
+
+RuntimeInfo runtime_info() {
+  init_api();
+  RuntimeInfo info;
+  info.ort_version = Ort::GetVersionString();
+  info.header_api_version = ORT_API_VERSION;
+  info.available_providers = Ort::GetAvailableProviders();
+  return info;
+}
+
+struct Embedder::Impl {
+  fs::path dir;
+  Options opt;
+  Pooling pooling;
+  int max_length = 0, seq_max = 0, dim = 0, batch_max = 0, vocab = 0;
+  std::string model_file;  // graph file, relative to dir (checked to lie inside it)
+  std::vector<std::string> inputs;  // graph input names in order, subset of input_ids/attention_mask/token_type_ids
+  std::string provider;
+  std::unique_ptr<Ort::Session> session;
+  std::mutex mu;  // Ort::Session::Run is thread-safe, but one embed() at a time keeps memory bounded
+
+  void read_manifest() {
+    const fs::path mpath = dir / "manifest.json";
+    if (!fs::is_directory(dir)) throw Error("artifact directory " + dir.string() + " does not exist");
+    std::ifstream f(mpath);
+    if (!f) throw Error(dir.string() + " is not an xdeploy artifact: it has no manifest.json");
+    json m;
+    try {
+      m = json::parse(f);
+    } catch (const json::exception& e) {
+      bad(mpath, std::string("not JSON (") + first_line(e.what()) + ")");
+    }
+    try {
+      if (!m.is_object()) bad(mpath, "not a JSON object");
+      if (m.value("format", "") != "xdeploy-artifact") bad(mpath, "format is not \"xdeploy-artifact\"");
+      const json& g = m.at("graphs").at("model");
+      const std::string file = g.at("file").get<std::string>();
+      const fs::path model = fs::weakly_canonical(dir / file);
+      const fs::path root = fs::weakly_canonical(dir);
+      auto rel = model.lexically_relative(root);
+      if (file.empty() || fs::path(file).is_absolute() || rel.empty() || *rel.begin() == "..")
+        bad(mpath, "graph file \"" + file + "\" points outside the artifact directory");
+      if (!fs::is_regular_file(model)) bad(mpath, "graph file \"" + file + "\" is missing");
+      model_file = file;
+      for (const json& t : g.at("inputs")) {
+        const std::string name = t.at("name").get<std::string>();
+        if (name != "input_ids" && name != "attention_mask" && name != "token_type_ids")
+          throw Error("artifact " + dir.string() + " is not a text encoder: its graph takes input \"" + name +
+                      "\"; expected input_ids, attention_mask, token_type_ids");
+        if (name == "input_ids") vocab = t.value("high", 0);
+        inputs.push_back(name);
+      }
+      if (!has(inputs, "input_ids")) throw Error("artifact " + dir.string() + " is not a text encoder: no input_ids");
+      bool found = false;
+      for (const json& t : g.at("outputs")) {
+        if (t.at("name").get<std::string>() != kHidden) continue;
+        const json& dims = t.at("dims");
+        if (!dims.is_array() || dims.size() != 3 || !dims.back().is_number_integer())
+          bad(mpath, "last_hidden_state must have dims [batch, seq, d]");
+        dim = dims.back().get<int>();
+        found = true;
+      }
+      if (!found) throw Error("artifact " + dir.string() + " is not a text encoder: no last_hidden_state output");
+      batch_max = m.at("axes").at("batch").at("max").get<int>();
+      seq_max = m.at("axes").at("seq").at("max").get<int>();
+      max_length = seq_max;
+      const json& p = m.contains("pooling") ? m.at("pooling") : json();
+      if (p.is_object()) {
+        pooling.mode = p.value("mode", "cls");
+        pooling.normalize = p.value("normalize", false);
+        if (p.contains("max_length") && p.at("max_length").is_number_integer())
+          max_length = std::min(seq_max, p.at("max_length").get<int>());
+      } else if (!p.is_null()) {
+        bad(mpath, "pooling must be an object or null");
+      }
+      if (pooling.mode != "mean" && pooling.mode != "cls" && pooling.mode != "max")
+        bad(mpath, "pooling mode \"" + pooling.mode + "\" is not mean, cls or max");
+      if (dim <= 0 || batch_max <= 0 || max_length < 2) bad(mpath, "non-positive dims or axes");
+    } catch (const json::exception& e) {
+      bad(mpath, std::string("missing or mistyped field (") + first_line(e.what()) + ")");
+    }
+  }
+
+  std::string choose_provider(Ort::SessionOptions& so) {
+    const auto avail = Ort::GetAvailableProviders();
+    std::string want = opt.provider;
+    if (want == "auto") {
+      want = has(avail, "TensorrtExecutionProvider") ? "tensorrt" : has(avail, "CUDAExecutionProvider") ? "cuda"
+                                                                                                          : "cpu";
+    }
+    const std::map<std::string, std::string> names = {{"cpu", "CPUExecutionProvider"},
+                                                      {"cuda", "CUDAExecutionProvider"},
+                                                      {"tensorrt", "TensorrtExecutionProvider"}};
+    auto it = names.find(want);
+    if (it == names.end()) throw Error("unknown provider \"" + want + "\"; expected one of: auto, cpu, cuda, tensorrt");
+    if (!has(avail, it->second)) {
+      std::string list;
+      for (const auto& a : avail) list += (list.empty() ? "" : ", ") + a;
+      throw Error("provider \"" + want + "\" is not in this ONNX Runtime library (it has: " + list + ")");
+    }
+    const OrtApi& api = Ort::GetApi();
+    if (want == "cuda") {
+      OrtCUDAProviderOptionsV2* cuda = nullptr;
+      Ort::ThrowOnError(api.CreateCUDAProviderOptions(&cuda));
+      std::unique_ptr<OrtCUDAProviderOptionsV2, decltype(api.ReleaseCUDAProviderOptions)> hold(
+          cuda, api.ReleaseCUDAProviderOptions);
+      so.AppendExecutionProvider_CUDA_V2(*cuda);
+    } else if (want == "tensorrt") {
+      // TensorRT falls back to CUDA for nodes it cannot take, then to the CPU
+      OrtTensorRTProviderOptionsV2* trt = nullptr;
+      Ort::ThrowOnError(api.CreateTensorRTProviderOptions(&trt));
+      std::unique_ptr<OrtTensorRTProviderOptionsV2, decltype(api.ReleaseTensorRTProviderOptions)> hold(
+          trt, api.ReleaseTensorRTProviderOptions);
+      so.AppendExecutionProvider_TensorRT_V2(*trt);
+      if (has(avail, "CUDAExecutionProvider")) {
+        OrtCUDAProviderOptionsV2* cuda = nullptr;
+        Ort::ThrowOnError(api.CreateCUDAProviderOptions(&cuda));
+        std::unique_ptr<OrtCUDAProviderOptionsV2, decltype(api.ReleaseCUDAProviderOptions)> hold2(
+            cuda, api.ReleaseCUDAProviderOptions);
+        so.AppendExecutionProvider_CUDA_V2(*cuda);
+      }
+    }
+    return want;
+  }
+
+  void open_session() {
+    Ort::SessionOptions so;
+    so.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_ALL);
+    so.SetIntraOpNumThreads(opt.threads);
+    so.SetInterOpNumThreads(1);
+    so.SetLogSeverityLevel(3);
+    provider = choose_provider(so);
+    const fs::path model = dir / model_file;
+    try {
+      session = std::make_unique<Ort::Session>(env(), model.c_str(), so);
+    } catch (const Ort::Exception& e) {
+      throw Error("onnxruntime cannot load " + model.string() + ": " + first_line(e.what()));
+    }
+    // The ONNX file must take exactly the inputs the manifest declares (a swapped model.onnx would not).
+    Ort::AllocatorWithDefaultOptions alloc;
+    std::vector<std::string> got;
+    for (size_t i = 0; i < session->GetInputCount(); ++i) got.push_back(session->GetInputNameAllocated(i, alloc).get());
+    if (got != inputs) {
+      std::string a, b;
+      for (const auto& s : got) a += (a.empty() ? "" : ", ") + s;
+      for (const auto& s : inputs) b += (b.empty() ? "" : ", ") + s;
+      throw Error(model_file + " of " + dir.string() + " takes inputs [" + a + "] but its manifest declares [" + b + "]");
+    }
+    bool out_ok = false;
+    for (size_t i = 0; i < session->GetOutputCount(); ++i)
+      out_ok |= std::string(session->GetOutputNameAllocated(i, alloc).get()) == kHidden;
+    if (!out_ok) throw Error("model.onnx of " + dir.string() + " has no output last_hidden_state");
+  }
+
+  // One padded batch: rows `idx` of `ids`, padded to length s. Writes pooled rows into out[idx[r]].
+  void run_batch(const std::vector<std::vector<int64_t>>& ids, const std::vector<size_t>& idx, int64_t s,
+                 std::vector<std::vector<float>>& out) {
+    const int64_t b = static_cast<int64_t>(idx.size());
+    std::vector<int64_t> input_ids(b * s, 0), mask(b * s, 0), types(b * s, 0);  // [b, s]; pad id 0, masked
+    for (int64_t r = 0; r < b; ++r) {
+      const auto& row = ids[idx[r]];
+      std::copy(row.begin(), row.end(), input_ids.begin() + r * s);
+      std::fill(mask.begin() + r * s, mask.begin() + r * s + static_cast<int64_t>(row.size()), 1);
+    }
+    const std::array<int64_t, 2> shape{b, s};
+    auto mem = Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault);
+    std::vector<Ort::Value> feeds;
+    std::vector<const char*> names;
+    for (const auto& n : inputs) {
+      auto& buf = n == "input_ids" ? input_ids : n == "attention_mask" ? mask : types;
+      feeds.push_back(Ort::Value::CreateTensor<int64_t>(mem, buf.data(), buf.size(), shape.data(), shape.size()));
+      names.push_back(n.c_str());
+    }
+    const char* out_name = kHidden;
+    std::vector<Ort::Value> res;
+    try {
+      res = session->Run(Ort::RunOptions{nullptr}, names.data(), feeds.data(), feeds.size(), &out_name, 1);
+    } catch (const Ort::Exception& e) {
+      throw Error("onnxruntime failed on a batch of shape [" + std::to_string(b) + ", " + std::to_string(s) +
+                  "]: " + first_line(e.what()));
+    }
+    auto ti = res[0].GetTensorTypeAndShapeInfo();
+    const auto oshape = ti.GetShape();  // [b, s, d]
+    if (oshape.size() != 3 || oshape[0] != b || oshape[1] != s || oshape[2] != dim)
+      throw Error("model.onnx returned last_hidden_state of an unexpected shape");
+    // float16 artifacts may keep float16 outputs: widen to float32 first (same as numpy's astype in Python)
+    std::vector<float> hidden(static_cast<size_t>(b * s * dim));
+    if (ti.GetElementType() == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
+      const float* p = res[0].GetTensorData<float>();
+      std::copy(p, p + hidden.size(), hidden.begin());
+    } else if (ti.GetElementType() == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) {
+      const Ort::Float16_t* p = res[0].GetTensorData<Ort::Float16_t>();
+      for (size_t i = 0; i < hidden.size(); ++i) hidden[i] = p[i].ToFloat();
+    } else {
+      throw Error("model.onnx returns last_hidden_state of an element type other than float32/float16");
+    }
+    for (int64_t r = 0; r < b; ++r) {
+      const int64_t n = static_cast<int64_t>(ids[idx[r]].size());
+      const float* h = hidden.data() + r * s * dim;  // [s, d] of row r; tokens 0..n-1 are real
+      std::vector<float> v(dim, 0.0f);
+      if (pooling.mode == "cls") {
+        std::copy(h, h + dim, v.begin());
+      } else if (pooling.mode == "max") {
+        std::fill(v.begin(), v.end(), -1e9f);
+        for (int64_t t = 0; t < n; ++t)
+          for (int k = 0; k < dim; ++k) v[k] = std::max(v[k], h[t * dim + k]);
+      } else {  // mean over real tokens
+        for (int64_t t = 0; t < n; ++t)
+          for (int k = 0; k < dim; ++k) v[k] += h[t * dim + k];
+        for (int k = 0; k < dim; ++k) v[k] /= static_cast<float>(n);
+      }
+      if (pooling.normalize) {
+        double sq = 0.0;
+        for (float x : v) sq += static_cast<double>(x) * x;
+        const float norm = static_cast<float>(std::max(std::sqrt(sq), 1e-12));
+        for (float& x : v) x /= norm;
+      }
+      out[idx[r]] = std::move(v);
+    }
+  }
+};
+
+Embedder::Embedder(const std::string& artifact_dir, const Options& options) : impl_(std::make_unique<Impl>()) {
+  init_api();
+  impl_->dir = fs::path(artifact_dir);
+  impl_->opt = options;
+  if (options.batch_size < 1) throw Error("batch size must be >= 1");
+  if (options.pad_to < 1) throw Error("pad_to must be >= 1");
+  if (options.threads < 0) throw Error("threads must be >= 0");
+  impl_->read_manifest();
+  impl_->open_session();
+}
+
+Embedder::~Embedder() = default;
+
+std::vector<std::vector<float>> Embedder::embed(const std::vector<std::vector<int64_t>>& ids) {
+  Impl& m = *impl_;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i].empty() || static_cast<int>(ids[i].size()) > m.max_length)
+      throw Error("input " + std::to_string(i) + " has " + std::to_string(ids[i].size()) + " token ids; expected 1.." +
+                  std::to_string(m.max_length) + " (tokenize with truncation to max_length)");
+    for (int64_t t : ids[i])
+      if (t < 0 || (m.vocab > 0 && t >= m.vocab))
+        throw Error("input " + std::to_string(i) + " holds token id " + std::to_string(t) + " outside 0.." +
+                    std::to_string(m.vocab - 1));
+  }
+  std::lock_guard<std::mutex> lock(m.mu);
+  std::vector<std::vector<float>> out(ids.size());
+  std::vector<size_t> order(ids.size());
+  std::iota(order.begin(), order.end(), 0);
+  // shortest first, ties in input order: the same batches as the Python Embedder (Python's sort is stable)
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ids[a].size() < ids[b].size(); });
+  const size_t bs = static_cast<size_t>(std::min(m.opt.batch_size, m.batch_max));
+  for (size_t start = 0; start < order.size(); start += bs) {
+    std::vector<size_t> idx(order.begin() + start, order.begin() + std::min(order.size(), start + bs));
+    const int64_t longest = static_cast<int64_t>(ids[idx.back()].size());
+    int64_t s = (longest + m.opt.pad_to - 1) / m.opt.pad_to * m.opt.pad_to;
+    m.run_batch(ids, idx, std::min<int64_t>(s, m.seq_max), out);
+  }
+  return out;
+}
+
+int Embedder::dim() const { return impl_->dim; }
+int Embedder::max_length() const { return impl_->max_length; }
+const Pooling& Embedder::pooling() const { return impl_->pooling; }
+const std::string& Embedder::provider() const { return impl_->provider; }
+
+}  // namespace xdeploy

