@@ -16,6 +16,7 @@ COMMANDS: dict[str, str] = {
     "models": "list models, presets, parameter counts and FLOPs",
     "export": "export a model or checkpoint to an ONNX artifact directory",
     "embed": "embed sentences (one per line) with an encoder artifact -> .npy / JSON lines",
+    "report": "render records into a report, or compare two reports (exit 1 on a regression)",
 }
 
 

@@ -1,0 +1,653 @@
+"""The report renderer: benchmark records -> a report directory a person can read and a machine can diff.
+
+    from xdeploy.bench.report import render_report
+    render_report(records, "reports/latest", meta={"command": "xdeploy run", "presets": "quick"})
+
+writes, atomically (a temp dir renamed into place, so a crash leaves the previous report intact):
+
+    summary.md      machine fingerprint + library versions, parity, latency percentiles, throughput, peak
+                    memory, speedup vs PyTorch eager fp32, % of the measured roofline, decode tokens/s,
+                    attention-scaling exponents, and the plots below
+    results.csv     one row per record, nested fields flattened (`latency_s.p50`, `memory.peak_rss_bytes`, ...)
+    results.json    {"schema": "xdeploy-report", "version": 1, "meta": ..., "records": [...]} (`report compare`)
+    plots/*.png     latency vs T (log-log, fitted slope per runner), peak memory vs T, throughput vs batch,
+                    decode per-token latency vs context length, speed vs error per precision
+
+Records are dicts with a "kind". Kinds of bench/records.py ("latency", "roofline", "scale") are validated by
+`validate_record`; the report adds "parity" (one per graph output checked) and "decode" (one per generation
+run), whose fields are documented in `REPORT_KINDS` and docs/report.md. Records of any other kind are kept in
+results.json/csv and listed in the summary. Numbers stay floats until `_fmt_*` renders them.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xdeploy.bench.records import KINDS as BENCH_KINDS
+from xdeploy.bench.records import validate_record
+from xdeploy.errors import XDeployError
+from xdeploy.fsutil import atomic_dir
+
+REPORT_SCHEMA = "xdeploy-report"
+REPORT_VERSION = 1
+
+# Kinds the report itself defines: field -> (python types, nullable). Extra fields are allowed (kept in
+# results.json) but these must be present, so a renamed field fails loudly instead of vanishing from a table.
+_NUM = (int, float)
+REPORT_KINDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
+    # one graph output of one (model, artifact precision, runner) compared against PyTorch fp32
+    "parity": {"model": ((str,), False), "preset": ((str,), True), "graph": ((str,), False),
+               "runner": ((str,), False), "artifact_precision": ((str,), False), "output": ((str,), False),
+               "max_abs": (_NUM, False), "max_rel": (_NUM, False), "mean_abs": (_NUM, False),
+               "cosine": (_NUM, False), "nonfinite": ((int,), False), "top1": (_NUM, True),
+               "passed": ((bool,), False), "reason": ((str,), True)},
+    # one generation run: time to first token, every later step's latency (context grows by one per step)
+    "decode": {"model": ((str,), False), "preset": ((str,), True), "runner": ((str,), False),
+               "artifact_precision": ((str,), False), "mode": ((str,), False), "batch": ((int,), False),
+               "prompt_len": ((int,), False), "new_tokens": ((int,), False), "ttft_s": (_NUM, False),
+               "step_s": ((list,), False), "tokens_per_s": (_NUM, False), "agreement": (_NUM, True)},
+}
+
+PLOTS = ("latency_vs_T.png", "memory_vs_T.png", "throughput_vs_batch.png", "decode_latency_vs_context.png",
+         "speed_vs_error.png")
+
+
+# ------------------------------------------------------------------------------------------ records ----
+
+def validate_any(rec: Any) -> None:
+    """Validate a record of a bench kind (records.py schema) or a report kind (REPORT_KINDS)."""
+    if not isinstance(rec, dict) or not isinstance(rec.get("kind"), str):
+        raise XDeployError("invalid record: expected a JSON object with a string 'kind'")
+    kind = rec["kind"]
+    if kind in BENCH_KINDS:
+        validate_record(rec)
+        return
+    fields = REPORT_KINDS.get(kind)
+    if fields is None:
+        return  # unknown kinds (embedding, serving, ...) are carried through untouched
+    for k, (types, nullable) in fields.items():
+        if k not in rec:
+            raise XDeployError(f"invalid {kind} record: missing field {k!r}")
+        v = rec[k]
+        if v is None and nullable:
+            continue
+        if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
+            raise XDeployError(f"invalid {kind} record: {k} is {v!r}; expected {'/'.join(t.__name__ for t in types)}")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise XDeployError(f"invalid {kind} record: {k} is not finite")
+    if kind == "decode" and not all(isinstance(x, (int, float)) and x >= 0 for x in rec["step_s"]):
+        raise XDeployError("invalid decode record: step_s must be a list of non-negative seconds")
+
+
+def base_runner(runner: str) -> str:
+    return runner.partition(":")[0]
+
+
+def is_eager_baseline(rec: Mapping[str, Any]) -> bool:
+    """PyTorch eager at fp32: the denominator of every speedup."""
+    return rec.get("runner") == "torch" and rec.get("precision") == "fp32" and rec.get("artifact_precision") == "fp32"
+
+
+def loglog_slope(x: Sequence[float], y: Sequence[float], *, upper: bool = True) -> float | None:
+    """Least-squares exponent k of y ~ x^k over the upper half of the points (at least 3; all when fewer
+    than 4): at small T fixed costs flatten the curve, the asymptotic exponent shows at large T."""
+    pts = sorted((float(a), float(b)) for a, b in zip(x, y) if a > 0 and b > 0)
+    if len(pts) < 2:
+        return None
+    if upper and len(pts) >= 4:
+        pts = pts[-max(3, len(pts) // 2):]
+    lx, ly = np.log([p[0] for p in pts]), np.log([p[1] for p in pts])
+    if np.ptp(lx) == 0:
+        return None
+    return float(np.polyfit(lx, ly, 1)[0])
+
+
+def latency_key(r: Mapping[str, Any]) -> tuple:
+    return (r["model"], r.get("preset"), r["graph"], r["batch"], r.get("seq"))
+
+
+def speedups(records: Iterable[Mapping[str, Any]]) -> dict[int, float]:
+    """id(latency record) -> eager-fp32 p50 / its p50, for configs that have the baseline measured."""
+    lat = [r for r in records if r.get("kind") == "latency"]
+    base = {latency_key(r): r["latency_s"]["p50"] for r in lat if is_eager_baseline(r)}
+    return {id(r): base[latency_key(r)] / r["latency_s"]["p50"] for r in lat
+            if latency_key(r) in base and r["latency_s"]["p50"] > 0}
+
+
+# -------------------------------------------------------------------------------------- formatting ----
+
+def _fmt_s(s: float | None) -> str:
+    if s is None:
+        return "–"
+    if s >= 1.0:
+        return f"{s:.2f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.1f} µs"
+
+
+def _fmt_bytes(b: float | None) -> str:
+    if b is None:
+        return "–"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(b) >= scale:
+            return f"{b / scale:.1f} {unit}"
+    return f"{b:.0f} B"
+
+
+def _fmt_rate(x: float | None, unit: str = "") -> str:
+    if x is None:
+        return "–"
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {prefix}{unit}"
+    return f"{x:.3g} {unit}".rstrip()
+
+
+def _fmt_num(x: float | None, spec: str = ".3g") -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    def cell(v: Any) -> str:
+        return str(v).replace("|", "\\|")
+
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    out += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------------------------------- plots ----
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never needs a display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _grid(n: int) -> tuple[int, int]:
+    cols = min(n, 2)
+    return (n + cols - 1) // cols, cols
+
+
+def _plain_log2_x(ax: Any, ticks: Sequence[int]) -> None:
+    """Log2 x axis labelled with the plain values measured (64, 128, ... rather than 2^6, 2^7)."""
+    from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
+
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(sorted(set(ticks))))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+
+
+def _save(fig: Any, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _plt().close(fig)
+
+
+def _by(records: Iterable[Mapping[str, Any]], *keys: str) -> dict[tuple, list[Mapping[str, Any]]]:
+    out: dict[tuple, list[Mapping[str, Any]]] = defaultdict(list)
+    for r in records:
+        out[tuple(r.get(k) for k in keys)].append(r)
+    return dict(out)
+
+
+def _model_label(model: str, preset: str | None) -> str:
+    return f"{model} {preset}" if preset else model
+
+
+def plot_scale(scale: list[Mapping[str, Any]], path: Path, *, memory: bool) -> bool:
+    """Latency (or peak RSS) vs T, log-log, one line per (runner, lowering), one panel per model."""
+    pts = [r for r in scale if not memory or (r.get("memory") or {}).get("peak_rss_bytes")]
+    if not pts:
+        return False
+    plt = _plt()
+    models = sorted({r["model"] for r in pts})
+    rows, cols = _grid(len(models))
+    fig, axes = plt.subplots(rows, cols, figsize=(6.2 * cols, 4.4 * rows), squeeze=False)
+    for ax, model in zip(axes.flat, models):
+        groups = _by([r for r in pts if r["model"] == model], "runner", "lowering", "batch")
+        for (runner, lowering, batch), rs in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
+            rs = sorted(rs, key=lambda r: r["T"])
+            t = [r["T"] for r in rs]
+            y = [r["memory"]["peak_rss_bytes"] / 2**20 if memory else r["latency_s"]["p50"] * 1e3 for r in rs]
+            slope = loglog_slope(t, y)
+            label = f"{runner} {lowering}" + (f" b{batch}" if batch != 1 else "")
+            if slope is not None:
+                label += f" (slope {slope:.2f})"
+            ax.plot(t, y, marker="o", ms=3.5, label=label)
+        _plain_log2_x(ax, [r["T"] for r in pts if r["model"] == model])
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length T (tokens)")
+        ax.set_ylabel("peak RSS (MiB)" if memory else "latency p50 (ms)")
+        ax.set_title(f"{model}: {'peak host memory' if memory else 'latency'} vs T")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7.5, title="runner lowering (fitted log-log slope)" if not memory else
+                  "runner lowering (slope)", title_fontsize=7.5)
+    for ax in list(axes.flat)[len(models):]:
+        ax.set_visible(False)
+    _save(fig, path)
+    return True
+
+
+def plot_throughput(lat: list[Mapping[str, Any]], path: Path) -> bool:
+    """items/s vs batch per (runner, artifact precision), one panel per (model, seq)."""
+    groups = _by(lat, "model", "graph", "seq")
+    panels = {k: v for k, v in groups.items() if len({r["batch"] for r in v}) >= 2}
+    if not panels:
+        return False
+    plt = _plt()
+    rows, cols = _grid(len(panels))
+    fig, axes = plt.subplots(rows, cols, figsize=(6.2 * cols, 4.4 * rows), squeeze=False)
+    for ax, ((model, graph, seq), rs) in zip(axes.flat, sorted(panels.items(), key=lambda kv: str(kv[0]))):
+        for (runner, ap), g in sorted(_by(rs, "runner", "artifact_precision").items()):
+            g = sorted(g, key=lambda r: r["batch"])
+            ax.plot([r["batch"] for r in g], [r["items_per_s"] for r in g], marker="o", ms=3.5,
+                    label=f"{runner} {ap}")
+        _plain_log2_x(ax, [r["batch"] for r in rs])
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("throughput (sequences/s)")
+        ax.set_title(f"{model} {graph}" + (f", seq {seq}" if seq else "") + ": throughput vs batch")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7.5, title="runner artifact-precision", title_fontsize=7.5)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    _save(fig, path)
+    return True
+
+
+def plot_decode(dec: list[Mapping[str, Any]], path: Path) -> bool:
+    """Per-token latency of each decode step vs the context length it attended over."""
+    dec = [r for r in dec if r["step_s"]]
+    if not dec:
+        return False
+    plt = _plt()
+    models = sorted({r["model"] for r in dec})
+    rows, cols = _grid(len(models))
+    fig, axes = plt.subplots(rows, cols, figsize=(6.2 * cols, 4.4 * rows), squeeze=False)
+    for ax, model in zip(axes.flat, models):
+        for r in sorted((r for r in dec if r["model"] == model), key=lambda r: (r["runner"], r["mode"])):
+            # step i (0-based) feeds token prompt_len+1+i and attends over prompt_len+1+i cached positions
+            ctx = [r["prompt_len"] + 1 + i for i in range(len(r["step_s"]))]
+            ax.plot(ctx, [s * 1e3 for s in r["step_s"]], lw=1.0,
+                    label=f"{r['runner']} {r['artifact_precision']} {r['mode']} ({r['tokens_per_s']:.0f} tok/s)")
+        ax.set_xlabel("context length (tokens)")
+        ax.set_ylabel("per-token latency (ms)")
+        ax.set_yscale("log")
+        ax.set_title(f"{model}: decode step latency vs context (batch {dec[0]['batch']})")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7.5, title="runner precision mode (tokens/s)", title_fontsize=7.5)
+    for ax in list(axes.flat)[len(models):]:
+        ax.set_visible(False)
+    _save(fig, path)
+    return True
+
+
+def speed_error_points(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per (model, runner, artifact precision): worst parity error (max over outputs) and the speedup vs
+    eager fp32 at the model's reference latency config (the (batch, seq) with a baseline and most runners)."""
+    lat = [r for r in records if r.get("kind") == "latency" and r.get("graph") == "model"]
+    sp = speedups(lat)
+    par = _by([r for r in records if r.get("kind") == "parity"], "model", "runner", "artifact_precision")
+    out = []
+    for model in sorted({r["model"] for r in lat}):
+        cfgs = _by([r for r in lat if r["model"] == model and id(r) in sp], "batch", "seq")
+        if not cfgs:
+            continue
+        (batch, seq), rs = max(cfgs.items(), key=lambda kv: (len(kv[1]), (kv[0][1] or 0) * kv[0][0]))
+        for r in rs:
+            ps = par.get((model, r["runner"], r["artifact_precision"]))
+            if not ps and is_eager_baseline(r):
+                err = 0.0  # the reference itself
+            elif ps:
+                err = max(p["max_abs"] for p in ps)
+            else:
+                continue
+            out.append({"model": model, "runner": r["runner"], "artifact_precision": r["artifact_precision"],
+                        "batch": batch, "seq": seq, "max_abs": err, "speedup": sp[id(r)],
+                        "passed": all(p["passed"] for p in ps) if ps else True})
+    return out
+
+
+def plot_speed_error(points: list[dict[str, Any]], path: Path) -> bool:
+    if not points:
+        return False
+    plt = _plt()
+    models = sorted({p["model"] for p in points})
+    rows, cols = _grid(len(models))
+    fig, axes = plt.subplots(rows, cols, figsize=(6.2 * cols, 4.4 * rows), squeeze=False)
+    markers = {"fp32": "o", "fp16": "s", "int8": "^", "bf16": "D"}
+    floor = 1e-8  # the fp32 reference has error 0: drawn on the axis floor of the log scale
+    for ax, model in zip(axes.flat, models):
+        ps = [p for p in points if p["model"] == model]
+        for p in ps:
+            x = max(p["max_abs"], floor)
+            ax.scatter([x], [p["speedup"]], marker=markers.get(p["artifact_precision"], "x"), s=40,
+                       color="tab:red" if not p["passed"] else None,
+                       label=f"{p['runner']} {p['artifact_precision']}" + ("" if p["passed"] else " FAIL"))
+            ref = " (reference)" if p["max_abs"] == 0 else ""
+            ax.annotate(f"{p['runner']} {p['artifact_precision']}{ref}", (x, p["speedup"]), fontsize=7,
+                        xytext=(4, 3), textcoords="offset points")
+        ax.set_xscale("log")
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_xlabel("max abs error vs PyTorch fp32 (worst output; log)")
+        ax.set_ylabel("speedup vs PyTorch eager fp32 (×)")
+        b, s = ps[0]["batch"], ps[0]["seq"]
+        ax.set_title(f"{model}: speed vs error (batch {b}" + (f", seq {s})" if s else ")"))
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, title="marker: o fp32, s fp16, ^ int8", title_fontsize=7)
+    for ax in list(axes.flat)[len(models):]:
+        ax.set_visible(False)
+    _save(fig, path)
+    return True
+
+
+# ------------------------------------------------------------------------------------------ summary ----
+
+def _machine_section(fp: Mapping[str, Any] | None) -> list[str]:
+    if not fp:
+        return ["## Machine", "", "No fingerprint was recorded.", ""]
+    th = fp.get("threads", {})
+    lines = ["## Machine", "",
+             f"- CPU: {fp.get('cpu_model')} ({fp.get('arch', '?')}), {th.get('affinity_cpus', '?')} usable of "
+             f"{fp.get('logical_cpus', '?')} logical CPUs" + (f"; GPU: {fp['gpu']}" if fp.get("gpu") else "; no GPU"),
+             f"- ISA: {' '.join(fp.get('isa', [])) or '–'}",
+             f"- memory: {_fmt_bytes(fp.get('memory_bytes'))}; OS: {fp.get('os', '?')}; "
+             f"Python {fp.get('python', '?')}",
+             "- versions: " + ", ".join(f"{k} {v}" for k, v in sorted(fp.get("versions", {}).items())),
+             "- threads: " + ", ".join(f"{k}={v}" for k, v in th.items())
+             + ("; env " + " ".join(f"{k}={v}" for k, v in fp["env"].items()) if fp.get("env") else ""), ""]
+    return lines
+
+
+def _parity_section(par: list[Mapping[str, Any]]) -> list[str]:
+    if not par:
+        return []
+    n_fail = sum(not p["passed"] for p in par)
+    rows = [(_model_label(p["model"], p.get("preset")), p["graph"], p["artifact_precision"], p["runner"],
+             p["output"], _fmt_num(p["max_abs"]), _fmt_num(p["max_rel"]), _fmt_num(p["cosine"], ".6f"),
+             p["nonfinite"], _fmt_num(None if p.get("top1") is None else 100 * p["top1"], ".1f"),
+             "pass" if p["passed"] else f"**FAIL** {p.get('reason') or ''}")
+            for p in sorted(par, key=lambda p: (p["model"], p["graph"], p["artifact_precision"], p["runner"],
+                                                p["output"]))]
+    return ["## Parity vs PyTorch fp32", "",
+            f"{len(par) - n_fail} of {len(par)} output checks pass"
+            + (f"; **{n_fail} fail**." if n_fail else ".")
+            + " Tolerances per artifact precision (models/spec.py): an output passes when every element is within "
+              "atol + rtol·|ref| or its cosine similarity reaches the precision's floor; NaN/Inf always fails.", "",
+            _table(["model", "graph", "artifact", "runner", "output", "max abs", "max rel", "cosine", "NaN/Inf",
+                    "top-1 %", "verdict"], rows), ""]
+
+
+def _latency_section(lat: list[Mapping[str, Any]], sp: Mapping[int, float]) -> list[str]:
+    if not lat:
+        return []
+    srt = sorted(lat, key=lambda r: (r["model"], r["graph"], r["batch"], r.get("seq") or 0, r["runner"],
+                                     r["artifact_precision"]))
+    rows = []
+    for r in srt:
+        L = r["latency_s"]
+        rows.append((_model_label(r["model"], r.get("preset")), r["graph"], r["runner"], r["artifact_precision"],
+                     r["precision"], r["batch"], r.get("seq") or "–", _fmt_s(L["p50"]), _fmt_s(L["p90"]),
+                     _fmt_s(L["p99"]), _fmt_s(L["mean"]), _fmt_s(L["std"]), r["iterations"],
+                     _fmt_num(r["items_per_s"], ".4g"), _fmt_rate(r.get("tokens_per_s")),
+                     f"{sp[id(r)]:.2f}×" if id(r) in sp else "–",
+                     _fmt_rate(r["achieved_flops"], "FLOP/s"),
+                     _fmt_num(r.get("pct_of_peak"), ".1f") + ("%" if r.get("pct_of_peak") is not None else "")))
+    mem_rows = [(_model_label(r["model"], r.get("preset")), r["graph"], r["runner"], r["artifact_precision"],
+                 r["batch"], r.get("seq") or "–", _fmt_bytes(r["memory"]["weights_bytes"]),
+                 _fmt_bytes(r["memory"]["load_peak_bytes"]), _fmt_bytes(r["memory"]["activations_bytes"]),
+                 _fmt_bytes(r["memory"]["peak_rss_bytes"]), _fmt_bytes(r["memory"].get("device_bytes")))
+                for r in srt]
+    best = []
+    for (model, graph, batch, seq), rs in sorted(_by(srt, "model", "graph", "batch", "seq").items(),
+                                                 key=lambda kv: tuple(map(str, kv[0]))):
+        cand = [r for r in rs if id(r) in sp]
+        if cand:
+            b = max(cand, key=lambda r: sp[id(r)])
+            best.append((model, graph, batch, seq or "–", f"{b['runner']} {b['artifact_precision']}",
+                         _fmt_s(b["latency_s"]["p50"]), f"{sp[id(b)]:.2f}×"))
+    out = ["## Latency and throughput", "",
+           "Per-call latency over `iterations` timed calls after warm-up (seconds rendered as ms/µs); throughput "
+           "= items (sequences/images) per second at the median; speedup = PyTorch eager fp32 p50 / p50 for the "
+           "same model, batch and sequence length; achieved FLOP/s from the model's analytic FLOPs; % of peak = "
+           "achieved / the measured GEMM roofline for that compute precision. The machine is shared (2 cores): "
+           "treat differences below the p90–p50 spread as noise.", "",
+           _table(["model", "graph", "runner", "artifact", "compute", "batch", "seq", "p50", "p90", "p99", "mean",
+                   "std", "iters", "items/s", "tokens/s", "speedup", "achieved", "% of peak"], rows), ""]
+    if best:
+        out += ["### Fastest per configuration", "",
+                _table(["model", "graph", "batch", "seq", "best runner", "p50", "speedup vs eager"], best), ""]
+    out += ["## Peak memory", "",
+            "Host RSS measured in an isolated child process per (runner, config): weights = RSS kept after "
+            "loading, load peak = transient peak while loading, activations = extra at the peak of inference, "
+            "peak RSS = highest RSS of the child (includes the Python interpreter and runtime libraries).", "",
+            _table(["model", "graph", "runner", "artifact", "batch", "seq", "weights", "load peak", "activations",
+                    "peak RSS", "device"], mem_rows), ""]
+    return out
+
+
+def _roofline_section(roof: list[Mapping[str, Any]]) -> list[str]:
+    if not roof:
+        return []
+    rows = [(r["measure"], r.get("precision") or "–", _fmt_rate(r["value"], r["unit"]), r["path"])
+            for r in sorted(roof, key=lambda r: (r["measure"], r.get("precision") or ""))]
+    return ["## Machine roofline", "", "Best measured value over the configurations tried (`xdeploy roofline`).", "",
+            _table(["measure", "precision", "peak", "achieved by"], rows), ""]
+
+
+def scale_fits(scale: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per (model, runner, lowering, batch): measured latency and memory exponents over the upper T range,
+    next to the analytic FLOPs exponent over the same range, and the crossover T where attention FLOPs
+    (4·T²·d per layer) overtake the rest (24·T·d²): T* = 6·d for d_ff = 4d."""
+    out = []
+    for (model, runner, lowering, batch), rs in sorted(_by(scale, "model", "runner", "lowering", "batch").items(),
+                                                       key=lambda kv: tuple(map(str, kv[0]))):
+        rs = sorted(rs, key=lambda r: r["T"])
+        t = [r["T"] for r in rs]
+        mem = [(r["T"], r["memory"]["peak_rss_bytes"]) for r in rs
+               if (r.get("memory") or {}).get("peak_rss_bytes")]
+        cross = next((r["T"] for r in rs if r["attn_flops"] >= r["flops"] - r["attn_flops"]), None)
+        out.append({"model": model, "runner": runner, "lowering": lowering, "batch": batch, "T_min": t[0],
+                    "T_max": t[-1], "points": len(rs),
+                    "latency_exponent": loglog_slope(t, [r["latency_s"]["p50"] for r in rs]),
+                    "flops_exponent": loglog_slope(t, [r["flops"] for r in rs]),
+                    "memory_exponent": loglog_slope([m[0] for m in mem], [m[1] for m in mem]) if mem else None,
+                    "p50_at_T_max": rs[-1]["latency_s"]["p50"], "d_model": rs[0]["d_model"],
+                    "analytic_crossover_T": 6 * rs[0]["d_model"], "measured_crossover_T": cross})
+    return out
+
+
+def _scale_section(scale: list[Mapping[str, Any]]) -> list[str]:
+    if not scale:
+        return []
+    fits = scale_fits(scale)
+    rows = [(f["model"], f["runner"], f["lowering"], f["batch"], f"{f['T_min']}–{f['T_max']} ({f['points']})",
+             _fmt_num(f["latency_exponent"], ".2f"), _fmt_num(f["flops_exponent"], ".2f"),
+             _fmt_num(f["memory_exponent"], ".2f"), _fmt_s(f["p50_at_T_max"]), f["analytic_crossover_T"],
+             f["measured_crossover_T"] or "> T max")
+            for f in fits]
+    return ["## Attention scaling with sequence length", "",
+            "Exponent k of latency ∝ T^k fitted (least squares, log-log) over the upper half of the T range; the "
+            "analytic exponent is the same fit of the model's FLOPs (24·T·d² + 4·T²·d per layer), so k → 2 once "
+            "attention dominates. Crossover: the T where attention FLOPs overtake the rest (6·d for d_ff = 4d).",
+            "", _table(["model", "runner", "lowering", "batch", "T range (points)", "latency exp.", "FLOPs exp.",
+                        "memory exp.", "p50 at T max", "analytic crossover T", "record crossover T"], rows), ""]
+
+
+def decode_stats(r: Mapping[str, Any]) -> dict[str, float | None]:
+    steps = np.asarray(r["step_s"], dtype=np.float64)
+    if steps.size == 0:
+        return {"per_token_p50": None, "per_token_p90": None}
+    p50, p90 = np.percentile(steps, [50, 90])
+    return {"per_token_p50": float(p50), "per_token_p90": float(p90)}
+
+
+def _decode_section(dec: list[Mapping[str, Any]]) -> list[str]:
+    if not dec:
+        return []
+    rows = []
+    for r in sorted(dec, key=lambda r: (r["model"], r["runner"], r["artifact_precision"], r["mode"])):
+        st = decode_stats(r)
+        rows.append((_model_label(r["model"], r.get("preset")), r["runner"], r["artifact_precision"], r["mode"],
+                     r["batch"], r["prompt_len"], r["new_tokens"], _fmt_s(r["ttft_s"]), _fmt_s(st["per_token_p50"]),
+                     _fmt_s(st["per_token_p90"]), f"{r['tokens_per_s']:.1f}",
+                     "–" if r.get("agreement") is None else f"{100 * r['agreement']:.1f}%"))
+    return ["## Decoding (KV cache)", "",
+            "Greedy generation; TTFT = prefill (or encoder) + first token; per-token = later decode steps; "
+            "tokens/s = new tokens / total time; agreement = greedy tokens identical to the PyTorch fp32 "
+            "reference (position by position).", "",
+            _table(["model", "runner", "artifact", "mode", "batch", "prompt", "new", "TTFT", "per-token p50",
+                    "per-token p90", "tokens/s", "agreement"], rows), ""]
+
+
+def _other_section(other: list[Mapping[str, Any]]) -> list[str]:
+    if not other:
+        return []
+    out = ["## Other records", ""]
+    for kind, rs in sorted(_by(other, "kind").items()):
+        keys = [k for k in rs[0] if k not in ("schema", "version", "kind", "timestamp", "fingerprint", "note")
+                and all(isinstance(r.get(k), (str, int, float, bool, type(None))) for r in rs)][:12]
+        out += [f"### {kind[0]}", "",
+                _table(keys, [[_fmt_num(r.get(k), ".4g") if isinstance(r.get(k), float) else r.get(k, "–")
+                               for k in keys] for r in rs]), ""]
+    return out
+
+
+def render_summary(records: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], plots: Sequence[str]) -> str:
+    by_kind = _by(records, "kind")
+    get = lambda k: list(by_kind.get((k,), []))  # noqa: E731
+    lat = get("latency")
+    sp = speedups(lat)
+    fp = next((r["fingerprint"] for r in records if isinstance(r.get("fingerprint"), dict)), None)
+    par = get("parity")
+    title = meta.get("title") or "xdeploy report"
+    lines = [f"# {title}", ""]
+    lines += [f"- generated: {meta.get('generated', '?')}" + (f" in {meta['duration_s']:.0f} s"
+                                                             if isinstance(meta.get("duration_s"), float) else "")]
+    for k in ("command", "presets", "models", "note"):
+        if meta.get(k):
+            lines.append(f"- {k}: {meta[k] if not isinstance(meta[k], list) else ', '.join(map(str, meta[k]))}")
+    counts = ", ".join(f"{len(v)} {k[0]}" for k, v in sorted(by_kind.items()))
+    lines += [f"- records: {counts or 'none'}", ""]
+    if par:
+        fails = [p for p in par if not p["passed"]]
+        lines += [("**Parity: all checks pass.**" if not fails else
+                   f"**Parity: {len(fails)} check(s) FAIL** — see the parity table."), ""]
+    lines += _machine_section(fp)
+    lines += _parity_section(par)
+    lines += _latency_section(lat, sp)
+    lines += _roofline_section(get("roofline"))
+    lines += _decode_section(get("decode"))
+    lines += _scale_section(get("scale"))
+    known = set(BENCH_KINDS) | set(REPORT_KINDS)
+    lines += _other_section([r for r in records if r.get("kind") not in known])
+    if plots:
+        lines += ["## Plots", ""]
+        captions = {"latency_vs_T.png": "Latency vs sequence length (log-log; fitted slope in the legend)",
+                    "memory_vs_T.png": "Peak host memory vs sequence length",
+                    "throughput_vs_batch.png": "Throughput vs batch size",
+                    "decode_latency_vs_context.png": "Decode per-token latency vs context length",
+                    "speed_vs_error.png": "Speed vs error per precision"}
+        for p in plots:
+            lines += [f"### {captions.get(p, p)}", "", f"![{captions.get(p, p)}](plots/{p})", ""]
+    missing = [p for p in PLOTS if p not in plots]
+    if missing:
+        lines += [f"Not plotted (no records of that kind in this run): {', '.join(missing)}.", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+# ------------------------------------------------------------------------------------------- render ----
+
+def _flat(rec: Mapping[str, Any]) -> dict[str, Any]:
+    """A CSV row: nested dicts flattened with dots; lists (trials, step_s) and the fingerprint left out."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, v: Any) -> None:
+        if isinstance(v, Mapping):
+            for k, x in v.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), x)
+        elif not isinstance(v, (list, tuple)):
+            out[prefix] = v
+
+    walk("", {k: v for k, v in rec.items() if k not in ("fingerprint", "schema", "version")})
+    return out
+
+
+def render_report(records: Iterable[Mapping[str, Any]], out: str | os.PathLike[str], *,
+                  meta: Mapping[str, Any] | None = None,
+                  progress: Callable[[str], None] | None = None) -> Path:
+    """Validate `records` and write the report directory `out` (replacing an existing one atomically).
+
+    `progress(name)` is called after each file is written (for progress bars)."""
+    import pandas as pd
+
+    recs = [dict(r) for r in records]
+    for i, r in enumerate(recs):
+        try:
+            validate_any(r)
+        except XDeployError as e:
+            raise XDeployError(f"record {i}: {e}") from None
+    meta = {"generated": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")} | dict(meta or {})
+    note = progress or (lambda _name: None)
+    out = Path(out)
+    with atomic_dir(out, force=True) as tmp:
+        (tmp / "plots").mkdir()
+        by_kind = _by(recs, "kind")
+        scale = list(by_kind.get(("scale",), []))
+        made = []
+        jobs: list[tuple[str, Callable[[Path], bool]]] = [
+            ("latency_vs_T.png", lambda p: plot_scale(scale, p, memory=False)),
+            ("memory_vs_T.png", lambda p: plot_scale(scale, p, memory=True)),
+            ("throughput_vs_batch.png", lambda p: plot_throughput(list(by_kind.get(("latency",), [])), p)),
+            ("decode_latency_vs_context.png", lambda p: plot_decode(list(by_kind.get(("decode",), [])), p)),
+            ("speed_vs_error.png", lambda p: plot_speed_error(speed_error_points(recs), p)),
+        ]
+        for name, job in jobs:
+            if job(tmp / "plots" / name):
+                made.append(name)
+                note(f"plots/{name}")
+        doc = {"schema": REPORT_SCHEMA, "version": REPORT_VERSION, "meta": meta, "plots": made,
+               "scale_fits": scale_fits(scale), "records": recs}
+        (tmp / "results.json").write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+        note("results.json")
+        pd.DataFrame([_flat(r) for r in recs]).to_csv(tmp / "results.csv", index=False)
+        note("results.csv")
+        (tmp / "summary.md").write_text(render_summary(recs, meta, made), encoding="utf-8")
+        note("summary.md")
+    return out
+
+
+def load_results(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a report's results.json (given the report directory or the file itself)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "results.json"
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise XDeployError(f"cannot read report {p}: {e.strerror or e}; expected a report directory with "
+                           "results.json") from None
+    except json.JSONDecodeError as e:
+        raise XDeployError(f"{p}: not JSON ({e.msg}); expected an xdeploy report results.json") from None
+    if not isinstance(doc, dict) or doc.get("schema") != REPORT_SCHEMA or not isinstance(doc.get("records"), list):
+        raise XDeployError(f"{p} is not an xdeploy report (schema {REPORT_SCHEMA!r} with a records list expected)")
+    for i, r in enumerate(doc["records"]):
+        try:
+            validate_any(r)
+        except XDeployError as e:
+            raise XDeployError(f"{p}: record {i}: {e}") from None
+    return doc

@@ -1,0 +1,78 @@
+"""xdeploy report: render records into a report directory, or compare two reports (CI regression gate).
+
+    xdeploy report render bench.jsonl scale.jsonl --out reports/mine
+    xdeploy report compare reports/reference reports/latest [--threshold 0.10] [--json FILE]   # exit 1 on regression
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from xdeploy.commands import add_json_option, write_json
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", metavar="ACTION", parser_class=type(p))
+    sub.required = True
+    r = sub.add_parser("render", help="records (JSON lines, or a report's results.json) -> report directory",
+                       description="Render benchmark records into summary.md, results.csv/json and plots.")
+    r.add_argument("inputs", nargs="+", metavar="FILE", help="records as JSON lines (xdeploy bench/scale/roofline "
+                   "--records) or a report directory / results.json")
+    r.add_argument("--out", required=True, metavar="DIR", help="report directory (replaced atomically)")
+    r.add_argument("--title", help="title of summary.md")
+    add_json_option(r)
+    c = sub.add_parser("compare", help="compare two reports; exit 1 on a regression",
+                       description="Side-by-side table of matching records of two reports. A slowdown is a "
+                       "regression when it exceeds --threshold AND the recorded p90-p50 spread of both runs.")
+    c.add_argument("run_a", metavar="RUN_A", help="baseline report directory (or its results.json)")
+    c.add_argument("run_b", metavar="RUN_B", help="candidate report directory (or its results.json)")
+    c.add_argument("--threshold", type=float, default=0.10, help="relative slowdown that fails (default 0.10 = 10%%)")
+    c.add_argument("--all", action="store_true", help="show every matched record, not only changes")
+    add_json_option(c)
+
+
+def _read_inputs(paths: list[str]) -> list[dict]:
+    from pathlib import Path
+
+    from xdeploy.bench.records import read_records
+    from xdeploy.bench.report import load_results
+    from xdeploy.errors import XDeployError
+
+    records: list[dict] = []
+    for path in paths:
+        p = Path(path)
+        if p.is_dir() or p.name == "results.json":
+            records += load_results(p)["records"]
+        elif p.exists():
+            records += read_records(p)
+        else:
+            raise XDeployError(f"{path} does not exist; expected a JSON-lines records file or a report directory")
+    return records
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    console = Console()
+    if args.action == "render":
+        from xdeploy.bench.report import render_report
+
+        records = _read_inputs(args.inputs)
+        out = render_report(records, args.out, meta={"title": args.title or "xdeploy report",
+                                                     "command": "xdeploy report render " + " ".join(args.inputs)})
+        console.print(f"rendered {len(records)} records -> {out}/summary.md")
+        write_json(args.json, {"out": str(out), "records": len(records)})
+        return 0
+
+    from xdeploy.bench.compare import compare_runs, render_table
+
+    c = compare_runs(args.run_a, args.run_b, threshold=args.threshold)
+    shown = c if args.all else type(c)(tuple(r for r in c.rows if r.status != "ok"), c.threshold)
+    console.print(render_table(shown, title=f"{args.run_a} -> {args.run_b} (threshold {100 * c.threshold:.0f}%, "
+                                             "noise = p90-p50 of A + B)"))
+    n_ok = sum(r.status == "ok" for r in c.rows)
+    matched = sum(r.a is not None and r.b is not None for r in c.rows)
+    console.print(f"{matched} matched records, {n_ok} unchanged within threshold; "
+                  f"{len(c.regressions)} regression(s)" + ("" if args.all else " (use --all to list every record)"))
+    write_json(args.json, c.as_dict() | {"run_a": args.run_a, "run_b": args.run_b})
+    return 1 if c.regressions else 0
