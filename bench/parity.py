@@ -10,7 +10,9 @@ must not be NaN/Inf where the reference is finite: a non-finite value fails rega
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -93,3 +95,377 @@ def compare(ref: np.ndarray, cand: np.ndarray, tol: Tolerance, *, mask: np.ndarr
         reason = f"max_abs {max_abs:.3g} > atol+rtol*|ref| and cosine {cos:.6f} < {tol.cosine}"
     return Comparison(max_abs=max_abs, max_rel=max_rel, mean_abs=mean_abs, cosine=cos, within=within,
                       nonfinite=nonfinite, compared=n, passed=passed, reason=reason)
+
+
+# ------------------------------------------------------------------------------------------ input sets ----
+
+PRECISION_ORDER = ("fp32", "fp16", "bf16", "int8")  # tightest to loosest default tolerance
+# Minimum fraction of meaningful positions whose logits argmax (top-1) agrees with the reference.
+TOP1_MIN = {"fp32": 1.0, "fp16": 0.99, "bf16": 0.95, "int8": 0.9}
+TEXTS = (  # real text for artifacts with a tokenizer: short, long (truncated at the exported max), empty
+    "A deployed model that is fast but wrong is worse than useless.",
+    "The quick brown fox jumps over the lazy dog near the riverbank at dawn.",
+    "Parity is what users run in CI before they ship an engine; " * 40,
+    "",
+    "Numbers: 3.14159, 2.71828 and 65504 (the largest half-precision value).",
+)
+
+
+@dataclass(frozen=True)
+class InputCase:
+    """One set of seeded inputs for one graph. `sizes` are the dynamic axis sizes."""
+
+    name: str  # e.g. "3x128 empty-row", "text 5x32"
+    graph: str
+    sizes: dict[str, int]
+    feeds: dict[str, np.ndarray]
+
+
+def parse_shapes(text: str) -> list[tuple[int, int | None]]:
+    """'1x1,4x64,2xmax' -> [(1, 1), (4, 64), (2, None)]; None = the exported maximum."""
+    from xdeploy.errors import XDeployError
+
+    out: list[tuple[int, int | None]] = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        b, sep, s = item.lower().partition("x")
+        try:
+            if not sep or int(b) < 1 or (s != "max" and int(s) < 1):
+                raise ValueError
+            out.append((int(b), None if s == "max" else int(s)))
+        except ValueError:
+            raise XDeployError(f"bad shape {item!r}; expected BATCHxSEQ with positive integers, e.g. 2x17 or "
+                               f"4xmax") from None
+    if not out:
+        raise XDeployError("--shapes is empty; expected BATCHxSEQ[,BATCHxSEQ...], e.g. 1x1,2x17,3xmax")
+    return out
+
+
+DEFAULT_SHAPES: tuple[tuple[int, int | None], ...] = ((1, 1), (2, 17), (3, None))
+
+
+def _sizes(graph_axes: dict[str, Any], b: int, s: int | None) -> dict[str, int]:
+    """Batch -> `b`, every other dynamic axis (seq, src_seq, cache) -> `s` clamped to its exported range."""
+    sizes = {}
+    for name, ax in graph_axes.items():
+        want = b if name == "batch" else (ax.max if s is None else s)
+        sizes[name] = int(min(max(want, ax.min), ax.max))
+    return sizes
+
+
+def _graph_axes(artifact: Any, graph: Any) -> dict[str, Any]:
+    names = {d for t in graph.inputs for d in t.dims if isinstance(d, str)}
+    return {n: artifact.spec.axes[n] for n in sorted(names)}
+
+
+def input_cases(artifact: Any, graph: str = "model", shapes: Sequence[tuple[int, int | None]] = DEFAULT_SHAPES,
+                *, seed: int = 0, texts: Sequence[str] = TEXTS) -> list[InputCase]:
+    """Seeded inputs for `graph`: each shape right-pads its last row to half length (batch > 1), shapes with
+    batch >= 3 also fully pad row 0 (the fp16-softmax / exported-SDPA NaN trap), and an artifact with a
+    tokenizer adds real tokenized `texts` (padded to the longest, truncated at the exported maximum)."""
+    from xdeploy.models.spec import make_feeds
+
+    g = artifact.graph(graph)
+    axes = _graph_axes(artifact, g)
+    cases = []
+    for i, (b, s) in enumerate(shapes):
+        sizes = _sizes(axes, b, s)
+        empty = sizes.get("batch", 1) >= 3 and any(t.kind == "mask" for t in g.inputs)
+        label = "x".join(str(sizes[a]) for a in sizes) + (" empty-row" if empty else "")
+        feeds = make_feeds(g, sizes, seed=seed + i, empty_row=empty)
+        for t in g.inputs:
+            if t.kind == "positions" and "cache" in axes:
+                # make_feeds puts the new token at position `cache`; a full max-length cache buffer holds at
+                # most max-1 past tokens (position `max` is past the position table), so cap it there.
+                feeds[t.name] = np.minimum(feeds[t.name], axes["cache"].max - 1).astype(t.dtype)
+        cases.append(InputCase(label, g.name, sizes, feeds))
+    text = _text_case(artifact, g, texts) if artifact.tokenizer_dir is not None and texts else None
+    return cases + ([text] if text else [])
+
+
+def _text_case(artifact: Any, g: Any, texts: Sequence[str]) -> InputCase | None:
+    """Real tokenized text for a graph fed by (ids, mask[, zeros]) over (batch, seq); None for other graphs."""
+    from tokenizers import Tokenizer
+
+    ids_t = [t for t in g.inputs if t.kind == "ids"]
+    if len(ids_t) != 1 or any(t.kind not in ("ids", "mask", "zeros") for t in g.inputs):
+        return None
+    seq_axis = ids_t[0].dims[1]
+    ax = artifact.spec.axes[seq_axis]
+    tok = Tokenizer.from_file(str(artifact.tokenizer_dir / "tokenizer.json"))
+    tok.enable_truncation(ax.max)
+    encs = tok.encode_batch(list(texts))
+    n = max(ax.min, max(len(e.ids) for e in encs))
+    ids = np.zeros((len(encs), n), np.int64)
+    mask = np.zeros((len(encs), n), np.int64)
+    for i, e in enumerate(encs):
+        ids[i, :len(e.ids)], mask[i, :len(e.ids)] = e.ids, 1
+    sizes = {"batch": len(encs), seq_axis: n}
+    feeds = {t.name: (ids if t.kind == "ids" else mask if t.kind == "mask" else np.zeros_like(ids)).astype(t.dtype)
+             for t in g.inputs}
+    return InputCase(f"text {len(encs)}x{n}", g.name, sizes, feeds)
+
+
+def meaningful(graph: Any, output: Any, feeds: dict[str, np.ndarray], shape: tuple[int, ...]) -> np.ndarray | None:
+    """Bool mask (broadcastable to `shape`) of the output positions that mean something, or None for all.
+
+    Outputs at padded positions are garbage by definition: a position is meaningful when every mask input
+    over (batch, X) marks it 1, for outputs that have both axes; rows whose mask is all 0 (fully padded) are
+    dropped from every output with a batch axis. Non-finite values are still counted everywhere."""
+    if "batch" not in output.dims:
+        return None
+    dims = list(output.dims)
+    keep = np.ones((1,) * len(shape), dtype=bool)  # grows by broadcasting, never to the full shape
+    any_mask = False
+    for t in graph.inputs:
+        if t.kind != "mask" or len(t.dims) != 2 or t.dims[0] != "batch":
+            continue
+        m = feeds[t.name] != 0  # (B, X)
+        any_mask = True
+        b_ax = dims.index("batch")
+        row = m.any(axis=1)  # (B,): False for a fully padded row
+        keep = keep & np.expand_dims(row, [a for a in range(len(shape)) if a != b_ax])
+        if t.dims[1] in dims:
+            x_ax = dims.index(t.dims[1])
+            # move (B, X) onto output axes (b_ax, x_ax); other axes broadcast
+            mm = m if b_ax < x_ax else m.T
+            keep = keep & np.expand_dims(mm, [a for a in range(len(shape)) if a not in (b_ax, x_ax)])
+    return keep if any_mask else None
+
+
+# ----------------------------------------------------------------------------------------- checking ----
+
+@dataclass(frozen=True)
+class OutputCheck:
+    """One output of one graph on one input case through one runner, against the PyTorch fp32 reference."""
+
+    runner: str
+    precision: str  # the precision whose tolerance applies
+    artifact_precision: str
+    graph: str
+    case: str
+    output: str
+    max_abs: float
+    max_rel: float
+    mean_abs: float
+    cosine: float
+    within: float
+    nonfinite: int
+    ref_nonfinite: int  # NaN/Inf in the reference itself: the model is broken before any deployment
+    compared: int
+    top1: float | None  # fraction of meaningful positions whose argmax agrees (outputs named *logits)
+    atol: float
+    rtol: float
+    min_cosine: float
+    passed: bool
+    reason: str
+
+
+def tolerance_precision(artifact_precision: str, runner_precision: str) -> str:
+    """The looser of the artifact's precision and the runner's compute precision (ov:bf16 on fp32 -> bf16)."""
+    known = [p for p in (artifact_precision, runner_precision) if p in PRECISION_ORDER]
+    return max(known, key=PRECISION_ORDER.index) if known else "fp32"
+
+
+def parse_tolerance_overrides(items: Sequence[str]) -> dict[str, dict[str, float]]:
+    """['logits:atol=1e-3,cosine=0.99', 'rtol=0.02'] -> {'logits': {...}, '*': {'rtol': 0.02}}."""
+    from xdeploy.errors import XDeployError
+
+    out: dict[str, dict[str, float]] = {}
+    for item in items:
+        name, sep, rest = item.rpartition(":")
+        target = name if sep else "*"
+        for kv in filter(None, rest.split(",")):
+            k, eq, v = kv.partition("=")
+            k = k.strip()
+            try:
+                if not eq or k not in ("atol", "rtol", "cosine"):
+                    raise ValueError
+                val = float(v)
+                if not np.isfinite(val) or val < 0:
+                    raise ValueError
+            except ValueError:
+                raise XDeployError(f"bad tolerance {item!r}; expected [OUTPUT:]atol=X,rtol=Y,cosine=Z with "
+                                   f"finite non-negative numbers") from None
+            out.setdefault(target, {})[k] = val
+    return out
+
+
+def output_tolerance(base: Tolerance, output: str, overrides: dict[str, dict[str, float]] | None) -> Tolerance:
+    import dataclasses
+
+    ov = {**(overrides or {}).get("*", {}), **(overrides or {}).get(output, {})}
+    return dataclasses.replace(base, **ov) if ov else base
+
+
+def check_outputs(ref: dict[str, np.ndarray], cand: dict[str, np.ndarray], case: InputCase, graph: Any, *,
+                  runner: str, precision: str, artifact_precision: str, tol: Tolerance,
+                  overrides: dict[str, dict[str, float]] | None = None) -> list[OutputCheck]:
+    """Compare every output of one case; the verdict adds top-1 agreement for logits and a finite reference."""
+    checks = []
+    for t in graph.outputs:
+        r, c = ref[t.name], cand[t.name]
+        otol = output_tolerance(tol, t.name, overrides)
+        if r.shape != c.shape:
+            checks.append(OutputCheck(runner, precision, artifact_precision, graph.name, case.name, t.name,
+                                      *(float("nan"),) * 5, 0, 0, 0, None, otol.atol, otol.rtol, otol.cosine,
+                                      False, f"shape {c.shape} != reference {r.shape}"))
+            continue
+        mask = meaningful(graph, t, case.feeds, r.shape)
+        cmp = compare(r, c, otol, mask=mask)
+        ref_bad = int(np.count_nonzero(~np.isfinite(r)))
+        top1 = None
+        if t.name.endswith("logits") and r.ndim >= 2:
+            agree = np.argmax(r, axis=-1) == np.argmax(c, axis=-1)  # shape[:-1]
+            m = None if mask is None else np.broadcast_to(mask, r.shape)[..., 0]
+            sel = agree if m is None else agree[m]
+            top1 = float(sel.mean()) if sel.size else 1.0
+        passed, reason = cmp.passed, cmp.reason
+        if ref_bad:
+            passed, reason = False, f"reference has {ref_bad} NaN/Inf"
+        elif passed and top1 is not None and top1 < TOP1_MIN.get(precision, 1.0):
+            passed, reason = False, f"top-1 agreement {top1:.4f} < {TOP1_MIN.get(precision, 1.0)}"
+        checks.append(OutputCheck(runner, precision, artifact_precision, graph.name, case.name, t.name,
+                                  cmp.max_abs, cmp.max_rel, cmp.mean_abs, cmp.cosine, cmp.within, cmp.nonfinite,
+                                  ref_bad, cmp.compared, top1, otol.atol, otol.rtol, otol.cosine, passed, reason))
+    return checks
+
+
+# ------------------------------------------------------------------------------------------ running ----
+
+@dataclass(frozen=True)
+class LayerwiseFinding:
+    """Where the candidate ONNX of one graph first leaves tolerance against the fp32 reference graph."""
+
+    artifact_precision: str
+    graph: str
+    case: str
+    precision: str  # tolerance used
+    divergence: Any  # bench.layerwise.Divergence | None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class ParityReport:
+    checks: tuple[OutputCheck, ...]
+    layerwise: tuple[LayerwiseFinding, ...] = ()
+    runners: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+    @property
+    def failures(self) -> list[OutputCheck]:
+        return [c for c in self.checks if not c.passed]
+
+    def to_json(self) -> dict[str, Any]:
+        import dataclasses
+
+        def clean(v: Any) -> Any:  # JSON has no NaN/Inf: non-finite floats become null
+            return None if isinstance(v, float) and not np.isfinite(v) else v
+
+        def rec(obj: Any) -> dict[str, Any]:
+            return {k: ([clean(x) for x in v] if isinstance(v, tuple) else clean(v))
+                    for k, v in dataclasses.asdict(obj).items()}
+
+        return {"passed": self.passed, "checks": [rec(c) for c in self.checks],
+                "layerwise": [rec(f) for f in self.layerwise], "runners": list(self.runners)}
+
+
+def drop_empty_rows(graph: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The feeds without their fully padded rows (garbage by definition; layerwise compares whole tensors)."""
+    keep = None
+    for t in graph.inputs:
+        if t.kind == "mask" and len(t.dims) == 2 and t.dims[0] == "batch":
+            row = feeds[t.name].any(axis=1)
+            keep = row if keep is None else keep & row
+    if keep is None or keep.all() or not keep.any():
+        return feeds
+    out = {}
+    for t in graph.inputs:
+        a = feeds[t.name]
+        out[t.name] = np.ascontiguousarray(np.compress(keep, a, axis=t.dims.index("batch"))) \
+            if "batch" in t.dims else a
+    return out
+
+
+def reexport_reference(artifact: Any, graph: str) -> Any:
+    """The fp32 ONNX of `graph` re-exported in memory from the artifact's reference weights (needs torch)."""
+    import torch
+
+    from xdeploy.deploy.torch_runner import load_reference
+    from xdeploy.export.onnx_export import export_graph
+
+    with torch.no_grad():
+        return export_graph(load_reference(artifact), artifact.graph(graph), artifact.spec, artifact.opset)
+
+
+def check_artifact(artifact: Any, runners: Sequence[str], *, shapes: Sequence[tuple[int, int | None]] = DEFAULT_SHAPES,
+                   graphs: Sequence[str] | None = None, overrides: dict[str, dict[str, float]] | None = None,
+                   seed: int = 0, texts: Sequence[str] = TEXTS, layerwise: str = "on-failure",
+                   reference_onnx: Any = None, threads: int = 0) -> ParityReport:
+    """Run the same seeded inputs through each runner and the PyTorch fp32 reference; judge every output.
+
+    layerwise: "never", "on-failure" (per graph with a failing check) or "always". `reference_onnx(graph)`
+    returns the fp32 ONNX to compare the artifact's graph with (path or ModelProto); default: re-exported
+    from the artifact's reference weights."""
+    from xdeploy.deploy.registry import open_runner
+    from xdeploy.errors import XDeployError
+
+    if layerwise not in ("never", "on-failure", "always"):
+        raise XDeployError(f"layerwise mode {layerwise!r}; expected never, on-failure or always")
+    graph_names = list(graphs) if graphs else [g.name for g in artifact.spec.graphs]
+    checks: list[OutputCheck] = []
+    infos: list[dict[str, Any]] = []
+    findings: list[LayerwiseFinding] = []
+    for gname in graph_names:
+        g = artifact.graph(gname)
+        cases = input_cases(artifact, gname, shapes, seed=seed, texts=texts)
+        with open_runner("torch", artifact, gname, threads=threads) as ref_runner:
+            refs = [ref_runner.infer(c.feeds) for c in cases]
+        failed_cases: list[tuple[InputCase, bool]] = []  # (case, failure involves NaN/Inf)
+        for spec in runners:
+            try:
+                with open_runner(spec, artifact, gname, threads=threads) as r:
+                    info = r.info()
+                    prec = tolerance_precision(artifact.precision, info.precision)
+                    tol = artifact.spec.tolerances.get(prec, artifact.tolerance)
+                    if gname == graph_names[0]:
+                        infos.append({"runner": spec, "device": info.device, "precision": info.precision,
+                                      "threads": info.threads, "versions": dict(info.versions)})
+                    for case, ref in zip(cases, refs):
+                        got = check_outputs(ref, r.infer(case.feeds), case, g, runner=spec, precision=prec,
+                                            artifact_precision=artifact.precision, tol=tol, overrides=overrides)
+                        checks += got
+                        bad = [c for c in got if not c.passed]
+                        if bad:
+                            failed_cases.append((case, any(c.nonfinite for c in bad)))
+            except XDeployError as e:
+                if "unknown" in str(e) and "runner" in str(e):
+                    raise
+                # A runner that cannot load or run this artifact fails parity; the other runners still report.
+                tol = artifact.tolerance
+                checks += [OutputCheck(spec, artifact.precision, artifact.precision, gname, "-", t.name,
+                                       *(float("nan"),) * 5, 0, 0, 0, None, tol.atol, tol.rtol, tol.cosine, False,
+                                       f"runner error: {e}") for t in g.outputs]
+        if layerwise == "always" or (layerwise == "on-failure" and failed_cases):
+            findings.append(_layerwise(artifact, g, cases, failed_cases, reference_onnx))
+    return ParityReport(tuple(checks), tuple(findings), tuple(infos))
+
+
+def _layerwise(artifact: Any, g: Any, cases: list[InputCase], failed: list[tuple[InputCase, bool]],
+               reference_onnx: Any) -> LayerwiseFinding:
+    from xdeploy.bench.layerwise import find_divergence
+
+    if failed:
+        case, nonfinite = failed[0]
+    else:
+        case, nonfinite = max(cases, key=lambda c: sum(a.size for a in c.feeds.values())), False
+    # Fully padded rows are garbage by definition; keep them only when a NaN/Inf is what failed.
+    feeds = case.feeds if nonfinite else drop_empty_rows(g, case.feeds)
+    tol = artifact.tolerance
+    ref = reference_onnx(g.name) if reference_onnx is not None else reexport_reference(artifact, g.name)
+    d = find_divergence(ref, artifact.onnx_path(g.name), feeds, tol)
+    note = "" if d is not None else ("no intermediate tensor of the ONNX graph leaves tolerance in onnxruntime: "
+                                     "the failure is specific to the runner (or recovers before the outputs)")
+    return LayerwiseFinding(artifact.precision, g.name, case.name, artifact.precision, d, note)

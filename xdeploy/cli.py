@@ -17,6 +17,7 @@ COMMANDS: dict[str, str] = {
     "export": "export a model or checkpoint to an ONNX artifact directory",
     "embed": "embed sentences (one per line) with an encoder artifact -> .npy / JSON lines",
     "report": "render records into a report, or compare two reports (exit 1 on a regression)",
+    "parity": "compare runners with the PyTorch fp32 reference per output (exit 1 on a failure)",
 }
 
 

@@ -1,0 +1,141 @@
+"""xdeploy parity: the same seeded inputs through each runner against the PyTorch fp32 reference."""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from xdeploy.commands import add_json_option, write_json
+from xdeploy.errors import ParityError, XDeployError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("target", metavar="MODEL|ARTIFACT",
+                   help="a registry model (exported to a temporary artifact per precision) or an artifact directory")
+    p.add_argument("--runners", default="torch,ort", help="comma-separated runner specs (default torch,ort), "
+                   "e.g. ort,ov,ov:bf16,torch:bf16")
+    p.add_argument("--precision", help="MODEL only: comma-separated export precisions (default fp32)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--preset", help="MODEL only: named size (default: the first preset)")
+    src.add_argument("--checkpoint", metavar="DIR", help="MODEL only: Hugging Face / sentence-transformers dir")
+    p.add_argument("--shapes", help="comma-separated BATCHxSEQ, SEQ may be 'max' (default 1x1,2x17,3xmax); "
+                   "SEQ applies to every non-batch axis; batch >= 3 also gets a fully padded row")
+    p.add_argument("--graphs", help="comma-separated graph names (default: all graphs of the artifact)")
+    p.add_argument("--tol", action="append", default=[], metavar="[OUTPUT:]K=V,...",
+                   help="override tolerances, e.g. logits:atol=1e-3,cosine=0.999 (repeatable; no OUTPUT = all)")
+    lw = p.add_mutually_exclusive_group()
+    lw.add_argument("--layerwise", action="store_true",
+                    help="always locate the first divergent ONNX node (default: only when a check fails)")
+    lw.add_argument("--no-layerwise", action="store_true", help="never run the layerwise divergence finder")
+    p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
+    p.add_argument("--threads", type=int, default=0, help="threads per runner (default 0 = all cores)")
+    add_json_option(p)
+
+
+def _split(text: str | None) -> list[str]:
+    return [s.strip() for s in (text or "").split(",") if s.strip()]
+
+
+def run(args: argparse.Namespace) -> int:
+    from xdeploy.bench.parity import DEFAULT_SHAPES, check_artifact, parse_shapes, parse_tolerance_overrides
+    from xdeploy.export.artifact import load_artifact
+
+    runners = _split(args.runners)
+    if not runners:
+        raise XDeployError("--runners is empty; expected e.g. torch,ort,ov")
+    from xdeploy.deploy.registry import parse_spec
+
+    for r in runners:
+        parse_spec(r)
+    shapes = parse_shapes(args.shapes) if args.shapes else list(DEFAULT_SHAPES)
+    overrides = parse_tolerance_overrides(args.tol)
+    mode = "always" if args.layerwise else "never" if args.no_layerwise else "on-failure"
+    common: dict[str, Any] = dict(shapes=shapes, graphs=_split(args.graphs) or None, overrides=overrides,
+                                  seed=args.seed, layerwise=mode, threads=args.threads)
+
+    target = Path(args.target)
+    reports = []
+    if target.is_dir():
+        if args.precision or args.preset or args.checkpoint:
+            raise XDeployError(f"{target} is an artifact directory: --precision/--preset/--checkpoint apply to a "
+                               f"MODEL name only")
+        art = load_artifact(target)
+        reports.append((str(target), check_artifact(art, runners, **common)))
+    else:
+        from xdeploy.export.onnx_export import export
+        from xdeploy.export.precision import check_precision
+        from xdeploy.models.registry import get_family
+
+        get_family(args.target)  # one-line error for an unknown model before any work
+        precisions = _split(args.precision) or ["fp32"]
+        for prec in precisions:
+            check_precision(prec)
+        with tempfile.TemporaryDirectory(prefix="xdeploy-parity-") as tmp:
+            arts: dict[str, Any] = {}
+            # fp32 first: its ONNX is the layerwise reference of the other precisions
+            for prec in sorted(set(precisions) | ({"fp32"} if mode != "never" else set()),
+                               key=lambda p: p != "fp32"):
+                arts[prec] = load_artifact(export(args.target, preset=args.preset, checkpoint=args.checkpoint,
+                                                  out=Path(tmp) / prec, precision=prec))
+            fp32 = arts.get("fp32")
+            for prec in precisions:
+                ref = (lambda g, a=fp32: a.onnx_path(g)) if fp32 is not None and prec != "fp32" else None
+                reports.append((f"{args.target} {prec}", check_artifact(arts[prec], runners, reference_onnx=ref,
+                                                                        **common)))
+    _print(reports)
+    write_json(args.json, {"target": args.target, "passed": all(r.passed for _, r in reports),
+                           "artifacts": [{"name": n} | r.to_json() for n, r in reports]})
+    failures = [c for _, r in reports for c in r.failures]
+    if failures:
+        worst = failures[0]
+        raise ParityError(f"{len(failures)} parity check(s) failed; first: {worst.runner} {worst.graph}/"
+                          f"{worst.output} on {worst.case}: {worst.reason}")
+    return 0
+
+
+def _fmt(x: float | None, spec: str = ".2e") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _print(reports: list[tuple[str, Any]]) -> None:
+    """One row per artifact x runner x graph x output: the worst case over all inputs (JSON has every case)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=120)  # logs and CI: wide enough for one row per output
+    for name, rep in reports:
+        table = Table(title=f"parity: {name} vs torch fp32", title_justify="left", box=None, pad_edge=False)
+        for col in ("runner", "tol", "graph/output", "cases", "max|d|", "max rel", "min cos", "NaN", "top-1",
+                    "verdict"):
+            table.add_column(col, no_wrap=True, justify="left" if col in ("runner", "tol", "graph/output",
+                                                                          "verdict") else "right")
+        groups: dict[tuple[str, str, str], list[Any]] = {}
+        for c in rep.checks:
+            groups.setdefault((c.runner, c.graph, c.output), []).append(c)
+        notes = []
+        for (runner, graph, output), cs in groups.items():
+            bad = [c for c in cs if not c.passed]
+            top1 = [c.top1 for c in cs if c.top1 is not None]
+            table.add_row(runner, cs[0].precision, f"{graph}/{output}", str(len(cs)),
+                          _fmt(max(c.max_abs for c in cs)), _fmt(max(c.max_rel for c in cs)),
+                          _fmt(min(c.cosine for c in cs), ".6f"), str(sum(c.nonfinite for c in cs)),
+                          _fmt(min(top1) if top1 else None, ".3f"),
+                          "[green]pass[/green]" if not bad else f"[red]FAIL[/red] ({len(bad)}/{len(cs)})")
+            notes += [f"  {runner} {graph}/{output} on {c.case}: {c.reason}" for c in bad[:2]]
+        console.print(table)
+        for line in notes:
+            console.print(line, markup=False, highlight=False)
+        for f in rep.layerwise:
+            d = f.divergence
+            head = f"layerwise {f.graph} ({f.artifact_precision} ONNX vs fp32 ONNX, {f.case}):"
+            if d is None:
+                console.print(f"{head} {f.note or 'no divergence'}", markup=False, highlight=False)
+            else:
+                console.print(f"{head} first divergent node [bold]{d.node}[/bold] ({d.op_type}) -> {d.output}: "
+                              f"max abs {d.max_abs:.3g}, cosine {d.cosine:.6f}, reference range "
+                              f"[{d.ref_range[0]:.4g}, {d.ref_range[1]:.4g}], candidate range "
+                              f"[{d.cand_range[0]:.4g}, {d.cand_range[1]:.4g}]", highlight=False)
