@@ -104,8 +104,9 @@ def export_spec(cfg: GPTConfig) -> ExportSpec:
                   outputs=(TensorSpec("logits", "float32", ("batch", 1, cfg.vocab_size)),
                            TensorSpec("new_kv", "float32", kv(1)))),
         ),
-        axes={"batch": Axis(1, 1, 16), "seq": Axis(1, 128, cfg.max_positions),
-              "cache": Axis(1, 256, cfg.max_positions)},
+        # opt sizes are capped by max_positions: imported checkpoints may have n_positions < 256
+        axes={"batch": Axis(1, 1, 16), "seq": Axis(1, min(128, cfg.max_positions), cfg.max_positions),
+              "cache": Axis(1, min(256, cfg.max_positions), cfg.max_positions)},
     )
 
 

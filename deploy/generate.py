@@ -1,0 +1,523 @@
+"""Autoregressive generation over any runner: greedy, sampling and beam search with a preallocated KV cache.
+
+    from xdeploy.deploy.generate import Generator, GenerationConfig
+    with Generator("artifacts/gpt-tiny-fp32", "ort") as g:
+        out = g.generate([[5, 7, 11], [3]], GenerationConfig(max_new_tokens=32))
+    out.tokens          # per prompt row, the new token ids (ending with EOS when it stopped there)
+
+How a step works (gpt; the transformer is the same with `encoder` instead of the prefill):
+
+  prefill   graph `model` on the left-padded prompt (B, T) -> logits (B, T, V), present (L, 2, B, nh, T, hs);
+            present is copied once into slots [0, T) of the cache (L, 2, B, nh, C, hs), C = T + new - 1.
+  decode    graph `decode`, bound ONCE with `Runner.bind` onto numpy buffers owned here: ids (B, 1),
+            positions (B, 1), cache, cache_mask (B, C) in; logits (B, 1, V), new_kv (L, 2, B, nh, 1, hs) out.
+            Each step writes the token into `ids`, runs, then writes `new_kv` into cache slot `slot` and sets
+            cache_mask[:, slot] = 1: (L, 2, B, nh, 1, hs) floats move per step, never the whole cache.
+
+On onnxruntime (IO binding) and OpenVINO (shared-memory tensors) the graph reads the cache buffer in place;
+runners without an override of `bind` copy their outputs (the torch reference does). Beam search reorders the
+cache rows by beam index after each step: that copy is inherent to beam search and touches only the filled
+slots. `use_cache=False` is the "recompute everything" mode: every step runs the full `model` graph on the
+whole sequence so far (used for the with-cache / without-cache ratio and as an independent parity path).
+
+Beam search follows Hugging Face transformers' `generate(num_beams=k)` exactly (early_stopping=False): a
+finished hypothesis scores sum(log p) / generated_length ** length_penalty (generated tokens including EOS,
+prompt excluded), 2k candidates per step, and a row stops once k hypotheses are finished and the best running
+beam cannot beat the worst of them. Padding: prompts may be left- or right-padded (or ragged lists); gpt
+prompts are re-padded on the left (positions count only real tokens, so a padded row generates what it
+generates alone), transformer sources on the right (its encoder uses absolute positions).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xdeploy.errors import XDeployError
+from xdeploy.export.artifact import Artifact, load_artifact
+
+from .base import Runner
+from .registry import open_runner
+
+# Models whose artifacts this loop knows how to drive: prefill graph (or encoder) + decode graph.
+DECODER_ONLY = ("gpt",)
+ENCODER_DECODER = ("transformer",)
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """What to generate. `eos_token_id=None` takes the model's; pass -1 to never stop at EOS (benchmarks)."""
+
+    max_new_tokens: int = 32
+    num_beams: int = 1
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+    seed: int | None = None
+    length_penalty: float = 0.75  # beam search: score = sum log p / generated_len ** length_penalty
+    eos_token_id: int | None = None
+
+    def check(self) -> None:
+        if self.max_new_tokens < 1:
+            raise XDeployError(f"new tokens must be >= 1, got {self.max_new_tokens}")
+        if self.num_beams < 1:
+            raise XDeployError(f"beams must be >= 1, got {self.num_beams}")
+        if self.do_sample and self.num_beams > 1:
+            raise XDeployError("sampling with beams is not supported; use --beams 1 with --sample")
+        if not self.temperature > 0:
+            raise XDeployError(f"temperature must be > 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise XDeployError(f"top-k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise XDeployError(f"top-p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The result of one `generate` call. Times are seconds (floats)."""
+
+    tokens: tuple[tuple[int, ...], ...]  # per prompt row: new tokens, ending with EOS if it stopped there
+    stop: tuple[str, ...]  # per row: "eos" or "length"
+    scores: tuple[float, ...] | None  # beam search: the chosen hypothesis' length-penalized score
+    prompt_lengths: tuple[int, ...]  # real (unpadded) prompt tokens per row
+    time_to_first_token_s: float  # prefill (or encoder + first decode step) and the first token's selection
+    step_s: tuple[float, ...]  # every later decode step, in order (context grows by one token per step)
+    total_s: float
+    mode: str  # "cache" | "recompute"
+    runner: str
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.total_s if self.total_s > 0 else float("inf")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"tokens": [list(t) for t in self.tokens], "stop": list(self.stop),
+                "scores": list(self.scores) if self.scores is not None else None,
+                "prompt_lengths": list(self.prompt_lengths), "time_to_first_token_s": self.time_to_first_token_s,
+                "step_s": list(self.step_s), "total_s": self.total_s, "tokens_per_s": self.tokens_per_s,
+                "mode": self.mode, "runner": self.runner}
+
+
+# ------------------------------------------------------------------------------------------ prompts ----
+
+def normalize_prompts(prompts: Any, attention_mask: np.ndarray | None = None) -> list[list[int]]:
+    """Ragged token lists, or a (B, T) id array with an optional 1/0 mask (left, right or any padding)
+    -> the real tokens of each row."""
+    if isinstance(prompts, np.ndarray):
+        if prompts.ndim != 2:
+            raise XDeployError(f"prompt ids must be a (batch, seq) array, got shape {prompts.shape}")
+        mask = np.ones_like(prompts) if attention_mask is None else np.asarray(attention_mask)
+        if mask.shape != prompts.shape:
+            raise XDeployError(f"attention_mask shape {mask.shape} differs from prompt ids {prompts.shape}")
+        rows = [[int(t) for t, m in zip(r, mr) if m] for r, mr in zip(prompts, mask)]
+    elif isinstance(prompts, Sequence) and prompts and all(isinstance(r, Sequence) for r in prompts):
+        if attention_mask is not None:
+            raise XDeployError("attention_mask applies to an array of prompt ids, not to token lists")
+        rows = [[int(t) for t in r] for r in prompts]
+    else:
+        raise XDeployError("prompts must be a non-empty list of token-id lists or a (batch, seq) id array")
+    if not all(rows):
+        raise XDeployError("every prompt row needs at least one real token")
+    return rows
+
+
+def pad_rows(rows: list[list[int]], side: str, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Token lists -> (ids, mask), both (B, max_len) int64, padded on `side` ("left" | "right")."""
+    t = max(len(r) for r in rows)
+    ids = np.full((len(rows), t), pad_id, np.int64)
+    mask = np.zeros((len(rows), t), np.int64)
+    for i, r in enumerate(rows):
+        sl = slice(t - len(r), t) if side == "left" else slice(0, len(r))
+        ids[i, sl], mask[i, sl] = r, 1
+    return ids, mask
+
+
+# --------------------------------------------------------------------------------- token selection ----
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def sample(logits: np.ndarray, rng: np.random.Generator, *, temperature: float = 1.0, top_k: int = 0,
+           top_p: float = 1.0) -> np.ndarray:
+    """(N, V) logits -> (N,) token ids. Temperature, then top-k, then top-p (nucleus: the smallest set of
+    most likely tokens whose probability reaches top_p), in Hugging Face's order; one uniform draw per row."""
+    x = logits.astype(np.float64) / temperature
+    v = x.shape[-1]
+    if 0 < top_k < v:
+        kth = np.partition(x, v - top_k, axis=-1)[:, v - top_k][:, None]  # k-th largest per row
+        x = np.where(x < kth, -np.inf, x)
+    p = np.exp(x - x.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    if top_p < 1.0:
+        order = np.argsort(-p, axis=-1, kind="stable")
+        sp = np.take_along_axis(p, order, -1)
+        before = np.cumsum(sp, -1) - sp  # probability mass of the more likely tokens
+        drop = np.zeros_like(p, dtype=bool)
+        np.put_along_axis(drop, order, before >= top_p, -1)  # the top token always has before = 0: kept
+        p = np.where(drop, 0.0, p)
+        p /= p.sum(-1, keepdims=True)
+    u = rng.random(p.shape[0])[:, None]
+    return np.minimum((np.cumsum(p, -1) < u).sum(-1), v - 1).astype(np.int64)
+
+
+# ------------------------------------------------------------------------------------ step engines ----
+
+class _Steps:
+    """Runs the model for N = batch * beams rows: `start()` -> logits of the first new token (N, V),
+    `step(tokens)` -> logits of the next, `reorder(rows)` -> row r now continues row rows[r]."""
+
+    def start(self) -> np.ndarray: ...
+    def step(self, tokens: np.ndarray) -> np.ndarray: ...
+    def reorder(self, rows: np.ndarray) -> None: ...
+
+
+def _dtype(graph: Any, name: str) -> np.dtype:
+    return np.dtype(next(t.dtype for t in graph.inputs if t.name == name))
+
+
+class _CachedSteps(_Steps):
+    """Preallocated cache + one bound decode call (see the module docstring)."""
+
+    def __init__(self, gen: Generator, ids: np.ndarray, mask: np.ndarray, beams: int, new: int) -> None:
+        self.gen, self.beams = gen, beams
+        self.ids, self.mask = ids, mask  # (B, T) prompt (gpt: left-padded) / source (transformer: right-padded)
+        self.new = new
+
+    def _alloc(self, n: int, capacity: int, extra: Mapping[str, np.ndarray]) -> None:
+        g = self.gen
+        dec = g.decode.graph
+        cache_spec = next(t for t in dec.inputs if t.name == "cache")
+        l, _, _, nh, _, hs = cache_spec.dims
+        self.cache = np.zeros((l, 2, n, nh, capacity, hs), _dtype(dec, "cache"))
+        self.cache_mask = np.zeros((n, capacity), np.int64)
+        self.tok = np.zeros((n, 1), np.int64)
+        self.pos = np.zeros((n, 1), np.int64)
+        out = {t.name: t for t in dec.outputs}
+        v = out["logits"].dims[-1]
+        self.logits = np.zeros((n, 1, v), np.dtype(out["logits"].dtype))
+        self.new_kv = np.zeros((l, 2, n, nh, 1, hs), np.dtype(out["new_kv"].dtype))
+        ids_name = dec.inputs[0].name  # input_ids (gpt) / tgt_ids (transformer)
+        feeds = {ids_name: self.tok, "position_ids": self.pos, "cache": self.cache, "cache_mask": self.cache_mask}
+        self.call = g.decode.bind(feeds | dict(extra), {"logits": self.logits, "new_kv": self.new_kv})
+        self.slot = 0  # next cache slot to write
+
+    def _run_step(self, tokens: np.ndarray) -> np.ndarray:
+        self.tok[:, 0] = tokens
+        self.call()
+        # The step's K/V into slot `slot`: (L, 2, N, nh, 1, hs) floats, the only cache write of the step.
+        self.cache[:, :, :, :, self.slot, :] = self.new_kv[:, :, :, :, 0, :]
+        self.cache_mask[:, self.slot] = 1
+        self.slot += 1
+        self.pos += 1
+        return self.logits[:, 0]
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        return self._run_step(tokens)
+
+    def reorder(self, rows: np.ndarray) -> None:
+        if np.array_equal(rows, np.arange(len(rows))):
+            return
+        # Beam reordering: only the filled slots [0, slot) move; np.take makes the gathered copy first, so
+        # rows that read from rows being overwritten are safe.
+        s = self.slot
+        self.cache[:, :, :, :, :s] = np.take(self.cache[:, :, :, :, :s], rows, axis=2)
+        self.cache_mask[:] = self.cache_mask[rows]
+        self.pos[:] = self.pos[rows]
+
+
+class _GPTCached(_CachedSteps):
+    def start(self) -> np.ndarray:
+        g, k = self.gen, self.beams
+        b, t = self.ids.shape
+        out = g.prefill.infer({"input_ids": self.ids, "attention_mask": self.mask})
+        n = b * k
+        self._alloc(n, t + self.new - 1, {})
+        rep = np.repeat(np.arange(b), k)  # beam copies of each prompt row: row r -> prompt r // k
+        self.cache[:, :, :, :, :t] = out["present"][:, :, rep]  # the one whole-prompt copy, at prefill
+        self.cache_mask[:, :t] = self.mask[rep]
+        self.pos[:, 0] = self.mask.sum(-1)[rep]  # next position = number of real prompt tokens
+        self.slot = t
+        return out["logits"][rep, -1]  # left padding: the last column is a real token in every row
+
+
+class _Seq2SeqCached(_CachedSteps):
+    def start(self) -> np.ndarray:
+        g, k = self.gen, self.beams
+        mem = g.prefill.infer({"src_ids": self.ids, "src_mask": self.mask})["memory"]
+        rep = np.repeat(np.arange(self.ids.shape[0]), k)
+        n = len(rep)
+        self.memory = np.ascontiguousarray(mem[:, :, rep])  # (L, 2, N, nh, S, hs), fixed for the sequence
+        self.src_mask = np.ascontiguousarray(self.mask[rep])
+        self._alloc(n, self.new, {"memory": self.memory, "src_mask": self.src_mask})
+        return self._run_step(np.full(n, g.cfg.bos_token_id, np.int64))  # position 0: BOS
+
+
+
+class _Recompute(_Steps):
+    """No cache: every step runs the full `model` graph on the whole sequence so far."""
+
+    def __init__(self, gen: Generator, ids: np.ndarray, mask: np.ndarray, beams: int, new: int) -> None:
+        self.gen = gen
+        rep = np.repeat(np.arange(ids.shape[0]), beams)
+        self.ids, self.mask = ids[rep], mask[rep]
+        self.seq2seq = gen.artifact.model in ENCODER_DECODER
+        n = len(rep)
+        self.tgt = np.full((n, 1), gen.cfg.bos_token_id, np.int64) if self.seq2seq else np.zeros((n, 0), np.int64)
+
+    def _run(self) -> np.ndarray:
+        if self.seq2seq:
+            feeds = {"src_ids": self.ids, "src_mask": self.mask, "tgt_ids": self.tgt,
+                     "tgt_mask": np.ones_like(self.tgt)}
+        else:
+            ids = np.concatenate([self.ids, self.tgt], 1)
+            mask = np.concatenate([self.mask, np.ones_like(self.tgt)], 1)
+            feeds = {"input_ids": ids, "attention_mask": mask}
+        return self.gen.prefill.infer(feeds)["logits"][:, -1]
+
+    def start(self) -> np.ndarray:
+        return self._run()
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        self.tgt = np.concatenate([self.tgt, tokens[:, None]], 1)
+        return self._run()
+
+    def reorder(self, rows: np.ndarray) -> None:
+        self.tgt = self.tgt[rows]
+
+
+# ----------------------------------------------------------------------------------------- loop ----
+
+class Generator:
+    """Opens the runners of one artifact once; `generate` can then be called repeatedly (benchmarks)."""
+
+    def __init__(self, artifact: Artifact | str | Path, runner: str = "ort", *, use_cache: bool = True,
+                 threads: int = 0, **options: Any) -> None:
+        self.artifact = artifact if isinstance(artifact, Artifact) else load_artifact(artifact)
+        model = self.artifact.model
+        if model not in DECODER_ONLY + ENCODER_DECODER:
+            raise XDeployError(f"model {model!r} does not generate text; generation supports: "
+                               f"{', '.join(DECODER_ONLY + ENCODER_DECODER)}")
+        self.cfg = self.artifact.config
+        self.runner_spec, self.use_cache = runner, use_cache
+        names = [g.name for g in self.artifact.spec.graphs]
+        first = "encoder" if model in ENCODER_DECODER and use_cache else "model"
+        need = [first] + (["decode"] if use_cache else [])
+        missing = [n for n in need if n not in names]
+        if missing:
+            raise XDeployError(f"artifact {self.artifact.path} lacks graph(s) {missing} needed for "
+                               f"{'KV-cache' if use_cache else 'recompute'} generation; re-export it")
+        self.prefill: Runner = open_runner(runner, self.artifact, first, threads=threads, **options)
+        self.decode: Runner | None = None
+        try:
+            if use_cache:
+                self.decode = open_runner(runner, self.artifact, "decode", threads=threads, **options)
+        except BaseException:
+            self.prefill.close()
+            raise
+
+    def close(self) -> None:
+        self.prefill.close()
+        if self.decode is not None:
+            self.decode.close()
+
+    def __enter__(self) -> Generator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- limits --
+    def _check_sizes(self, rows: list[list[int]], gc: GenerationConfig) -> None:
+        axes = self.artifact.spec.axes
+        n = len(rows) * gc.num_beams
+        if n > axes["batch"].max:
+            raise XDeployError(f"batch {len(rows)} x beams {gc.num_beams} = {n} rows exceeds the artifact's "
+                               f"batch limit {axes['batch'].max}")
+        v = self.cfg.vocab_size
+        bad = [t for r in rows for t in r if not 0 <= t < v]
+        if bad:
+            raise XDeployError(f"prompt token id {bad[0]} is outside the vocabulary 0..{v - 1}")
+        t = max(len(r) for r in rows)
+        if self.artifact.model in DECODER_ONLY:
+            # cache slots: the prompt + every fed-back token (the last new token is never fed back)
+            need = t + gc.max_new_tokens - 1
+            limit = min(self.cfg.max_positions, axes["cache"].max, axes["seq"].max)
+            if need > limit:
+                raise XDeployError(f"prompt length {t} + {gc.max_new_tokens} new tokens needs {need} positions; "
+                                   f"this model has {limit} (max_positions)")
+        else:
+            if t > axes["src_seq"].max:
+                raise XDeployError(f"source length {t} exceeds the artifact's limit {axes['src_seq'].max}")
+            limit = min(self.cfg.max_positions, axes["cache"].max, axes["seq"].max)
+            if gc.max_new_tokens > limit:
+                raise XDeployError(f"{gc.max_new_tokens} new tokens exceed this model's {limit} target positions")
+
+    def generate(self, prompts: Any, config: GenerationConfig | None = None, *,
+                 attention_mask: np.ndarray | None = None) -> Generation:
+        """Generate for a batch of prompts (gpt: the text so far; transformer: the source sequence)."""
+        gc = config or GenerationConfig()
+        gc.check()
+        rows = normalize_prompts(prompts, attention_mask)
+        self._check_sizes(rows, gc)
+        seq2seq = self.artifact.model in ENCODER_DECODER
+        ids, mask = pad_rows(rows, "right" if seq2seq else "left",
+                             getattr(self.cfg, "pad_token_id", 0))
+        eos = self.cfg.eos_token_id if gc.eos_token_id is None else gc.eos_token_id
+        eos = None if eos is not None and eos < 0 else eos
+        engine_cls = _Recompute if not self.use_cache else (_Seq2SeqCached if seq2seq else _GPTCached)
+        engine = engine_cls(self, ids, mask, gc.num_beams, gc.max_new_tokens)
+        t0 = time.perf_counter()
+        if gc.num_beams > 1:
+            tokens, stop, scores, ttft, steps = _beam_search(engine, len(rows), gc, eos, t0)
+        else:
+            tokens, stop, ttft, steps = _greedy_or_sample(engine, len(rows), gc, eos, t0)
+            scores = None
+        total = time.perf_counter() - t0
+        return Generation(tokens=tokens, stop=stop, scores=scores, prompt_lengths=tuple(len(r) for r in rows),
+                          time_to_first_token_s=float(ttft), step_s=tuple(float(x) for x in steps), total_s=total,
+                          mode="cache" if self.use_cache else "recompute", runner=self.runner_spec)
+
+
+def _greedy_or_sample(engine: _Steps, b: int, gc: GenerationConfig, eos: int | None, t0: float
+                      ) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...], float, list[float]]:
+    rng = np.random.default_rng(gc.seed)
+    out = np.zeros((b, gc.max_new_tokens), np.int64)
+    done = np.zeros(b, bool)
+    lengths = np.full(b, gc.max_new_tokens)
+    stamps: list[float] = []  # perf_counter when each token was chosen
+    logits = engine.start()
+    for i in range(gc.max_new_tokens):
+        if gc.do_sample:
+            tok = sample(logits, rng, temperature=gc.temperature, top_k=gc.top_k, top_p=gc.top_p)
+        else:
+            tok = logits.argmax(-1)
+        # finished rows keep running (the batch is one graph call) but their tokens are ignored
+        tok = np.where(done, eos if eos is not None else 0, tok)
+        out[:, i] = tok
+        if eos is not None:
+            hit = (tok == eos) & ~done
+            lengths[hit] = i + 1
+            done |= hit
+        stamps.append(time.perf_counter())
+        if done.all() or i + 1 == gc.max_new_tokens:
+            break
+        logits = engine.step(tok)
+    tokens = tuple(tuple(int(t) for t in out[r, :lengths[r]]) for r in range(b))
+    stop = tuple("eos" if done[r] else "length" for r in range(b))
+    return tokens, stop, stamps[0] - t0, list(np.diff(stamps))
+
+
+def _beam_search(engine: _Steps, b: int, gc: GenerationConfig, eos: int | None, t0: float):  # noqa: ANN202
+    """Hugging Face's beam search (transformers 5, early_stopping=False), vectorized over the batch in numpy.
+
+    running: k live beams per row with summed log-probs; finished: the k best hypotheses that ended (EOS or
+    max length), scored sum / generated_len ** length_penalty."""
+    k, m, alpha = gc.num_beams, gc.max_new_tokens, gc.length_penalty
+    keep = 2 * k  # candidates per row: enough that k survive even if k of them end in EOS
+    run_seq = np.zeros((b, k, m), np.int64)
+    run_score = np.zeros((b, k))
+    run_score[:, 1:] = -1.0e9  # all beams start identical: only beam 0 may expand at the first step
+    fin_seq = np.zeros((b, k, m), np.int64)
+    fin_len = np.zeros((b, k), np.int64)
+    fin_score = np.full((b, k), -1.0e9)
+    fin_set = np.zeros((b, k), bool)
+    open_rows = np.ones(b, bool)  # HF's is_early_stop_heuristic_unsatisfied
+    stamps: list[float] = []
+    logits = engine.start()
+    for g in range(m):  # g tokens generated so far; this step picks token g + 1
+        lp = log_softmax(logits).reshape(b, k, -1) + run_score[:, :, None]
+        v = lp.shape[-1]
+        flat = lp.reshape(b, k * v)
+        top = np.argpartition(-flat, keep - 1, axis=-1)[:, :keep]
+        top = np.take_along_axis(top, np.argsort(-np.take_along_axis(flat, top, -1), -1, kind="stable"), -1)
+        top_score = np.take_along_axis(flat, top, -1)  # (b, 2k), best first
+        beam, tok = top // v, top % v
+        cand = np.take_along_axis(run_seq, beam[:, :, None], 1)  # (b, 2k, m)
+        cand[:, :, g] = tok
+        ends = (tok == eos) if eos is not None else np.zeros_like(tok, bool)
+        if g + 1 == m:
+            ends[:] = True  # max length: every candidate is a hypothesis
+        # finished hypotheses: only the best k candidates may enter, and only while the row is open
+        pen = top_score / float(g + 1) ** alpha
+        pen = np.where(ends & (np.arange(keep) < k)[None] & open_rows[:, None], pen, -1.0e9)
+        all_score = np.concatenate([fin_score, pen], 1)
+        pick = np.argsort(-all_score, -1, kind="stable")[:, :k]
+        fin_seq = np.take_along_axis(np.concatenate([fin_seq, cand], 1), pick[:, :, None], 1)
+        fin_len = np.take_along_axis(np.concatenate([fin_len, np.full((b, keep), g + 1)], 1), pick, 1)
+        fin_set = np.take_along_axis(np.concatenate([fin_set, pen > -1.0e9 / 2], 1), pick, 1)
+        fin_score = np.take_along_axis(all_score, pick, 1)
+        # running beams for the next step: the best k candidates that did not end
+        live = top_score - ends * 1.0e9
+        nxt = np.argsort(-live, -1, kind="stable")[:, :k]
+        run_seq = np.take_along_axis(cand, nxt[:, :, None], 1)
+        run_score = np.take_along_axis(live, nxt, 1)
+        src_beam = np.take_along_axis(beam, nxt, 1)  # (b, k) which old beam each new beam continues
+        # HF's early-stop heuristic: the best running beam at the current length vs the worst finished one
+        worst = np.where(fin_set, fin_score, -1.0e9)
+        open_rows &= (run_score[:, :1] / float(g + 1) ** alpha > worst).any(-1)
+        stamps.append(time.perf_counter())
+        if g + 1 == m or not open_rows.any() or ends.all():
+            break
+        engine.reorder((src_beam + np.arange(b)[:, None] * k).reshape(-1))
+        logits = engine.step(run_seq[:, :, g].reshape(-1))
+    tokens, stop = [], []
+    for r in range(b):
+        n = int(fin_len[r, 0])
+        seq = tuple(int(t) for t in fin_seq[r, 0, :n])
+        tokens.append(seq)
+        stop.append("eos" if eos is not None and seq and seq[-1] == eos else "length")
+    return (tuple(tokens), tuple(stop), tuple(float(s) for s in fin_score[:, 0]), stamps[0] - t0,
+            list(np.diff(stamps)))
+
+
+def generate(artifact: Artifact | str | Path, prompts: Any, config: GenerationConfig | None = None, *,
+             runner: str = "ort", use_cache: bool = True, threads: int = 0,
+             attention_mask: np.ndarray | None = None) -> Generation:
+    """One-shot convenience over `Generator` (opens and closes the runners)."""
+    with Generator(artifact, runner, use_cache=use_cache, threads=threads) as g:
+        return g.generate(prompts, config, attention_mask=attention_mask)
+
+
+# ------------------------------------------------------------------------------------ comparison ----
+
+@dataclass(frozen=True)
+class Agreement:
+    """How a candidate's tokens compare with a reference's, row by row (fp16/int8 vs fp32)."""
+
+    first_divergence: tuple[int | None, ...]  # per row: index of the first differing new token (None = none)
+    agreement: float  # matching positions / compared positions, over all rows
+    compared: int
+    rows: int
+
+
+def token_agreement(reference: Generation | Sequence[Sequence[int]], candidate: Generation | Sequence[Sequence[int]]
+                    ) -> Agreement:
+    """First divergence step and token agreement rate. Positions are compared up to the longer of the two
+    rows (a missing token counts as a mismatch), so an early or late EOS is a disagreement."""
+    ref = reference.tokens if isinstance(reference, Generation) else reference
+    cand = candidate.tokens if isinstance(candidate, Generation) else candidate
+    if len(ref) != len(cand):
+        raise XDeployError(f"cannot compare {len(cand)} rows of tokens with {len(ref)} reference rows")
+    firsts: list[int | None] = []
+    same = total = 0
+    for r, c in zip(ref, cand):
+        n = max(len(r), len(c))
+        eq = [i < len(r) and i < len(c) and r[i] == c[i] for i in range(n)]
+        same += sum(eq)
+        total += n
+        firsts.append(next((i for i, e in enumerate(eq) if not e), None))
+    return Agreement(first_divergence=tuple(firsts), agreement=same / total if total else 1.0, compared=total,
+                     rows=len(ref))
