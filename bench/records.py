@@ -42,6 +42,7 @@ KINDS: dict[str, dict[str, tuple[str, bool]]] = {
         "items_per_s": (_NUM, False), "tokens_per_s": (_NUM, True),
         "flops": (_NUM, False), "achieved_flops": (_NUM, False), "peak_flops": (_NUM, True),
         "pct_of_peak": (_NUM, True), "memory": (_OBJ, False),
+        "parity_passed": (_BOOL, True),  # null: not checked (bench --parity checks against PyTorch fp32)
     },
     "roofline": {
         "measure": (_STR, False),  # "gemm" | "memory"
@@ -123,7 +124,7 @@ def validate_record(rec: Any) -> None:
         if set(mem) != set(MEMORY_FIELDS):
             raise XDeployError(f"invalid {kind} record: memory must have exactly {list(MEMORY_FIELDS)}")
         for k in MEMORY_FIELDS:
-            _check(mem[k], _NUM, k == "device_bytes" or kind == "scale", f"memory.{k}")
+            _check(mem[k], _NUM, True, f"memory.{k}")  # null: not measured (--no-isolate, or no GPU)
     fp = rec["fingerprint"]
     if not isinstance(fp, dict) or not isinstance(fp.get("cpu_model"), str) or not isinstance(fp.get("isa"), list):
         raise XDeployError(f"invalid {kind} record: fingerprint needs cpu_model and isa")

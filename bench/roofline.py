@@ -143,7 +143,8 @@ def _ov_gemm(prec: str, n: int, threads: int, budget: float) -> float:
     if prec == "bf16" and "bf" not in str(compiled.get_property("INFERENCE_PRECISION_HINT")).lower():
         raise NotImplementedError("OpenVINO did not accept bf16 on this CPU")
     req = compiled.create_infer_request()
-    req.set_input_tensor(ov.Tensor(_a_input(prec, n), shared_memory=True))
+    a = _a_input(prec, n)  # must outlive the request: the tensor shares (does not copy) its memory
+    req.set_input_tensor(ov.Tensor(a, shared_memory=True))
     return _best_time(lambda: req.infer(), budget)
 
 
@@ -213,13 +214,19 @@ def memory_trials(nbytes: int = 1 << 30, *, budget: float = 1.0,
 
 def measure_roofline(*, quick: bool = False, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Measure all peaks. Returns {"gemm": {prec: {value, path}}, "memory_read": {...}, "records": [...]}."""
-    fp = fingerprint()
     sizes = (512, 1024) if quick else (1024, 2048, 4096)
     budget = 0.2 if quick else 0.6
     trials = gemm_trials(sizes=sizes, budget=budget, log=log)
     trials += memory_trials(256 << 20 if quick else 1 << 30, budget=budget, log=log)
+    return summarize(trials, quick=quick)
+
+
+def summarize(trials: list[Trial], *, quick: bool) -> dict[str, Any]:
+    """Best trial per GEMM precision and per memory kind, with one roofline record each."""
+    fp = fingerprint()
     result: dict[str, Any] = {"gemm": {}, "memory_read": None, "memory_copy": None, "quick": quick,
                               "machine": _machine_key(fp), "records": []}
+    note = "quick" if quick else None
     for prec in GEMM_PRECISIONS:
         ts = [t for t in trials if t.measure == "gemm" and t.precision == prec]
         if ts:
@@ -227,15 +234,15 @@ def measure_roofline(*, quick: bool = False, log: Callable[[str], None] | None =
             result["gemm"][prec] = {"value": best.value, "path": best.path}
             result["records"].append(make_record(
                 "roofline", fp, measure="gemm", precision=prec, path=best.path, value=best.value, unit="FLOP/s",
-                trials=[{"path": t.path, "value": t.value} for t in ts],
-                note="quick" if quick else None))
+                trials=[{"path": t.path, "value": t.value} for t in ts], note=note))
     for kind in ("read", "copy"):
         ts = [t for t in trials if t.measure == "memory" and t.path.startswith(kind)]
-        best = max(ts, key=lambda t: t.value)
-        result[f"memory_{kind}"] = {"value": best.value, "path": best.path}
-        result["records"].append(make_record(
-            "roofline", fp, measure=f"memory_{kind}", precision=None, path=best.path, value=best.value,
-            unit="B/s", trials=[{"path": t.path, "value": t.value} for t in ts], note="quick" if quick else None))
+        if ts:
+            best = max(ts, key=lambda t: t.value)
+            result[f"memory_{kind}"] = {"value": best.value, "path": best.path}
+            result["records"].append(make_record(
+                "roofline", fp, measure=f"memory_{kind}", precision=None, path=best.path, value=best.value,
+                unit="B/s", trials=[{"path": t.path, "value": t.value} for t in ts], note=note))
     return result
 
 
@@ -279,7 +286,7 @@ def get_roofline(*, refresh: bool = False, quick: bool = False,
                  log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Cached result, or measure and cache it."""
     data = None if refresh else load()
-    if data is None or (data.get("quick") and not quick):
+    if data is None:
         data = measure_roofline(quick=quick, log=log)
         save(data)
     return data

@@ -105,8 +105,11 @@ def library_versions() -> dict[str, str]:
 
 def export(model: str, *, preset: str | None = None, checkpoint: str | Path | None = None, out: str | Path,
            opset: int = DEFAULT_OPSET, precision: str = "fp32", force: bool = False,
-           attn_impl: str | None = None, seed: int = 0) -> Path:
-    """Export every graph of `model` into the artifact directory `out` (written atomically)."""
+           attn_impl: str | None = None, seed: int = 0, config_overrides: dict[str, Any] | None = None) -> Path:
+    """Export every graph of `model` into the artifact directory `out` (written atomically).
+
+    `config_overrides` replaces preset config fields (e.g. {"max_positions": 4096} for scaling runs); the
+    manifest records the resulting config."""
     from . import precision as prec
 
     if opset not in SUPPORTED_OPSETS:
@@ -128,7 +131,7 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
         source = {"kind": ck.kind, "checkpoint": str(Path(checkpoint).resolve()), "sha256": ck.sha256}
     else:
         preset = preset or next(iter(family.presets))
-        cfg = registry.get_config(family.name, preset, attn_impl=attn_impl)
+        cfg = registry.get_config(family.name, preset, attn_impl=attn_impl, **(config_overrides or {}))
         module = registry.build(family.name, cfg, seed=seed)
         source = {"kind": "preset", "preset": preset, "seed": seed}
     spec = family.spec(cfg)

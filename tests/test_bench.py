@@ -78,3 +78,139 @@ def test_fingerprint_has_cpu_isa_versions_threads():
     assert fp["versions"]["numpy"] and "onnxruntime" in fp["versions"]
     import json
     json.dumps(fp)  # JSON-ready
+
+
+def _latency_record():
+    from xdeploy.bench.fingerprint import fingerprint
+    from xdeploy.bench.records import make_record
+
+    return make_record(
+        "latency", fingerprint(), model="bert", preset="tiny", graph="model", runner="ort", device="cpu",
+        precision="fp32", artifact_precision="fp32", opset=23, attn_impl="sdpa", threads=2, batch=1, seq=8,
+        sizes={"batch": 1, "seq": 8}, latency_s=dict(p50=1e-3, p90=2e-3, p99=3e-3, mean=1.5e-3, std=1e-4,
+                                                     min=9e-4, max=4e-3),
+        iterations=10, timed_s=0.015, items_per_s=1000.0, tokens_per_s=8000.0, flops=1e6, achieved_flops=1e9,
+        peak_flops=None, pct_of_peak=None, parity_passed=None,
+        memory=dict(weights_bytes=1.0, load_peak_bytes=2.0, activations_bytes=3.0, peak_rss_bytes=4.0,
+                    device_bytes=None))
+
+
+def test_records_validate_and_invalid_ones_are_rejected(tmp_path):
+    import copy
+    import json
+
+    from xdeploy.bench.records import read_records, validate_record, write_records
+
+    rec = _latency_record()
+    write_records(tmp_path / "r.jsonl", [rec, rec])
+    assert read_records(tmp_path / "r.jsonl") == [rec, rec]
+    bad_cases = [
+        (lambda r: r.pop("flops"), "missing \\['flops'\\]"),
+        (lambda r: r.update(typo=1), "unexpected \\['typo'\\]"),
+        (lambda r: r.update(kind="nope"), "kind 'nope'"),
+        (lambda r: r.update(batch=1.5), "batch is 1.5"),
+        (lambda r: r["latency_s"].update(p50=float("nan")), "latency_s.p50"),
+        (lambda r: r["latency_s"].update(p99=1e-4), "not ordered"),
+        (lambda r: r["latency_s"].pop("p90"), "exactly"),
+        (lambda r: r["memory"].update(weights_bytes="1 MB"), "memory.weights_bytes"),
+        (lambda r: r.update(version=99), "schema/version"),
+        (lambda r: r.update(fingerprint={}), "fingerprint"),
+        (lambda r: r.update(parity_passed="yes"), "parity_passed"),
+    ]
+    for mutate, msg in bad_cases:
+        r = copy.deepcopy(rec)
+        mutate(r)
+        with pytest.raises(XDeployError, match=msg):
+            validate_record(r)
+    (tmp_path / "bad.jsonl").write_text(json.dumps(rec) + "\n{not json\n")
+    with pytest.raises(XDeployError, match="bad.jsonl:2: not JSON"):
+        read_records(tmp_path / "bad.jsonl")
+
+
+# ---------------------------------------------------------------- roofline and the commands, end to end ----
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """A private XDEPLOY_CACHE (artifacts, roofline) inherited by the benchmark child processes."""
+    import os
+
+    old = os.environ.get("XDEPLOY_CACHE")
+    path = tmp_path_factory.mktemp("xdeploy-cache")
+    os.environ["XDEPLOY_CACHE"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("XDEPLOY_CACHE", None)
+    else:
+        os.environ["XDEPLOY_CACHE"] = old
+
+
+@pytest.fixture(scope="module")
+def peaks(cache):
+    """A real (tiny) roofline measurement, cached where `xdeploy bench` looks for it."""
+    from xdeploy.bench import roofline
+
+    trials = roofline.gemm_trials(("fp32", "int8"), sizes=(128,), threads=(1,), budget=0.02)
+    mem = roofline.memory_trials(16 << 20, budget=0.05)
+    assert {t.precision for t in trials} == {"fp32", "int8"} and all(t.value > 1e8 for t in trials)
+    assert all(t.value > 1e8 for t in mem) and any(t.path.startswith("read") for t in mem)
+    data = roofline.summarize(trials + mem, quick=True)
+    roofline.save(data)
+    assert roofline.load_peaks() == {p: v["value"] for p, v in data["gemm"].items()}
+    return data
+
+
+def test_roofline_command_reads_cache(peaks, tmp_path):
+    import json
+
+    from xdeploy.cli import main
+
+    assert main(["roofline", "--cached", "--json", str(tmp_path / "r.json"), "--records",
+                 str(tmp_path / "r.jsonl")]) == 0
+    out = json.loads((tmp_path / "r.json").read_text())
+    assert out["gemm"]["fp32"]["value"] == peaks["gemm"]["fp32"]["value"] and out["memory_read"]["value"] > 0
+    from xdeploy.bench.records import read_records
+    assert {r["measure"] for r in read_records(tmp_path / "r.jsonl")} == {"gemm", "memory_read", "memory_copy"}
+
+
+def test_bench_command_end_to_end(peaks, tmp_path):
+    import json
+
+    from xdeploy.bench.records import read_records
+    from xdeploy.cli import main
+
+    args = ["bench", "bert", "--preset", "tiny", "--runners", "torch,ort", "--batch", "1,2", "--seq", "8,4096",
+            "--warmup", "1", "--min-iters", "2", "--max-iters", "3", "--threads", "1", "--parity",
+            "--json", str(tmp_path / "b.json"), "--records", str(tmp_path / "b.jsonl")]
+    assert main(args) == 0
+    recs = read_records(tmp_path / "b.jsonl")
+    assert json.loads((tmp_path / "b.json").read_text())["records"] == recs
+    # seq 4096 exceeds bert-tiny's 128 positions: skipped, not failed
+    assert sorted((r["runner"], r["batch"], r["seq"]) for r in recs) == \
+        [("ort", 1, 8), ("ort", 2, 8), ("torch", 1, 8), ("torch", 2, 8)]
+    for r in recs:
+        assert r["parity_passed"] is True and 2 <= r["iterations"] <= 3 and r["threads"] == 1
+        assert r["tokens_per_s"] == pytest.approx(r["batch"] * 8 / r["latency_s"]["p50"])
+        assert r["achieved_flops"] == pytest.approx(r["flops"] / r["latency_s"]["p50"])
+        assert r["pct_of_peak"] == pytest.approx(100 * r["achieved_flops"] / peaks["gemm"]["fp32"]["value"])
+        m = r["memory"]
+        assert m["weights_bytes"] > 0 and m["peak_rss_bytes"] > m["weights_bytes"] and m["device_bytes"] is None
+        assert r["fingerprint"]["isa"] and r["fingerprint"]["threads"]["affinity_cpus"] >= 1
+    # bigger batch: more FLOPs per call (analytic)
+    f = {(r["runner"], r["batch"]): r["flops"] for r in recs}
+    assert f[("ort", 2)] == pytest.approx(2 * f[("ort", 1)])
+
+
+def test_bench_model_without_seq_axis_and_errors(cache, tmp_path):
+    from xdeploy.bench.suite import run_bench
+
+    recs = run_bench("vit", preset="tiny", runners=["ort"], batches=[1], seqs=[8, 16, 32], warmup=0,
+                     min_iters=1, max_iters=2, isolate=False, peaks={})
+    assert len(recs) == 1 and recs[0]["seq"] is None and recs[0]["sizes"] == {"batch": 1}
+    assert recs[0]["tokens_per_s"] == pytest.approx(17 / recs[0]["latency_s"]["p50"])  # (32/8)^2 + CLS
+    assert recs[0]["memory"]["weights_bytes"] is None and recs[0]["pct_of_peak"] is None
+    with pytest.raises(XDeployError, match="unknown runner"):
+        run_bench("vit", preset="tiny", runners=["nope"], peaks={})
+    from xdeploy.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "vit", "--preset", "tiny", "--runners", "ort", "--batch", "0"])
+    assert e.value.code == 2

@@ -19,6 +19,8 @@ COMMANDS: dict[str, str] = {
     "embed": "embed sentences (one per line) with an encoder artifact -> .npy / JSON lines",
     "report": "render records into a report, or compare two reports (exit 1 on a regression)",
     "parity": "compare runners with the PyTorch fp32 reference per output (exit 1 on a failure)",
+    "bench": "latency percentiles, throughput, peak memory and % of GEMM peak per runner and config",
+    "roofline": "measure the machine's peak GEMM FLOP/s (fp32, bf16, int8) and memory bandwidth",
 }
 
 

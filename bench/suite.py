@@ -1,0 +1,330 @@
+"""`xdeploy bench`: latency percentiles, throughput, peak memory and % of the GEMM peak, per runner and config.
+
+Each (runner, artifact, batch, seq) runs in its own fresh child process (bench/memory.py): load the runner,
+stage the inputs once with `runner.prepare(feeds)` (the zero-copy call), warm up, time with
+`latency.measure`, and report the memory phases. One child per configuration costs a model load each time,
+but a shared process would report the first configuration's high-water mark for every later one.
+
+    from xdeploy.bench.suite import run_bench
+    records = run_bench("bert", preset="tiny", runners=["torch", "ort"], batches=[1, 8], seqs=[32, 128])
+
+A model name is exported once per (precision, opset, attention kernel, config overrides) into a cached
+artifact under $XDEPLOY_CACHE/artifacts (keyed also by a hash of the model/export source, so a changed
+exporter never serves a stale graph); an artifact directory is used as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xdeploy.errors import XDeployError
+
+from .fingerprint import fingerprint
+from .memory import MemoryStats, Probe, run_isolated
+from .records import make_record
+
+SEQ_AXES = ("seq", "src_seq")  # token axes: both set to the requested --seq (transformer: source and target)
+
+
+@dataclass(frozen=True)
+class BenchJob:
+    """Everything a child needs (plain data: it is pickled to the child)."""
+
+    runner: str
+    artifact: str
+    sizes: tuple[tuple[str, int], ...]
+    graph: str = "model"
+    threads: int = 0
+    seed: int = 0
+    warmup: int = 3
+    min_iters: int = 10
+    max_iters: int = 200
+    max_seconds: float = 5.0
+    return_outputs: bool = False
+    runner_options: tuple[tuple[str, Any], ...] = ()
+
+
+def bench_child(probe: Probe, job: BenchJob) -> dict[str, Any]:
+    """Runs in the child: imports -> load (weights) -> prepare -> warm-up + timed calls (activations)."""
+    from xdeploy.deploy.registry import open_runner, runner_class
+    from xdeploy.export.artifact import load_artifact
+    from xdeploy.models.spec import make_feeds
+
+    from .latency import measure
+
+    art = load_artifact(job.artifact, verify=False)  # the parent verified it
+    runner_class(job.runner)  # import the backend's libraries before the "imported" mark
+    feeds = make_feeds(art.graph(job.graph), dict(job.sizes), seed=job.seed)
+    probe.mark("imported")
+    runner = open_runner(job.runner, art, job.graph, threads=job.threads, **dict(job.runner_options))
+    call = runner.prepare(feeds)
+    probe.mark("loaded")
+    stats = measure(call, warmup=job.warmup, min_iters=job.min_iters, max_iters=job.max_iters,
+                    max_seconds=job.max_seconds)
+    probe.mark("run")
+    outputs = runner.infer(feeds) if job.return_outputs else None
+    info = dataclasses.asdict(runner.info())
+    runner.close()
+    return {"stats": stats.as_dict(), "info": info, "fingerprint": fingerprint(), "outputs": outputs}
+
+
+def run_job(job: BenchJob, *, isolate: bool = True) -> tuple[dict[str, Any], MemoryStats | None]:
+    """Run one job in a child (with memory) or, with isolate=False, in this process (no memory figures)."""
+    if isolate:
+        result, _, mem = run_isolated(bench_child, job)
+        return result, mem
+    return bench_child(Probe(), job), None
+
+
+# ------------------------------------------------------------------------------------------ artifacts ----
+
+def _source_hash() -> str:
+    """Hash of the model and export source: a cached artifact is reused only if these files are unchanged."""
+    import xdeploy.export
+    import xdeploy.models
+
+    h = hashlib.sha256()
+    for pkg in (xdeploy.models, xdeploy.export):
+        for p in sorted(Path(pkg.__path__[0]).glob("*.py")):
+            h.update(p.name.encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()[:10]
+
+
+def cached_artifact(model: str, *, preset: str | None, precision: str = "fp32", opset: int | None = None,
+                    attn_impl: str | None = None, overrides: Mapping[str, Any] | None = None,
+                    fresh: bool = False, log: Callable[[str], None] | None = None) -> Path:
+    """Export `model` once per key into the cache; later calls return the cached directory."""
+    from xdeploy.export.artifact import load_artifact
+    from xdeploy.export.onnx_export import DEFAULT_OPSET, export
+    from xdeploy.models.registry import get_family
+
+    from .roofline import cache_dir
+
+    family = get_family(model)
+    preset = preset or next(iter(family.presets))
+    opset = opset or DEFAULT_OPSET
+    ov = "".join(f"-{k}{v}" for k, v in sorted((overrides or {}).items()))
+    name = f"{model}-{preset}-{precision}-o{opset}-{attn_impl or 'sdpa'}{ov}-{_source_hash()}"
+    path = cache_dir() / "artifacts" / name
+    if path.exists() and not fresh:
+        try:
+            load_artifact(path)
+            return path
+        except XDeployError:
+            pass  # damaged cache entry: export again
+    if log:
+        log(f"exporting {model} {preset} {precision} opset {opset} {attn_impl or 'sdpa'}{ov} -> {path}")
+    kwargs: dict[str, Any] = {}
+    if overrides:
+        kwargs["config_overrides"] = dict(overrides)
+    return export(model, preset=preset, out=path, opset=opset, precision=precision, attn_impl=attn_impl,
+                  force=True, **kwargs)
+
+
+# ------------------------------------------------------------------------------------------ configs ----
+
+def bench_configs(art: Any, batches: Sequence[int], seqs: Sequence[int], graph: str = "model"
+                  ) -> tuple[list[dict[str, int]], list[str]]:
+    """Axis sizes per (batch, seq) the graph accepts, and why the others were skipped. Graphs without a token
+    axis (ViT: the image size fixes the tokens) get one config per batch; --seq is then ignored."""
+    g = art.graph(graph)
+    used = {d for t in g.inputs for d in t.dims if isinstance(d, str)}
+    axes = art.spec.axes
+    configs: list[dict[str, int]] = []
+    skipped: list[str] = []
+    seq_axes = [a for a in SEQ_AXES if a in used]
+    for b in batches:
+        for s in (seqs if seq_axes else [None]):
+            sizes = {"batch": b} | {a: s for a in seq_axes}
+            for a in used - set(sizes):  # other dynamic axes (e.g. a KV cache): their optimization point
+                sizes[a] = axes[a].opt
+            bad = [f"{a}={v} outside {axes[a].min}..{axes[a].max}" for a, v in sizes.items()
+                   if not axes[a].min <= v <= axes[a].max]
+            if bad:
+                skipped.append(f"batch {b} seq {s}: {', '.join(bad)}")
+            elif sizes not in configs:
+                configs.append(sizes)
+    return configs, skipped
+
+
+def tokens_per_call(art: Any, sizes: Mapping[str, int]) -> float | None:
+    """Tokens processed per call: batch * (sum of token axes), or batch * the fixed token count (ViT)."""
+    seq = sum(sizes[a] for a in SEQ_AXES if a in sizes)
+    if seq:
+        return float(sizes["batch"] * seq)
+    n = getattr(art.config, "n_tokens", None)
+    return float(sizes["batch"] * n) if n else None
+
+
+# ------------------------------------------------------------------------------------------ running ----
+
+def _mem_dict(mem: MemoryStats | None) -> dict[str, float | None]:
+    if mem is None:
+        return {"weights_bytes": None, "load_peak_bytes": None, "activations_bytes": None, "peak_rss_bytes": None,
+                "device_bytes": None}
+    return {"weights_bytes": mem.weights_bytes, "load_peak_bytes": mem.load_peak_bytes,
+            "activations_bytes": mem.activations_bytes, "peak_rss_bytes": mem.peak_rss,
+            "device_bytes": mem.device_bytes}
+
+
+def latency_record(art: Any, job: BenchJob, result: dict[str, Any], mem: MemoryStats | None,
+                   peaks: Mapping[str, float], parity: bool | None = None, note: str | None = None
+                   ) -> dict[str, Any]:
+    from xdeploy.models.registry import get_family
+
+    from .roofline import peak_for
+
+    sizes = dict(job.sizes)
+    st, info = result["stats"], result["info"]
+    flops = float(get_family(art.model).flops(art.config, sizes))
+    achieved = flops / st["p50"] if st["p50"] > 0 else 0.0
+    peak = peak_for(dict(peaks), info["precision"])
+    tokens = tokens_per_call(art, sizes)
+    return make_record(
+        "latency", result["fingerprint"], model=art.model, preset=art.manifest.get("preset"), graph=job.graph,
+        runner=info["runner"], device=info["device"], precision=info["precision"],
+        artifact_precision=art.precision, opset=art.opset, attn_impl=art.manifest.get("attn_impl"),
+        threads=int(info["threads"]), batch=sizes["batch"], seq=sizes.get("seq"), sizes=sizes,
+        latency_s={k: st[k] for k in ("p50", "p90", "p99", "mean", "std", "min", "max")},
+        iterations=int(st["n"]), timed_s=st["total_s"], items_per_s=sizes["batch"] / st["p50"],
+        tokens_per_s=tokens / st["p50"] if tokens else None, flops=flops, achieved_flops=achieved,
+        peak_flops=peak, pct_of_peak=100.0 * achieved / peak if peak else None, memory=_mem_dict(mem),
+        parity_passed=parity, note=note)
+
+
+def check_parity(art: Any, job: BenchJob, outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray],
+                 precision: str) -> tuple[bool, str]:
+    """Every output within the tolerance of its precision (bench/parity.py's verdict) vs PyTorch fp32."""
+    from xdeploy.models.spec import make_feeds
+
+    from .parity import InputCase, check_outputs, tolerance_precision
+
+    g = art.graph(job.graph)
+    feeds = make_feeds(g, dict(job.sizes), seed=job.seed)
+    prec = tolerance_precision(art.precision, precision)
+    case = InputCase("bench", g.name, dict(job.sizes), feeds)
+    checks = check_outputs(dict(reference), dict(outputs), case, g, runner=job.runner, precision=prec,
+                           artifact_precision=art.precision, tol=art.spec.tolerances[prec])
+    bad = [f"{c.output}: {c.reason}" for c in checks if not c.passed]
+    return not bad, "; ".join(bad)
+
+
+def resolve_artifacts(target: str, *, preset: str | None, precisions: Sequence[str], opset: int | None,
+                      attn_impl: str | None, fresh: bool, log: Callable[[str], None] | None) -> list[Any]:
+    from xdeploy.export.artifact import load_artifact
+
+    p = Path(target)
+    if p.is_dir() or "/" in target or target.startswith("."):
+        if preset or opset or attn_impl:
+            raise XDeployError("--preset/--opset/--attn-impl apply to a MODEL name, not to an artifact directory")
+        return [load_artifact(p)]
+    return [load_artifact(cached_artifact(target, preset=preset, precision=prec, opset=opset, attn_impl=attn_impl,
+                                          fresh=fresh, log=log)) for prec in precisions]
+
+
+def run_bench(target: str, *, runners: Sequence[str], preset: str | None = None,
+              precisions: Sequence[str] = ("fp32",), batches: Sequence[int] = (1,), seqs: Sequence[int] = (128,),
+              opset: int | None = None, attn_impl: str | None = None, threads: int = 0, warmup: int = 3,
+              min_iters: int = 10, max_iters: int = 200, max_seconds: float = 5.0, isolate: bool = True,
+              parity: bool = False, peaks: Mapping[str, float] | None = None, fresh: bool = False,
+              log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Benchmark every (artifact precision, runner, batch, seq); returns validated latency records.
+
+    The torch runner ignores the artifact's precision (it runs the reference weights), so it runs once, on
+    the first artifact. With `parity`, each runner's outputs are checked against PyTorch fp32 on the same
+    feeds with the tolerance of its precision (`parity_passed` in the record)."""
+    from xdeploy.deploy.registry import parse_spec
+
+    from .roofline import load_peaks
+
+    if not runners:
+        raise XDeployError("no runners given; expected e.g. --runners torch,ort")
+    for r in runners:
+        parse_spec(r)
+    for n, v in (("batch", batches), ("seq", seqs)):
+        if not v or any(x < 1 for x in v):
+            raise XDeployError(f"--{n} needs positive integers, got {list(v)}")
+    peaks = load_peaks() if peaks is None else peaks
+    arts = resolve_artifacts(target, preset=preset, precisions=precisions, opset=opset, attn_impl=attn_impl,
+                             fresh=fresh, log=log)
+    records: list[dict[str, Any]] = []
+    refs: dict[tuple, dict[str, np.ndarray]] = {}
+    for i, art in enumerate(arts):
+        configs, skipped = bench_configs(art, batches, seqs)
+        for s in skipped:
+            if log:
+                log(f"skipped {art.model} {art.precision}: {s}")
+        for spec in runners:
+            if spec.partition(":")[0] == "torch" and i > 0:
+                continue  # torch runs the reference weights whatever the artifact precision
+            for sizes in configs:
+                job = BenchJob(runner=spec, artifact=str(art.path), sizes=tuple(sizes.items()), threads=threads,
+                               warmup=warmup, min_iters=min_iters, max_iters=max_iters, max_seconds=max_seconds,
+                               return_outputs=parity)
+                result, mem = run_job(job, isolate=isolate)
+                ok = None
+                note = None
+                if parity:
+                    key = (art.model, art.manifest.get("source", {}).get("weights_sha256"), job.sizes)
+                    if key not in refs:
+                        ref_job = dataclasses.replace(job, runner="torch", warmup=0, min_iters=1, max_iters=1)
+                        refs[key] = run_job(ref_job, isolate=isolate)[0]["outputs"]
+                    ok, why = check_parity(art, job, result["outputs"], refs[key], result["info"]["precision"])
+                    note = None if ok else f"parity failed: {why}"[:300]
+                rec = latency_record(art, job, result, mem, peaks, parity=ok, note=note)
+                records.append(rec)
+                if log:
+                    log(row_text(rec))
+    return records
+
+
+def row_text(r: Mapping[str, Any]) -> str:
+    lat = r["latency_s"]
+    pct = f"{r['pct_of_peak']:.0f}%" if r["pct_of_peak"] is not None else "-"
+    return (f"{r['runner']:>10s} {r['artifact_precision']:>5s} b{r['batch']} s{r['seq'] or '-'}: "
+            f"p50 {lat['p50'] * 1e3:.2f} ms p99 {lat['p99'] * 1e3:.2f} ms, "
+            f"{r['achieved_flops'] / 1e9:.1f} GFLOP/s ({pct} of peak)")
+
+
+def _mib(x: float | None) -> str:
+    return "-" if x is None else f"{x / 2**20:.0f}"
+
+
+def latency_table(records: Sequence[Mapping[str, Any]], *, baseline: str | None = "torch") -> Any:
+    """A rich table of latency records; speed-up vs the baseline runner's p50 at the same (model, batch, seq)."""
+    from rich.table import Table
+
+    from .fingerprint import summary
+
+    base = {(r["model"], r["batch"], r["seq"]): r["latency_s"]["p50"] for r in records
+            if baseline and r["runner"] == baseline}
+    models = sorted({f"{r['model']} {r['preset'] or ''}".strip() for r in records})
+    caption = summary(records[0]["fingerprint"]) if records else None
+    t = Table(title=f"xdeploy bench {', '.join(models)} — latency per call, memory = child RSS (MiB)",
+              caption=caption)
+    cols = ("runner", "prec", "b", "seq", "p50 ms", "p99 ms", "±std", "n", "tokens/s", "GFLOP/s", "%peak",
+            f"×{baseline}" if baseline else "×", "weights", "activ", "parity")
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("runner", "prec", "parity") else "right")
+    for r in records:
+        lat = r["latency_s"]
+        b = base.get((r["model"], r["batch"], r["seq"]))
+        prec = r["precision"] if r["precision"] == r["artifact_precision"] else \
+            f"{r['artifact_precision']}>{r['precision']}"
+        m = r["memory"]
+        t.add_row(
+            r["runner"], prec, str(r["batch"]), str(r["seq"]) if r["seq"] is not None else "-",
+            f"{lat['p50'] * 1e3:.2f}", f"{lat['p99'] * 1e3:.2f}", f"{lat['std'] * 1e3:.2f}", str(r["iterations"]),
+            f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else f"{r['items_per_s']:.1f}/s",
+            f"{r['achieved_flops'] / 1e9:.1f}", f"{r['pct_of_peak']:.0f}%" if r["pct_of_peak"] is not None else "-",
+            f"{b / lat['p50']:.2f}" if b else "-", _mib(m["weights_bytes"]), _mib(m["activations_bytes"]),
+            {True: "pass", False: "FAIL", None: "-"}[r["parity_passed"]])
+    return t

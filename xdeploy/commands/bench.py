@@ -1,0 +1,79 @@
+"""xdeploy bench: latency percentiles, throughput, peak memory and % of GEMM peak per runner and config."""
+
+from __future__ import annotations
+
+import argparse
+
+from xdeploy.commands import add_json_option, write_json
+from xdeploy.errors import XDeployError
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not out or any(x < 1 for x in out):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return out
+
+
+def _names(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("target", metavar="MODEL|ARTIFACT", help="registry name (exported to a cached artifact) or an "
+                   "artifact directory")
+    p.add_argument("--runners", type=_names, default=["torch", "ort"], help="comma-separated runner specs, e.g. "
+                   "torch,ort,ov,ov:bf16 (default torch,ort)")
+    p.add_argument("--preset", help="model preset (default: the first)")
+    p.add_argument("--precision", type=_names, default=["fp32"], help="artifact precisions to export and run, "
+                   "e.g. fp32,fp16,int8 (default fp32)")
+    p.add_argument("--opset", type=int, help="ONNX opset of exported artifacts (default: the exporter's)")
+    p.add_argument("--attn-impl", choices=("sdpa", "math"), help="attention kernel to export (default sdpa)")
+    p.add_argument("--batch", type=_ints, default=[1], help="batch sizes, e.g. 1,8 (default 1)")
+    p.add_argument("--seq", type=_ints, default=[128], help="sequence lengths, e.g. 32,128,512 (default 128; "
+                   "ignored for models without a token axis such as ViT)")
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads (default 0 = runtime default)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed warm-up calls (default 3)")
+    p.add_argument("--min-iters", type=int, default=10, help="timed calls at least (default 10)")
+    p.add_argument("--max-iters", type=int, default=200, help="timed calls at most (default 200)")
+    p.add_argument("--max-seconds", type=float, default=5.0, help="stop timing after this many seconds once "
+                   "--min-iters are done (default 5)")
+    p.add_argument("--parity", action="store_true", help="also check each runner's outputs against PyTorch "
+                   "fp32 with its precision's tolerance")
+    p.add_argument("--baseline", default="torch", help="runner whose p50 the speed-up column divides "
+                   "(default torch)")
+    p.add_argument("--no-isolate", action="store_true", help="run in this process: faster, but no memory figures")
+    p.add_argument("--fresh", action="store_true", help="re-export cached artifacts")
+    p.add_argument("--records", metavar="FILE", help="write the records as JSON lines (the documented schema)")
+    add_json_option(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from xdeploy.bench.records import write_records
+    from xdeploy.bench.roofline import load_peaks
+    from xdeploy.bench.suite import latency_table, run_bench
+
+    if args.threads < 0:
+        raise XDeployError(f"--threads must be >= 0, got {args.threads}")
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)  # files and pipes: do not squeeze the table into 80 columns
+    peaks = load_peaks()
+    if not peaks:
+        console.print("[yellow]no roofline cached for this machine: % of peak left empty "
+                      "(run `xdeploy roofline` once)[/yellow]")
+    records = run_bench(args.target, runners=args.runners, preset=args.preset, precisions=args.precision,
+                        batches=args.batch, seqs=args.seq, opset=args.opset, attn_impl=args.attn_impl,
+                        threads=args.threads, warmup=args.warmup, min_iters=args.min_iters,
+                        max_iters=args.max_iters, max_seconds=args.max_seconds, isolate=not args.no_isolate,
+                        parity=args.parity, peaks=peaks, fresh=args.fresh, log=lambda m: console.print(m))
+    console.print(latency_table(records, baseline=args.baseline))
+    if args.records:
+        write_records(args.records, records)
+    write_json(args.json, {"records": records})
+    return 0

@@ -1,0 +1,32 @@
+"""xdeploy roofline: the machine's measured peak GEMM FLOP/s per precision and memory bandwidth (cached)."""
+
+from __future__ import annotations
+
+import argparse
+
+from xdeploy.commands import add_json_option, write_json
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true", help="small sizes and short budgets (seconds, not a minute); "
+                   "a quick result is replaced by the next full measurement")
+    p.add_argument("--cached", action="store_true", help="print the cached result instead of measuring "
+                   "(measures if there is none)")
+    p.add_argument("--records", metavar="FILE", help="write roofline records as JSON lines")
+    add_json_option(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from xdeploy.bench.records import write_records
+    from xdeploy.bench.roofline import cache_dir, get_roofline, render
+
+    console = Console()
+    data = get_roofline(refresh=not args.cached, quick=args.quick, log=console.print)
+    render(data, console)
+    console.print(f"cached in {cache_dir() / 'roofline.json'}")
+    if args.records:
+        write_records(args.records, data["records"])
+    write_json(args.json, data)
+    return 0
