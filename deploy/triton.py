@@ -1,0 +1,286 @@
+"""Triton Inference Server model repositories from an artifact.
+
+    from xdeploy.deploy.triton import TritonOptions, write_repository
+    rec = write_repository("artifacts/minilm", "triton-repo", TritonOptions(max_batch_size=32, instances=2))
+
+What is written (atomically: a temporary directory renamed into place), for a model named N:
+
+    DIR/N_onnx/config.pbtxt        platform onnxruntime_onnx (or tensorrt_plan with an engine file): inputs/outputs
+    DIR/N_onnx/1/model.onnx        from the manifest (batch axis -> max_batch_size, other named axes -> -1),
+                                   dynamic batching, instance groups, ORT execution accelerators (OpenVINO/TensorRT)
+  and, for a text encoder with a tokenizer (strings in, vectors out):
+    DIR/N_tokenizer/               Python backend: TEXT (BYTES [1]) -> input_ids/attention_mask/token_type_ids
+    DIR/N_pooling/                 Python backend: last_hidden_state + attention_mask -> EMBEDDING (manifest pooling)
+    DIR/N/config.pbtxt, 1/         ensemble: TEXT -> tokenizer -> N_onnx -> pooling -> EMBEDDING
+    DIR/xdeploy-triton.json        what was written and from which artifact (sha256 of the graph)
+
+config.pbtxt files are built as Triton's own ModelConfig protobuf (from tritonclient) and printed in protobuf
+text format, so a field Triton does not know cannot be written. The Python-backend models are self-contained
+(numpy + tokenizers; no xdeploy on the server): their sources are deploy/triton_tokenizer_model.py and
+deploy/triton_pooling_model.py.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xdeploy.errors import XDeployError, one_of
+from xdeploy.export.artifact import Artifact, load_artifact
+from xdeploy.fsutil import atomic_dir, atomic_write_json, atomic_write_text
+from xdeploy.models.spec import Graph, TensorSpec
+
+KINDS = ("cpu", "gpu")
+ACCELERATORS = ("none", "openvino", "tensorrt")
+DTYPES = {"int64": "TYPE_INT64", "int32": "TYPE_INT32", "float32": "TYPE_FP32", "float16": "TYPE_FP16",
+          "bool": "TYPE_BOOL"}
+TEMPLATES = Path(__file__).parent  # triton_tokenizer_model.py, triton_pooling_model.py
+TEXT_INPUT, EMBEDDING_OUTPUT = "TEXT", "EMBEDDING"
+TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+RECORD = "xdeploy-triton.json"
+
+
+@dataclass(frozen=True)
+class TritonOptions:
+    max_batch_size: int = 32  # <= the artifact's batch axis max
+    instances: int = 1  # model instances per instance group (CPU: one ORT session each)
+    kind: str = "cpu"  # KIND_CPU | KIND_GPU
+    accelerator: str = "none"  # ORT execution accelerator: openvino (CPU) or tensorrt (GPU)
+    max_queue_delay_us: int = 2000  # how long the dynamic batcher may hold a request to form a bigger batch
+    preferred_batch_sizes: tuple[int, ...] = ()  # () = powers of two up to max_batch_size (>= 4)
+    name: str | None = None  # model name; default: the artifact's model family ("bert")
+    engine: str | None = None  # a TensorRT engine file: platform tensorrt_plan instead of onnxruntime_onnx
+    pad_to: int = 8  # tokenizer pads each request to a multiple of this (fewer shapes -> more batching)
+    threads: int = 0  # ORT intra-op threads per instance (0 = ORT default)
+
+
+@dataclass(frozen=True)
+class RepositoryRecord:
+    path: str
+    name: str  # the model clients call (the ensemble for text encoders)
+    models: tuple[str, ...]
+    platform: str
+    max_batch_size: int
+    text: bool  # strings in, vectors out
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _pb() -> Any:
+    try:
+        from tritonclient.grpc import model_config_pb2
+    except ImportError:
+        raise XDeployError("writing Triton configs needs tritonclient: pip install 'xdeploy[serve]'") from None
+    return model_config_pb2
+
+
+def to_pbtxt(config: Any) -> str:
+    from google.protobuf import text_format
+
+    return text_format.MessageToString(config)
+
+
+def parse_pbtxt(text: str) -> Any:
+    """config.pbtxt text -> ModelConfig protobuf (raises XDeployError on text Triton would refuse)."""
+    from google.protobuf import text_format
+
+    try:
+        return text_format.Parse(text, _pb().ModelConfig())
+    except text_format.ParseError as e:
+        raise XDeployError(f"invalid config.pbtxt: {e}") from None
+
+
+def _validate(art: Artifact, o: TritonOptions) -> None:
+    if o.kind not in KINDS:
+        raise one_of("instance kind", o.kind, KINDS)
+    if o.accelerator not in ACCELERATORS:
+        raise one_of("accelerator", o.accelerator, ACCELERATORS)
+    if o.accelerator == "tensorrt" and o.kind != "gpu":
+        raise XDeployError("--accelerator tensorrt runs on GPU instances; pass --kind gpu (or use openvino on CPU)")
+    if o.accelerator == "openvino" and o.kind != "cpu":
+        raise XDeployError("--accelerator openvino is a CPU execution accelerator; pass --kind cpu")
+    if o.engine is not None:
+        if not Path(o.engine).is_file():
+            raise XDeployError(f"TensorRT engine file {o.engine} does not exist")
+        if o.kind != "gpu" or o.accelerator != "none":
+            raise XDeployError("a TensorRT engine (--engine) needs --kind gpu and --accelerator none")
+    bmax = art.spec.axes["batch"].max if "batch" in art.spec.axes else 0
+    if _batched(art.graph()) and not 1 <= o.max_batch_size <= bmax:
+        raise XDeployError(f"max_batch_size must be 1..{bmax} (the artifact's batch axis), got {o.max_batch_size}")
+    if not 1 <= o.instances <= 64:
+        raise XDeployError(f"instances must be 1..64, got {o.instances}")
+    if o.max_queue_delay_us < 0:
+        raise XDeployError(f"max_queue_delay_us must be >= 0, got {o.max_queue_delay_us}")
+    if any(not 1 <= b <= o.max_batch_size for b in o.preferred_batch_sizes):
+        raise XDeployError(f"preferred batch sizes must be 1..{o.max_batch_size}, got {list(o.preferred_batch_sizes)}")
+    if o.pad_to < 1:
+        raise XDeployError(f"pad_to must be >= 1, got {o.pad_to}")
+    name = o.name or art.model
+    if not name.replace("_", "").replace("-", "").isalnum():
+        raise XDeployError(f"model name {name!r} must be letters, digits, '_' or '-'")
+
+
+def _batched(g: Graph) -> bool:
+    """Triton batching needs every tensor's first dim to be the batch axis (it is then left out of dims)."""
+    return all(t.dims and t.dims[0] == "batch" for t in (*g.inputs, *g.outputs))
+
+
+def _dims(t: TensorSpec, batched: bool) -> list[int]:
+    return [d if isinstance(d, int) else -1 for d in (t.dims[1:] if batched else t.dims)]
+
+
+def _preferred(o: TritonOptions) -> list[int]:
+    if o.preferred_batch_sizes:
+        return sorted(set(o.preferred_batch_sizes))
+    sizes, b = [], 4
+    while b <= o.max_batch_size:
+        sizes.append(b)
+        b *= 2
+    return sizes or [o.max_batch_size]
+
+
+def _instances(pb: Any, o: TritonOptions) -> Any:
+    kind = pb.ModelInstanceGroup.KIND_GPU if o.kind == "gpu" else pb.ModelInstanceGroup.KIND_CPU
+    return pb.ModelInstanceGroup(count=o.instances, kind=kind)
+
+
+def _batching(pb: Any, cfg: Any, o: TritonOptions, *, preferred: bool = True) -> None:
+    cfg.dynamic_batching.max_queue_delay_microseconds = o.max_queue_delay_us
+    if preferred:
+        cfg.dynamic_batching.preferred_batch_size.extend(_preferred(o))
+
+
+def onnx_model_config(art: Artifact, name: str, o: TritonOptions) -> Any:
+    """The ModelConfig of the graph itself (onnxruntime_onnx, or tensorrt_plan with an engine)."""
+    pb = _pb()
+    g = art.graph()
+    batched = _batched(g)
+    cfg = pb.ModelConfig(name=name, max_batch_size=o.max_batch_size if batched else 0)
+    if o.engine:
+        cfg.platform, cfg.default_model_filename = "tensorrt_plan", "model.plan"
+    else:
+        cfg.platform, cfg.default_model_filename = "onnxruntime_onnx", "model.onnx"
+    for t, coll in [(t, cfg.input) for t in g.inputs] + [(t, cfg.output) for t in g.outputs]:
+        coll.add(name=t.name, data_type=getattr(pb, DTYPES[t.dtype]), dims=_dims(t, batched))
+    if batched:
+        _batching(pb, cfg, o)
+    cfg.instance_group.append(_instances(pb, o))
+    if o.accelerator != "none":
+        acc = pb.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator(name=o.accelerator)
+        if o.accelerator == "tensorrt":
+            # ORT's TensorRT EP inside Triton's onnxruntime backend; engines cached across restarts
+            acc.parameters["precision_mode"] = "FP16" if art.precision in ("fp16", "fp32") else "FP32"
+            acc.parameters["max_workspace_size_bytes"] = str(1 << 30)
+            acc.parameters["trt_engine_cache_enable"] = "true"
+            acc.parameters["trt_engine_cache_path"] = "/tmp/triton-trt-cache"
+            cfg.optimization.execution_accelerators.gpu_execution_accelerator.append(acc)
+        else:
+            cfg.optimization.execution_accelerators.cpu_execution_accelerator.append(acc)
+    if not o.engine and o.threads:
+        # onnxruntime backend parameters (strings): intra-op threads per instance, sequential executor
+        cfg.parameters["intra_op_thread_count"].string_value = str(o.threads)
+        cfg.parameters["inter_op_thread_count"].string_value = "1"
+    return cfg
+
+
+def _text_encoder(art: Artifact) -> bool:
+    g = art.graph()
+    names = [t.name for t in g.inputs]
+    return (art.tokenizer_dir is not None and "input_ids" in names and set(names) <= set(TEXT_INPUTS)
+            and "last_hidden_state" in [t.name for t in g.outputs] and _batched(g))
+
+
+def _hidden(art: Artifact) -> TensorSpec:
+    out = next(t for t in art.graph().outputs if t.name == "last_hidden_state")
+    if not isinstance(out.dims[-1], int):
+        raise XDeployError(f"artifact {art.path}: last_hidden_state has no fixed hidden size ({out.dims})")
+    return out
+
+
+def text_model_configs(art: Artifact, name: str, o: TritonOptions) -> dict[str, Any]:
+    """tokenizer (python) -> N_onnx -> pooling (python), wrapped in an ensemble named `name`."""
+    from .embedder import artifact_pooling
+
+    pb = _pb()
+    g = art.graph()
+    pooling = artifact_pooling(art)
+    smax = art.spec.axes["seq"].max
+    max_length = min(pooling.max_length or smax, smax)
+    hidden = _hidden(art)
+    d = hidden.dims[-1]
+    ids = [t.name for t in g.inputs]
+    tok, pool, onnx = f"{name}_tokenizer", f"{name}_pooling", f"{name}_onnx"
+
+    tcfg = pb.ModelConfig(name=tok, backend="python", max_batch_size=o.max_batch_size)
+    tcfg.input.add(name=TEXT_INPUT, data_type=pb.TYPE_STRING, dims=[1])
+    for n in ids:
+        tcfg.output.add(name=n, data_type=pb.TYPE_INT64, dims=[-1])
+    _batching(pb, tcfg, o, preferred=False)
+    tcfg.instance_group.append(pb.ModelInstanceGroup(count=o.instances, kind=pb.ModelInstanceGroup.KIND_CPU))
+    for k, v in {"max_length": str(max_length), "pad_to": str(o.pad_to), "inputs": ",".join(ids)}.items():
+        tcfg.parameters[k].string_value = v
+
+    pcfg = pb.ModelConfig(name=pool, backend="python", max_batch_size=o.max_batch_size)
+    # fp16 artifacts give fp16 states; the pooling model sums in float32 either way
+    pcfg.input.add(name="last_hidden_state", data_type=getattr(pb, DTYPES[hidden.dtype]), dims=[-1, d])
+    pcfg.input.add(name="attention_mask", data_type=pb.TYPE_INT64, dims=[-1])
+    pcfg.output.add(name=EMBEDDING_OUTPUT, data_type=pb.TYPE_FP32, dims=[d])
+    pcfg.instance_group.append(pb.ModelInstanceGroup(count=o.instances, kind=pb.ModelInstanceGroup.KIND_CPU))
+    pcfg.parameters["mode"].string_value = pooling.mode
+    pcfg.parameters["normalize"].string_value = "true" if pooling.normalize else "false"
+
+    ecfg = pb.ModelConfig(name=name, platform="ensemble", max_batch_size=o.max_batch_size)
+    ecfg.input.add(name=TEXT_INPUT, data_type=pb.TYPE_STRING, dims=[1])
+    ecfg.output.add(name=EMBEDDING_OUTPUT, data_type=pb.TYPE_FP32, dims=[d])
+    steps = ecfg.ensemble_scheduling.step
+    s = steps.add(model_name=tok, model_version=-1)
+    s.input_map[TEXT_INPUT] = TEXT_INPUT
+    for n in ids:
+        s.output_map[n] = f"_{n}"
+    s = steps.add(model_name=onnx, model_version=-1)
+    for n in ids:
+        s.input_map[n] = f"_{n}"
+    s.output_map["last_hidden_state"] = "_last_hidden_state"
+    s = steps.add(model_name=pool, model_version=-1)
+    s.input_map["last_hidden_state"] = "_last_hidden_state"
+    s.input_map["attention_mask"] = "_attention_mask"
+    s.output_map[EMBEDDING_OUTPUT] = EMBEDDING_OUTPUT
+    return {tok: tcfg, pool: pcfg, name: ecfg}
+
+
+def write_repository(artifact: Artifact | str | Path, out: str | Path, options: TritonOptions | None = None, *,
+                     force: bool = False) -> RepositoryRecord:
+    """Write a Triton model repository for the artifact (see the module docstring for the layout)."""
+    art = artifact if isinstance(artifact, Artifact) else load_artifact(artifact)
+    o = options or TritonOptions()
+    _validate(art, o)
+    name = o.name or art.model
+    text = _text_encoder(art)
+    onnx_name = f"{name}_onnx" if text else name
+    configs = {onnx_name: onnx_model_config(art, onnx_name, o)}
+    if text:
+        configs.update(text_model_configs(art, name, o))
+    with atomic_dir(out, force=force) as tmp:
+        for model, cfg in configs.items():
+            (tmp / model / "1").mkdir(parents=True)
+            atomic_write_text(tmp / model / "config.pbtxt", to_pbtxt(cfg))
+        if o.engine:
+            shutil.copyfile(o.engine, tmp / onnx_name / "1" / "model.plan")
+        else:
+            shutil.copyfile(art.onnx_path(), tmp / onnx_name / "1" / "model.onnx")
+            data = art.onnx_path().with_name(art.onnx_path().name + ".data")
+            if data.exists():  # external weights (> 2 GB graphs) sit beside the graph under the same name
+                shutil.copyfile(data, tmp / onnx_name / "1" / data.name)
+        if text:
+            tok_dir = tmp / f"{name}_tokenizer" / "1"
+            shutil.copyfile(TEMPLATES / "triton_tokenizer_model.py", tok_dir / "model.py")
+            shutil.copyfile(art.tokenizer_dir / "tokenizer.json", tok_dir / "tokenizer.json")
+            shutil.copyfile(TEMPLATES / "triton_pooling_model.py", tmp / f"{name}_pooling" / "1" / "model.py")
+        rec = RepositoryRecord(path=str(Path(out)), name=name, models=tuple(sorted(configs)),
+                               platform=configs[onnx_name].platform, max_batch_size=configs[onnx_name].max_batch_size,
+                               text=text, options=asdict(o))
+        atomic_write_json(tmp / RECORD, {"artifact": str(art.path), "graph_sha256": art.manifest["files"].get(
+            art.manifest["graphs"]["model"]["file"]), **asdict(rec)})
+    return rec

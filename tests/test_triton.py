@@ -1,0 +1,193 @@
+"""`xdeploy triton`: model repositories checked by parsing config.pbtxt into Triton's ModelConfig protobuf and
+comparing with the manifest; the repository's Python-backend tokenizer/pooling code chained with the ONNX graph
+gives the in-process Embedder's vectors."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tiny_text import tiny_text_artifact
+from tritonclient.grpc import model_config_pb2 as pb
+
+from xdeploy.cli import main
+from xdeploy.deploy.embedder import Embedder
+from xdeploy.deploy.registry import open_runner
+from xdeploy.deploy.triton import TritonOptions, parse_pbtxt, write_repository
+from xdeploy.errors import XDeployError
+from xdeploy.export.artifact import load_artifact
+from xdeploy.fsutil import sha256_file
+
+TYPES = {"int64": pb.TYPE_INT64, "float32": pb.TYPE_FP32}
+
+
+@pytest.fixture(scope="module")
+def text_art(tmp_path_factory):
+    return tiny_text_artifact(tmp_path_factory.getbasetemp())
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    from xdeploy.export.onnx_export import export
+
+    return export("bert", preset="tiny", out=tmp_path_factory.mktemp("tb") / "bert")
+
+
+def cfg(repo: Path, model: str):
+    c = parse_pbtxt((repo / model / "config.pbtxt").read_text())
+    assert c.name == model
+    return c
+
+
+def test_text_repository_fields_match_manifest(text_art, tmp_path):
+    art = load_artifact(text_art)
+    repo = tmp_path / "repo"
+    rec = write_repository(art, repo, TritonOptions(max_batch_size=16, instances=2, max_queue_delay_us=500))
+    assert rec.text and rec.name == "bert"
+    assert sorted(p.name for p in repo.iterdir()) == ["bert", "bert_onnx", "bert_pooling", "bert_tokenizer",
+                                                      "xdeploy-triton.json"]
+    assert not list(tmp_path.glob(".*")), "temporary directory left behind"
+
+    g = art.graph()
+    onnx = cfg(repo, "bert_onnx")
+    assert onnx.platform == "onnxruntime_onnx" and onnx.max_batch_size == 16
+    assert [(i.name, i.data_type, list(i.dims)) for i in onnx.input] == [
+        (t.name, TYPES[t.dtype], [-1]) for t in g.inputs]  # [batch, seq]: batch left out, seq dynamic
+    assert [(o.name, o.data_type, list(o.dims)) for o in onnx.output] == [
+        ("last_hidden_state", pb.TYPE_FP32, [-1, 32]), ("pooler_output", pb.TYPE_FP32, [32])]
+    assert list(onnx.dynamic_batching.preferred_batch_size) == [4, 8, 16]
+    assert onnx.dynamic_batching.max_queue_delay_microseconds == 500
+    assert [(ig.count, ig.kind) for ig in onnx.instance_group] == [(2, pb.ModelInstanceGroup.KIND_CPU)]
+    assert sha256_file(repo / "bert_onnx" / "1" / "model.onnx") == art.manifest["files"]["model.onnx"]
+
+    tok = cfg(repo, "bert_tokenizer")
+    assert tok.backend == "python" and tok.input[0].data_type == pb.TYPE_STRING and list(tok.input[0].dims) == [1]
+    assert tok.parameters["max_length"].string_value == str(art.manifest["pooling"]["max_length"])  # 64
+    assert [o.name for o in tok.output] == [t.name for t in g.inputs]
+    assert (repo / "bert_tokenizer" / "1" / "tokenizer.json").read_bytes() == (
+        text_art / "tokenizer" / "tokenizer.json").read_bytes()
+
+    pool = cfg(repo, "bert_pooling")
+    assert pool.parameters["mode"].string_value == "mean" and pool.parameters["normalize"].string_value == "true"
+    assert list(pool.output[0].dims) == [32]
+
+    ens = cfg(repo, "bert")
+    assert ens.platform == "ensemble" and ens.max_batch_size == 16 and (repo / "bert" / "1").is_dir()
+    steps = ens.ensemble_scheduling.step
+    assert [s.model_name for s in steps] == ["bert_tokenizer", "bert_onnx", "bert_pooling"]
+    # every tensor a step reads is the ensemble input or produced by an earlier step
+    produced = {"TEXT"}
+    for s in steps:
+        assert set(s.input_map.values()) <= produced, s.model_name
+        produced |= set(s.output_map.values())
+    assert "EMBEDDING" in produced and ens.output[0].name == "EMBEDDING" and list(ens.output[0].dims) == [32]
+    record = json.loads((repo / "xdeploy-triton.json").read_text())
+    assert record["graph_sha256"] == art.manifest["files"]["model.onnx"]
+
+
+def _load_python_model(path: Path, name: str):
+    """Import a repository's model.py with a minimal stand-in for Triton's `triton_python_backend_utils` (which
+    only exists inside Triton's Python backend): tensors carry numpy arrays, responses carry tensors or an error."""
+    class Tensor:
+        def __init__(self, name, array):
+            self.name, self.array = name, array
+
+        def as_numpy(self):
+            return self.array
+
+    class Response:
+        def __init__(self, output_tensors, error=None):
+            self.outputs, self.error = {t.name: t.array for t in output_tensors}, error
+
+    shim = types.SimpleNamespace(Tensor=Tensor, InferenceResponse=Response, TritonError=str,
+                                 get_input_tensor_by_name=lambda req, n: Tensor(n, req[n]))
+    sys.modules["triton_python_backend_utils"] = shim  # type: ignore[assignment]
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        del sys.modules["triton_python_backend_utils"]
+    return mod.TritonPythonModel()
+
+
+def test_repository_pipeline_gives_the_embedder_vectors(text_art, tmp_path):
+    repo = tmp_path / "repo"
+    write_repository(text_art, repo, TritonOptions(name="emb"))
+    models = {}
+    for m in ("emb_tokenizer", "emb_pooling"):
+        models[m] = _load_python_model(repo / m / "1" / "model.py", m)
+        models[m].initialize({"model_config": json.dumps(
+            __import__("google.protobuf.json_format", fromlist=["x"]).MessageToDict(
+                cfg(repo, m), preserving_proto_field_name=True)),
+            "model_repository": str(repo / m), "model_version": "1"})
+    texts = ["A man is playing a guitar.", "", "emoji 🎉 and 日本語", "long " * 200, "x"]
+    requests = [{"TEXT": np.array([[t.encode()] for t in texts[:3]], dtype=object)},
+                {"TEXT": np.array([[t.encode()] for t in texts[3:]], dtype=object)},
+                {"TEXT": np.array([[b"\xff\xfe not utf-8"]], dtype=object)}]
+    tok_out = models["emb_tokenizer"].execute(requests)
+    assert tok_out[2].error and "utf-8" in tok_out[2].error  # bad request: an error response, others served
+    assert all(r.outputs["input_ids"].shape[1] % 8 == 0 for r in tok_out[:2])  # pad_to 8
+    assert tok_out[1].outputs["input_ids"].shape[1] == 64  # the 200-word line is cut to max_length
+    got = []
+    with open_runner("ort", text_art) as ort:
+        for r in tok_out[:2]:
+            hidden = ort.infer(r.outputs)["last_hidden_state"]
+            got.append(models["emb_pooling"].execute([{"last_hidden_state": hidden,
+                                                       "attention_mask": r.outputs["attention_mask"]}])[0])
+    vecs = np.concatenate([g.outputs["EMBEDDING"] for g in got])
+    with Embedder(text_art) as e:
+        np.testing.assert_allclose(vecs, e.embed(texts), atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-5)
+
+
+def test_plain_graph_accelerators_and_engine(tiny_bert, tmp_path):
+    rec = write_repository(tiny_bert, tmp_path / "r1", TritonOptions(accelerator="openvino", threads=2))
+    assert not rec.text and rec.models == ("bert",)  # no tokenizer: just the graph, tensors in
+    c = cfg(tmp_path / "r1", "bert")
+    assert [a.name for a in c.optimization.execution_accelerators.cpu_execution_accelerator] == ["openvino"]
+    assert c.parameters["intra_op_thread_count"].string_value == "2"
+
+    write_repository(tiny_bert, tmp_path / "r2", TritonOptions(kind="gpu", accelerator="tensorrt", instances=3))
+    c = cfg(tmp_path / "r2", "bert")
+    acc = c.optimization.execution_accelerators.gpu_execution_accelerator[0]
+    assert acc.name == "tensorrt" and acc.parameters["precision_mode"] == "FP16"
+    assert [(ig.count, ig.kind) for ig in c.instance_group] == [(3, pb.ModelInstanceGroup.KIND_GPU)]
+
+    plan = tmp_path / "engine.plan"
+    plan.write_bytes(b"serialized engine bytes")
+    write_repository(tiny_bert, tmp_path / "r3", TritonOptions(kind="gpu", engine=str(plan)))
+    c = cfg(tmp_path / "r3", "bert")
+    assert c.platform == "tensorrt_plan" and c.default_model_filename == "model.plan"
+    assert (tmp_path / "r3" / "bert" / "1" / "model.plan").read_bytes() == plan.read_bytes()
+
+
+@pytest.mark.parametrize("opts, msg", [
+    (TritonOptions(accelerator="tensorrt"), "runs on GPU instances"),
+    (TritonOptions(kind="gpu", accelerator="openvino"), "CPU execution accelerator"),
+    (TritonOptions(max_batch_size=65), r"max_batch_size must be 1\.\.64"),
+    (TritonOptions(preferred_batch_sizes=(4, 64)), "preferred batch sizes"),
+    (TritonOptions(kind="tpu"), "unknown instance kind"),
+    (TritonOptions(engine="/nonexistent.plan", kind="gpu"), "does not exist"),
+    (TritonOptions(name="bad name!"), "model name"),
+])
+def test_bad_options_are_one_line_errors(tiny_bert, tmp_path, opts, msg):
+    with pytest.raises(XDeployError, match=msg):
+        write_repository(tiny_bert, tmp_path / "r", opts)
+    assert not (tmp_path / "r").exists()
+
+
+def test_cli(tiny_bert, tmp_path, capsys):
+    out, js = tmp_path / "repo", tmp_path / "rec.json"
+    assert main(["triton", str(tiny_bert), "--out", str(out), "--max-batch-size", "8", "--json", str(js)]) == 0
+    assert cfg(out, "bert").max_batch_size == 8 and json.loads(js.read_text())["max_batch_size"] == 8
+    assert main(["triton", str(tiny_bert), "--out", str(out)]) == 2  # exists, no --force
+    assert "already exists" in capsys.readouterr().err
+    assert main(["triton", str(tiny_bert), "--out", str(out), "--preferred-batch-sizes", "a,b"]) == 2
+    assert main(["triton", str(tiny_bert), "--out", str(out), "--force", "--max-batch-size", "4"]) == 0
+    assert cfg(out, "bert").max_batch_size == 4
