@@ -72,8 +72,9 @@ class OvRunner(Runner):
             raise XDeployError(f"OpenVINO cannot compile {path} for {self.device}: "
                                f"{str(e).strip().splitlines()[0]}") from None
         self.request = self.compiled.create_infer_request()
-        self._in_ports = {p.get_any_name(): p for p in self.compiled.inputs}
-        self._out_ports = {p.get_any_name(): p for p in self.compiled.outputs}
+        # A port can carry several tensor names (an fp16 graph's keep-io Cast adds one); index them all.
+        self._in_ports = {n: p for p in self.compiled.inputs for n in p.get_names()}
+        self._out_ports = {n: p for p in self.compiled.outputs for n in p.get_names()}
         missing = [t.name for t in self.graph.inputs if t.name not in self._in_ports] + \
                   [n for n in self.output_names if n not in self._out_ports]
         if missing:

@@ -1,0 +1,217 @@
+"""torch, ort and ov run every exported tiny model (every graph, every export precision) and match the torch
+fp32 reference; runner options, info(), zero-copy binding, and clean errors for the GPU-only runners here."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from xdeploy.deploy.registry import RUNNERS, open_runner, runner_class
+from xdeploy.errors import XDeployError
+from xdeploy.export.artifact import load_artifact
+from xdeploy.export.onnx_export import export
+from xdeploy.export.precision import EXPORT_PRECISIONS
+from xdeploy.models.spec import DEFAULT_TOLERANCES, Tolerance, make_feeds
+
+MODELS = ("transformer", "bert", "gpt", "vit")
+SIZES = {"batch": 2, "seq": 5, "src_seq": 4, "cache": 3}
+# runner spec -> the compute precision whose tolerance applies to it (None: the artifact's own precision)
+CPU_RUNNERS = {"ort": None, "ov": None, "ov:bf16": "bf16"}
+
+
+def _close(ref: np.ndarray, got: np.ndarray, tol: Tolerance, *, cosine_only: bool) -> tuple[bool, str]:
+    """The manifest criterion: elementwise within atol + rtol*|ref|, or cosine similarity >= tol.cosine.
+    Reduced precisions are judged on direction only (cosine), fp32 on values first."""
+    assert got.shape == ref.shape and np.isfinite(got).all()
+    a, b = ref.astype(np.float64).ravel(), got.astype(np.float64).ravel()
+    cos = float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-30))
+    err = float(np.max(np.abs(a - b) - tol.rtol * np.abs(a))) if a.size else 0.0
+    ok = cos >= tol.cosine if cosine_only else (err <= tol.atol or cos >= tol.cosine)
+    return ok, f"cosine {cos:.6f} (need {tol.cosine}), max excess error {err:.3g} (atol {tol.atol})"
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    """(model, precision) -> artifact path, exported lazily once per module."""
+    cache: dict[tuple[str, str], object] = {}
+    root = tmp_path_factory.mktemp("runners")
+
+    def get(model: str, precision: str):
+        if (model, precision) not in cache:
+            cache[model, precision] = load_artifact(export(model, preset="tiny", precision=precision,
+                                                           out=root / f"{model}-{precision}"))
+        return cache[model, precision]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def reference(artifacts):
+    """(model, graph) -> (feeds, torch fp32 outputs), from the fp32 artifact's reference weights."""
+    cache: dict[tuple[str, str], tuple] = {}
+
+    def get(model: str, graph: str):
+        if (model, graph) not in cache:
+            art = artifacts(model, "fp32")
+            feeds = make_feeds(art.graph(graph), SIZES, seed=7)
+            with open_runner("torch", art, graph) as t:
+                cache[model, graph] = feeds, t.infer(feeds)
+        return cache[model, graph]
+
+    return get
+
+
+# Every model x every export precision. The encoder-decoder Transformer's reduced-precision exports (3 graphs,
+# fp16 automatic-mixed-precision search) cost ~30 s each on 2 cores, so those two run with `-m slow`; its fp32
+# graphs and every precision of bert, gpt (KV-cache decode graph) and vit run by default.
+MATRIX = [pytest.param(m, p, marks=[pytest.mark.slow] if m == "transformer" and p != "fp32" else [])
+          for m in MODELS for p in EXPORT_PRECISIONS]
+
+
+@pytest.mark.parametrize("model,precision", MATRIX)
+def test_cpu_runners_match_torch_fp32(artifacts, reference, model, precision):
+    art = artifacts(model, precision)
+    failures = []
+    for graph in art.spec.graphs:
+        feeds, ref = reference(model, graph.name)
+        for spec, compute in CPU_RUNNERS.items():
+            # a bf16 runner on an fp16/int8 artifact is held to the looser of the two tolerances
+            tols = [DEFAULT_TOLERANCES[p] for p in {precision, compute or precision}]
+            tol = min(tols, key=lambda t: t.cosine)
+            with open_runner(spec, art, graph.name, threads=2) as r:
+                got = r.infer({k: v.copy() for k, v in feeds.items()})
+            assert set(got) == set(ref)
+            for name in ref:
+                ok, why = _close(ref[name], got[name], tol, cosine_only=tol is not DEFAULT_TOLERANCES["fp32"])
+                if not ok:
+                    failures.append(f"{spec} {model}/{graph.name}/{name} @ {precision}: {why}")
+    assert not failures, "\n".join(failures)
+
+
+def test_torch_bf16_autocast_matches_fp32(artifacts, reference):
+    art = artifacts("bert", "fp32")
+    feeds, ref = reference("bert", "model")
+    with open_runner("torch:bf16", art) as r:
+        got = r.infer(feeds)
+        assert r.info().precision == "bf16"
+    for name in ref:
+        ok, why = _close(ref[name], got[name], DEFAULT_TOLERANCES["bf16"], cosine_only=True)
+        assert ok, why
+
+
+@pytest.mark.parametrize("spec,precision,device", [("torch", "fp32", "cpu"), ("ort", "fp32", "cpu"),
+                                                   ("ov", "fp32", "cpu ("), ("ov:f32", "fp32", "cpu ("),
+                                                   ("ov:bf16", "bf16", "cpu (")])
+def test_info_reports_device_precision_threads_versions(artifacts, spec, precision, device):
+    art = artifacts("vit", "fp32")
+    with open_runner(spec, art, threads=1) as r:
+        info = r.info()
+    assert info.runner == spec and info.device.startswith(device) and info.precision == precision
+    assert info.threads == 1
+    assert info.versions and all(isinstance(v, str) and v[0].isdigit() for v in info.versions.values())
+
+
+def test_ov_options_cache_dir_and_hints(artifacts, tmp_path):
+    art = artifacts("bert", "fp32")
+    feeds = make_feeds(art.graph(), SIZES, seed=1)
+    cache = tmp_path / "ovcache"
+    with open_runner("ov", art, hint="throughput", cache_dir=cache) as r:
+        first = r.infer(feeds)
+        assert str(r.compiled.get_property("PERFORMANCE_HINT")).upper().endswith("THROUGHPUT")
+    blobs = list(cache.glob("*.blob"))
+    assert blobs, "OpenVINO wrote no compiled-model blob into cache_dir"
+    with open_runner("ov", art, cache_dir=cache) as r:  # loaded from the blob: same results
+        np.testing.assert_array_equal(r.infer(feeds)["pooler_output"], first["pooler_output"])
+    with pytest.raises(XDeployError, match="unknown OpenVINO performance hint 'fast'"):
+        open_runner("ov", art, hint="fast")
+    with pytest.raises(XDeployError, match="unknown ov option"):
+        open_runner("ov", art, precision="bf16")
+
+
+def test_ov_prepare_and_bind_are_zero_copy(artifacts):
+    art = artifacts("gpt", "fp32")
+    g = art.graph("decode")
+    feeds = make_feeds(g, {"batch": 2, "cache": 6}, seed=3)
+    with open_runner("ov", art, "decode") as r:
+        want = r.infer(feeds)
+        out = {n: np.full_like(v, np.nan) for n, v in want.items()}
+        call = r.bind(feeds, out)
+        call()
+        for n in want:
+            np.testing.assert_array_equal(out[n], want[n])
+        feeds["input_ids"][:] = (feeds["input_ids"] + 1) % g.inputs[0].high  # in place: the bound call must see it
+        feeds["cache"] *= 0.5
+        call()
+        want2 = r.infer(feeds)  # infer() uses its own request; it must not re-point the bound one
+        assert not np.allclose(want2["logits"], want["logits"])
+        call()
+        for n in want:
+            np.testing.assert_array_equal(out[n], want2[n])
+        prepared = r.prepare(feeds)
+        np.testing.assert_array_equal(np.asarray(prepared()[0]), want2["logits"])
+        with pytest.raises(XDeployError, match="bound output 'logits' must be .* shape \\(2, 1, 512\\)"):
+            r.bind(feeds, {"logits": np.zeros((2, 2, 512), np.float32)})
+        with pytest.raises(XDeployError, match="must be a C-contiguous"):
+            r.bind(feeds | {"cache": np.asfortranarray(feeds["cache"])}, {})
+        with pytest.raises(XDeployError, match="unknown output"):
+            r.bind(feeds, {"hidden": np.zeros(1, np.float32)})
+
+
+def test_ov_validates_feeds_like_every_runner(artifacts):
+    art = artifacts("bert", "fp32")
+    good = make_feeds(art.graph(), {"batch": 1, "seq": 4})
+    with open_runner("ov", art) as r:
+        with pytest.raises(XDeployError, match="dtype int32; expected int64"):
+            r.infer(good | {"input_ids": good["input_ids"].astype(np.int32)})
+        with pytest.raises(XDeployError, match="axis 'seq' is 129"):
+            r.infer({k: np.zeros((1, 129), np.int64) for k in good})
+
+
+@pytest.mark.parametrize("spec,msg", [
+    ("onnx", "unknown runner 'onnx'; expected one of: ort, ort-cuda, ort-trt, ov, torch, trt"),
+    ("ov:fp16", "runner 'ov' has no variant 'fp16'; expected one of: '', 'f32', 'bf16'"),
+    ("ort:fp16", "runner 'ort' has no variant 'fp16'"),
+    ("torch:int8", "runner 'torch' has no variant 'int8'"),
+    ("trt", "runner 'trt' needs an NVIDIA GPU with TensorRT: the tensorrt Python package is not installed"),
+    ("trt:fp16", "runner 'trt' needs an NVIDIA GPU with TensorRT"),
+    ("ort-cuda", "runner 'ort-cuda' needs onnxruntime-gpu with CUDAExecutionProvider"),
+    ("ort-trt:fp16", "runner 'ort-trt' needs onnxruntime-gpu with TensorrtExecutionProvider"),
+    ("ort-trt:int8", "runner 'ort-trt' has no variant 'int8'"),
+    ("torch:fp16", "runner 'torch:fp16' runs on CUDA only; no CUDA device"),
+])
+def test_bad_specs_and_missing_gpu_give_one_line_errors(artifacts, spec, msg):
+    import torch
+
+    if spec.startswith(("trt", "ort-", "torch:fp16")) and torch.cuda.is_available():
+        pytest.skip("a GPU is present: the GPU runners are expected to work here")
+    with pytest.raises(XDeployError) as e:
+        open_runner(spec, artifacts("bert", "fp32"))
+    assert msg in str(e.value) and "\n" not in str(e.value)
+
+
+def test_every_registered_runner_imports_without_its_backend():
+    """Optional backends (tensorrt, onnxruntime-gpu) are imported only when a runner is opened."""
+    import sys
+
+    for name in RUNNERS:
+        assert runner_class(name).name == name
+    assert "tensorrt" not in sys.modules
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", ["ort-cuda", "ort-trt", "ort-trt:fp16", "torch:fp16"])
+def test_gpu_runners_match_ort_cpu(artifacts, reference, spec):
+    import onnxruntime as ort
+    import torch
+
+    if not torch.cuda.is_available() or "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("needs an NVIDIA GPU with onnxruntime-gpu (and TensorRT for ort-trt)")
+    art = artifacts("bert", "fp32")
+    feeds, ref = reference("bert", "model")
+    with open_runner(spec, art) as r:
+        got = r.infer(feeds)
+        r.prepare(feeds)()
+    tol = DEFAULT_TOLERANCES["fp16" if "fp16" in spec else "fp32"]
+    for name in ref:
+        ok, why = _close(ref[name], got[name], tol, cosine_only="fp16" in spec)
+        assert ok, why
