@@ -211,3 +211,16 @@ def test_cli_embed(minilm, emb, tmp_path, capsys):
         assert msg in err and len(err.strip().splitlines()) == 1, err
     assert main(["embed", str(tmp_path), "--input", str(src)]) == 2
     assert "not an xdeploy artifact" in capsys.readouterr().err
+
+
+def test_bench_sentence_set_is_deterministic_and_varied(emb):
+    from xdeploy.bench.embed_bench import make_queries, make_sentences
+
+    a, b = make_sentences(400), make_sentences(400)
+    assert a == b and a != make_sentences(400, seed=1) and len(set(a)) > 380
+    ids, _, _ = emb.tokenize(a)
+    lengths = np.array([len(x) for x in ids])
+    assert lengths.min() <= 10 and np.median(lengths) < 40 and lengths.max() >= 150  # queries to paragraphs
+    assert any(not s.isascii() for s in a)
+    q = make_queries(a, 50)
+    assert len(q) == 50 and q == make_queries(a, 50) and all(s == s.lower() for s in q)
