@@ -1,7 +1,7 @@
 """Benchmark records: one JSON object per measurement, stored as JSON lines, validated against SCHEMA.
 
-Every record has the common fields (schema, version, kind, timestamp, fingerprint) plus the fields of its
-kind: "latency" (`xdeploy bench`), "roofline" (`xdeploy roofline`), "scale" (`xdeploy scale`). Measured
+Every record has the common fields (schema, version, kind, timestamp, fingerprint) plus the fields of its kind:
+"latency" (`xdeploy bench`), "roofline" (`xdeploy roofline`), "scale" and "profile" (`xdeploy scale`). Measured
 quantities are floats in SI units (seconds, bytes, FLOP/s); counts and sizes are ints; a quantity that could
 not be measured on this machine is null (e.g. GPU device memory on a CPU-only machine). docs/benchmarks.md
 documents every field; `validate_record` is the executable form of that table.
@@ -58,6 +58,14 @@ KINDS: dict[str, dict[str, tuple[str, bool]]] = {
         "latency_s": (_OBJ, False), "iterations": (_INT, False), "memory": (_OBJ, True),
         "flops": (_NUM, False), "attn_flops": (_NUM, False), "score_bytes": (_NUM, False),
         "achieved_flops": (_NUM, False),
+        "patch_size": (_INT, True),  # ViT rows: T is the token count of this patch size; null otherwise
+    },
+    "profile": {  # onnxruntime profiler: kernel time per op type at one T (xdeploy scale)
+        "model": (_STR, False), "runner": (_STR, False), "lowering": (_STR, False), "T": (_INT, False),
+        "batch": (_INT, False),
+        "shares": (_OBJ, False),  # {attention, matmul, normalization, other}: fractions of kernel time
+        "op_times_s": (_OBJ, False),  # {op_type: seconds per call}
+        "total_s": (_NUM, False),  # summed kernel time per call
     },
 }
 
@@ -125,6 +133,14 @@ def validate_record(rec: Any) -> None:
             raise XDeployError(f"invalid {kind} record: memory must have exactly {list(MEMORY_FIELDS)}")
         for k in MEMORY_FIELDS:
             _check(mem[k], _NUM, True, f"memory.{k}")  # null: not measured (--no-isolate, or no GPU)
+    if kind == "profile":
+        sh = rec["shares"]
+        if not isinstance(sh, dict) or set(sh) != {"attention", "matmul", "normalization", "other"}:
+            raise XDeployError("invalid profile record: shares must have attention, matmul, normalization, other")
+        for k, v in sh.items():
+            _check(v, _NUM, False, f"shares.{k}")
+        if abs(sum(sh.values()) - 1.0) > 1e-6:
+            raise XDeployError("invalid profile record: shares do not sum to 1")
     fp = rec["fingerprint"]
     if not isinstance(fp, dict) or not isinstance(fp.get("cpu_model"), str) or not isinstance(fp.get("isa"), list):
         raise XDeployError(f"invalid {kind} record: fingerprint needs cpu_model and isa")

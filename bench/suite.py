@@ -111,6 +111,9 @@ def cached_artifact(model: str, *, preset: str | None, precision: str = "fp32", 
     family = get_family(model)
     preset = preset or next(iter(family.presets))
     opset = opset or DEFAULT_OPSET
+    base = family.presets.get(preset)
+    # overrides equal to the preset's own values do not change the graph: share the cache entry
+    overrides = {k: v for k, v in (overrides or {}).items() if getattr(base, k, object()) != v}
     ov = "".join(f"-{k}{v}" for k, v in sorted((overrides or {}).items()))
     name = f"{model}-{preset}-{precision}-o{opset}-{attn_impl or 'sdpa'}{ov}-{_source_hash()}"
     path = cache_dir() / "artifacts" / name

@@ -214,3 +214,53 @@ def test_bench_model_without_seq_axis_and_errors(cache, tmp_path):
     with pytest.raises(SystemExit) as e:
         main(["bench", "vit", "--preset", "tiny", "--runners", "ort", "--batch", "0"])
     assert e.value.code == 2
+
+
+# ---------------------------------------------------------------- attention scaling ----
+
+def test_scale_analytic_model():
+    from xdeploy.bench.scale import analytic, classify, crossover_t, fit_exponent, t_values, vit_table
+
+    assert t_values(4096) == [64, 128, 256, 512, 1024, 2048, 4096] and t_values(100) == [64, 100]
+    d = 384
+    assert crossover_t(d, 4 * d) == 6 * d
+    a = analytic(d, 4 * d, 12, 1, 6 * d)
+    assert a["attn_share"] == pytest.approx(0.5)  # at T* = 6d attention FLOPs equal the rest
+    assert a["flops"] == pytest.approx(24 * 6 * d * d * d + 4 * (6 * d) ** 2 * d)
+    assert a["score_bytes"] == 12 * (6 * d) ** 2 * 4
+    ts = [256, 512, 1024, 2048]
+    assert fit_exponent(ts, [3e-9 * t**2 for t in ts]) == pytest.approx(2.0)
+    assert fit_exponent(ts, [1e-3 * t for t in ts]) == pytest.approx(1.0)
+    assert fit_exponent([64], [1.0]) is None
+    pixels = vit_table(patches=(16, 1))
+    assert pixels[0]["tokens"] == 197 and pixels[1]["entries_per_head"] == 224.0**4  # R⁴ for raw pixels
+    assert classify("MatMul", [[1, 12, 64, 32], [1, 12, 32, 64]]) == "attention"
+    assert classify("MatMul", [[1, 64, 384], [384, 384]]) == "matmul"
+    assert classify("LayerNormalization", []) == "normalization" and classify("Attention", []) == "attention"
+
+
+def test_scale_command_end_to_end(cache, tmp_path):
+    import json
+
+    from xdeploy.bench.records import read_records
+    from xdeploy.cli import main
+
+    args = ["scale", "bert", "--preset", "tiny", "--max-t", "128", "--lowerings", "ort-o23,torch-sdpa",
+            "--vit-patches", "", "--budget", "120", "--threads", "1", "--json", str(tmp_path / "s.json"),
+            "--records", str(tmp_path / "s.jsonl")]
+    assert main(args) == 0
+    recs = read_records(tmp_path / "s.jsonl")
+    scale = [r for r in recs if r["kind"] == "scale"]
+    assert sorted((r["lowering"], r["T"]) for r in scale) == \
+        [("ort-o23", 64), ("ort-o23", 128), ("torch-sdpa", 64), ("torch-sdpa", 128)]
+    for r in scale:
+        assert r["memory"]["peak_rss_bytes"] > 0 and r["score_bytes"] == 1 * 4 * r["T"] ** 2 * 4  # B·h·T²·fp32
+    (prof,) = [r for r in recs if r["kind"] == "profile"]
+    assert prof["lowering"] == "ort-o23" and prof["shares"]["attention"] > 0 and "Attention" in prof["op_times_s"]
+    summary = json.loads((tmp_path / "s.json").read_text())["summary"]
+    assert {s["lowering"] for s in summary} == {"ort-o23", "torch-sdpa"}
+    assert all(s["time_exponent"] is not None and s["crossover_T"] == 384 for s in summary)
+    from xdeploy.bench.scale import run_scale
+
+    with pytest.raises(XDeployError, match="unknown lowering"):
+        run_scale("bert", lowerings=["nope"])

@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "parity": "compare runners with the PyTorch fp32 reference per output (exit 1 on a failure)",
     "bench": "latency percentiles, throughput, peak memory and % of GEMM peak per runner and config",
     "roofline": "measure the machine's peak GEMM FLOP/s (fp32, bf16, int8) and memory bandwidth",
+    "scale": "attention scaling with sequence length: latency, memory, fitted exponents, analytic model",
     "triton": "write a Triton Inference Server model repository (config.pbtxt, ensemble for text) from an artifact",
 }
 

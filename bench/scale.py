@@ -1,0 +1,433 @@
+"""`xdeploy scale`: how latency and memory grow with the sequence length T, measured next to the analytic model.
+
+Per layer of width d (d_ff = 4d), a forward over T tokens costs
+
+    FLOPs(T)  ≈ 24·T·d²  (q,k,v,o projections 8·T·d² + feed-forward 16·T·d²)  +  4·T²·d  (scores + weighted sum)
+    scores    =  B·h·T² entries, B·h·T²·4 bytes in fp32 when the softmax input is materialized
+
+so attention FLOPs overtake the rest at T* = 6d (generally 2d + d_ff), and the time exponent d log t / d log T
+moves from 1 towards 2 above T*. The sweep measures, per runner and attention lowering,
+
+    ort-o18     ONNX Runtime, opset 18: attention decomposed into MatMul / Softmax (scores materialized)
+    ort-o23     ONNX Runtime, opset 23: the native ONNX `Attention` op
+    torch-sdpa  PyTorch eager, scaled_dot_product_attention (flash-style kernel on CPU: no T² buffer)
+    torch-math  PyTorch eager, explicit softmax(q kᵀ) v (materialized)
+    (ov-o18, ov-o23: the same graphs on OpenVINO, on request)
+
+latency (p50) and peak memory per T, each (lowering, T) in its own child process (bench/memory.py), within a
+time budget; the log-log slope fitted over the upper range of T; and onnxruntime's profiler's per-op time
+shares (attention, matmul, normalization, other) at one T. Scaling runs need T beyond the presets'
+max_positions: the config is overridden (`config_overrides={"max_positions": T_max}`), presets are untouched.
+
+ViT: T is fixed by the image and patch size, N = (R/p)² + 1. Measured for a few patch sizes; the table beside
+it shows the end point: attending over raw pixels (p = 1) of an R×R image needs (R²)² = R⁴ score entries per
+head per layer (224⁴ ≈ 2.5·10⁹: 10 GB of fp32 scores for one head of one layer).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xdeploy.errors import XDeployError, one_of
+
+from .fingerprint import fingerprint
+from .memory import Probe, run_isolated
+from .records import make_record
+from .suite import BenchJob, _mem_dict, cached_artifact, run_job
+
+
+@dataclass(frozen=True)
+class Lowering:
+    runner: str
+    opset: int
+    attn_impl: str
+    what: str
+
+
+LOWERINGS: dict[str, Lowering] = {
+    "ort-o18": Lowering("ort", 18, "sdpa", "ONNX Runtime, opset 18: MatMul/Softmax (decomposed)"),
+    "ort-o23": Lowering("ort", 23, "sdpa", "ONNX Runtime, opset 23: native Attention op"),
+    "torch-sdpa": Lowering("torch", 23, "sdpa", "PyTorch eager, scaled_dot_product_attention"),
+    "torch-math": Lowering("torch", 23, "math", "PyTorch eager, explicit softmax(q k^T) v"),
+    "ov-o18": Lowering("ov", 18, "sdpa", "OpenVINO, opset 18 graph"),
+    "ov-o23": Lowering("ov", 23, "sdpa", "OpenVINO, opset 23 graph"),
+}
+DEFAULT_LOWERINGS = ("ort-o18", "ort-o23", "torch-sdpa", "torch-math")
+OP_CLASSES = ("attention", "matmul", "normalization", "other")
+NORM_OPS = {"LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization",
+            "SkipSimplifiedLayerNormalization", "EmbedLayerNormalization", "RMSNormalization"}
+MATMUL_OPS = {"MatMul", "Gemm", "FusedGemm", "FusedMatMul", "MatMulInteger", "QLinearMatMul", "MatMulNBits",
+              "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "Conv", "ConvInteger", "QGemm"}
+ATTENTION_OPS = {"Attention", "MultiHeadAttention", "GroupQueryAttention", "Softmax"}
+
+
+def t_values(max_t: int, min_t: int = 64) -> list[int]:
+    """64, 128, ... doubling up to max_t (max_t itself included even if not a power of two)."""
+    if max_t < min_t:
+        raise XDeployError(f"--max-t must be >= {min_t}, got {max_t}")
+    out, t = [], min_t
+    while t <= max_t:
+        out.append(t)
+        t *= 2
+    if out[-1] != max_t:
+        out.append(max_t)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ analytic ----
+
+def analytic(d: int, d_ff: int, n_heads: int, n_layers: int, t: int, batch: int = 1, bytes_per: int = 4
+             ) -> dict[str, float]:
+    """FLOPs of the layers (attention part separately) and the materialized score bytes at length t."""
+    dense = (8.0 * d * d + 4.0 * d * d_ff) * t
+    attn = 4.0 * t * t * d
+    return {"flops": batch * n_layers * (dense + attn), "attn_flops": batch * n_layers * attn,
+            "attn_share": attn / (dense + attn), "score_bytes": float(batch * n_heads * t * t * bytes_per)}
+
+
+def crossover_t(d: int, d_ff: int) -> float:
+    """T where 4·T²·d = (8d² + 4·d·d_ff)·T, i.e. T = 2d + d_ff (= 6d for d_ff = 4d)."""
+    return 2.0 * d + d_ff
+
+
+def fit_exponent(ts: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Least-squares slope of log y against log T (None with fewer than 2 points)."""
+    pts = [(math.log(t), math.log(y)) for t, y in zip(ts, ys) if t > 0 and y and y > 0]
+    if len(pts) < 2:
+        return None
+    x, y = np.array(pts).T
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def upper_range(ts: Sequence[int], points: int = 3) -> list[int]:
+    """The largest `points` values of T (the 'upper range' the exponent is fitted over)."""
+    return sorted(ts)[-points:]
+
+
+# ------------------------------------------------------------------------------------------ profiler ----
+
+def classify(op: str, shapes: Sequence[Sequence[int]]) -> str:
+    """Attention = attention ops, Softmax and the MatMuls on 4-D (B, h, T, ·) tensors (q kᵀ, p v)."""
+    if op in ATTENTION_OPS:
+        return "attention"
+    if op in MATMUL_OPS:
+        return "attention" if any(len(s) == 4 for s in shapes) and op in ("MatMul", "FusedMatMul") else "matmul"
+    if op in NORM_OPS:
+        return "normalization"
+    return "other"
+
+
+def _shapes(arg: Any) -> list[list[int]]:
+    out = []
+    for entry in arg or []:
+        for dims in entry.values():
+            out.append(list(dims))
+    return out
+
+
+def ort_op_profile(artifact: Any, sizes: Mapping[str, int], *, threads: int = 0, runs: int = 3
+                   ) -> dict[str, Any]:
+    """Per-op-type kernel time (seconds per call) and class shares from onnxruntime's profiler."""
+    import onnxruntime as ort
+
+    from xdeploy.deploy.ort_runner import session_options
+    from xdeploy.models.spec import make_feeds
+
+    so = session_options(threads)
+    with tempfile.TemporaryDirectory(prefix="xdeploy-prof-") as tmp:
+        so.enable_profiling = True
+        so.profile_file_prefix = str(Path(tmp) / "ort")
+        sess = ort.InferenceSession(str(artifact.onnx_path()), so, providers=["CPUExecutionProvider"])
+        feeds = make_feeds(artifact.graph(), dict(sizes))
+        sess.run(None, feeds)  # warm-up (first-call allocations) is profiled too: dropped below by run index
+        for _ in range(runs):
+            sess.run(None, feeds)
+        events = json.loads(Path(sess.end_profiling()).read_text())
+    runs_ev = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
+    cutoff = runs_ev[0]["ts"] + runs_ev[0]["dur"] if runs_ev else -1  # skip the warm-up run's nodes
+    per_op: dict[str, float] = {}
+    per_class = dict.fromkeys(OP_CLASSES, 0.0)
+    for e in events:
+        if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time") or e["ts"] < cutoff:
+            continue
+        op = e["args"].get("op_name", "?")
+        shapes = _shapes(e["args"].get("input_type_shape")) + _shapes(e["args"].get("output_type_shape"))
+        sec = e["dur"] * 1e-6 / runs
+        per_op[op] = per_op.get(op, 0.0) + sec
+        per_class[classify(op, shapes)] += sec
+    total = sum(per_class.values()) or 1.0
+    return {"op_times_s": dict(sorted(per_op.items(), key=lambda kv: -kv[1])),
+            "shares": {k: v / total for k, v in per_class.items()}, "total_s": total}
+
+
+# ------------------------------------------------------------------------------------------ ViT ----
+
+def vit_child(probe: Probe, overrides: tuple[tuple[str, Any], ...], batch: int, threads: int,
+              iters: int) -> dict[str, Any]:
+    """Torch-only (no export): build ViT with `overrides` (patch size, attention kernel), time `iters` calls."""
+    import torch
+
+    from xdeploy.models.registry import build, get_config
+
+    from .latency import measure
+
+    if threads:
+        torch.set_num_threads(threads)
+    cfg = get_config("vit", "base16", **dict(overrides))
+    probe.mark("imported")
+    model = build("vit", cfg)
+    x = torch.randn(batch, cfg.channels, cfg.image_size, cfg.image_size)
+    probe.mark("loaded")
+    with torch.inference_mode():
+        st = measure(lambda: model(x), warmup=1, min_iters=1, max_iters=iters, max_seconds=2.0)
+    probe.mark("run")
+    return {"stats": st.as_dict(), "fingerprint": fingerprint(), "threads": torch.get_num_threads(),
+            "tokens": cfg.n_tokens}
+
+
+def vit_table(image: int = 224, d: int = 768, heads: int = 12, patches: Sequence[int] = (32, 16, 14, 8, 4, 2, 1)
+              ) -> list[dict[str, float]]:
+    """Tokens, score entries and fp32 score bytes per head and per layer vs patch size (p=1: raw pixels)."""
+    rows = []
+    for p in patches:
+        n = (image // p) ** 2 + (0 if p == 1 else 1)  # raw pixels: no class token in the R⁴ count
+        rows.append({"patch": float(p), "tokens": float(n), "entries_per_head": float(n * n),
+                     "score_bytes_per_layer": float(heads * n * n * 4),
+                     "attn_share": analytic(d, 4 * d, heads, 1, n)["attn_share"]})
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ the sweep ----
+
+def _scale_record(model: str, lowering: str, t: int, batch: int, cfg: Any, result: dict[str, Any], mem: Any,
+                  patch: int | None = None, note: str | None = None) -> dict[str, Any]:
+    d, h = cfg.d_model, cfg.n_heads
+    layers = getattr(cfg, "n_layers", None) or getattr(cfg, "n_encoder_layers", 0) + getattr(cfg, "n_decoder_layers", 0)
+    an = analytic(d, cfg.d_ff, h, layers, t, batch)
+    st = result["stats"]
+    lat = {k: st[k] for k in ("p50", "p90", "p99", "mean", "std", "min", "max")}
+    return make_record("scale", result["fingerprint"], model=model, runner=lowering.split("-")[0],
+                       lowering=lowering, T=t, batch=batch, d_model=d, n_heads=h, n_layers=layers,
+                       latency_s=lat, iterations=int(st["n"]), memory=_mem_dict(mem) if mem else None,
+                       flops=an["flops"], attn_flops=an["attn_flops"], score_bytes=an["score_bytes"],
+                       achieved_flops=an["flops"] / st["p50"], patch_size=patch, note=note)
+
+
+def run_scale(model: str = "bert", *, preset: str | None = None, lowerings: Sequence[str] = DEFAULT_LOWERINGS,
+              max_t: int | None = None, batch: int = 1, layers: int | None = None, budget: float | None = None,
+              threads: int = 0, profile_t: int | None = None, vit_patches: Sequence[int] | None = None,
+              quick: bool = False, smoke: bool = False, fresh: bool = False,
+              log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """The attention-scaling sweep; returns validated "scale" and "profile" records (see module docstring).
+
+    Defaults: bert `minilm` (d 384, 12 heads) to T=4096 with a 600 s budget; `quick`: 2 layers and 300 s;
+    `smoke`: the tiny preset to T=256 (seconds). Each lowering gets an equal share of the budget and stops
+    when the next T (predicted ×4 from the last) would not fit."""
+    from xdeploy.export.artifact import load_artifact
+    from xdeploy.models.registry import get_config, get_family
+
+    family = get_family(model)
+    if smoke:
+        preset, max_t, budget = preset or "tiny", max_t or 256, budget or 60.0
+        vit_patches = () if vit_patches is None else vit_patches
+    preset = preset or ("minilm" if model == "bert" and "minilm" in family.presets else next(iter(family.presets)))
+    max_t = max_t or 4096
+    budget = budget or (300.0 if quick else 600.0)
+    layers = layers if layers is not None else (2 if quick else None)
+    vit_patches = (32, 16, 8) if vit_patches is None else vit_patches
+    for name in lowerings:
+        if name not in LOWERINGS:
+            raise one_of("lowering", name, LOWERINGS)
+    base = get_config(model, preset)
+    if not hasattr(base, "max_positions"):
+        raise XDeployError(f"model {model!r} has no sequence axis to scale (ViT: see --vit-patches)")
+    overrides: dict[str, Any] = {"max_positions": max(max_t, base.max_positions)}
+    if layers is not None:
+        key = "n_layers" if hasattr(base, "n_layers") else None
+        if key is None:
+            raise XDeployError(f"--layers is not supported for {model!r}")
+        overrides[key] = layers
+    cfg = get_config(model, preset, **overrides)
+    ts = t_values(max_t)
+    per_lowering = budget / max(1, len(lowerings))
+    records: list[dict[str, Any]] = []
+    for name in lowerings:
+        low = LOWERINGS[name]
+        art = load_artifact(cached_artifact(model, preset=preset, precision="fp32", opset=low.opset,
+                                            attn_impl=low.attn_impl, overrides=overrides, fresh=fresh, log=log))
+        t0 = time.perf_counter()
+        last = wall = None
+        for t in ts:
+            elapsed = time.perf_counter() - t0
+            # next child ≈ this child's wall time (spawn, load) + its 3 calls growing up to 4x (T² at worst)
+            if last is not None and elapsed + wall + 9.0 * last > per_lowering:
+                if log:
+                    log(f"  {name}: stopping before T={t} (budget {per_lowering:.0f} s for this lowering)")
+                break
+            sizes = {"batch": batch, "seq": t} | ({"src_seq": t} if "src_seq" in art.spec.axes else {})
+            job = BenchJob(runner=low.runner, artifact=str(art.path), sizes=tuple(sizes.items()), threads=threads,
+                           warmup=1, min_iters=2, max_iters=20, max_seconds=max(0.5, per_lowering / len(ts) / 2))
+            try:
+                w0 = time.perf_counter()
+                result, mem = run_job(job)
+                wall = time.perf_counter() - w0
+            except XDeployError as e:
+                if log:
+                    log(f"  {name}: T={t} failed ({e}); stopping this lowering")
+                break
+            last = result["stats"]["p50"]
+            rec = _scale_record(model, name, t, batch, cfg, result, mem)
+            records.append(rec)
+            if log:
+                m = rec["memory"]["peak_rss_bytes"] if rec["memory"] else None
+                log(f"  {name:10s} T={t:5d}  p50 {last * 1e3:9.2f} ms  peak RSS "
+                    f"{'-' if m is None else f'{m / 2**20:.0f} MiB'}")
+        if low.runner == "ort":
+            done = [r["T"] for r in records if r["lowering"] == name]
+            pt = profile_t if profile_t in done else (max(t for t in done if t <= 2048) if done else None)
+            if pt:
+                sizes = {"batch": batch, "seq": pt} | ({"src_seq": pt} if "src_seq" in art.spec.axes else {})
+                prof = ort_op_profile(art, sizes, threads=threads, runs=2)
+                records.append(make_record("profile", fingerprint(), model=model, runner="ort", lowering=name,
+                                           T=pt, batch=batch, shares=prof["shares"], op_times_s=prof["op_times_s"],
+                                           total_s=prof["total_s"], note=None))
+    if model != "vit" and vit_patches:
+        records += run_vit(vit_patches, threads=threads, log=log)
+    return records
+
+
+def run_vit(patches: Sequence[int], *, threads: int = 0, impls: Sequence[str] = ("sdpa", "math"),
+            log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """ViT-B/16's shape at several patch sizes (224×224 image): latency and memory per token count."""
+    from xdeploy.models.registry import get_config
+
+    records = []
+    for impl in impls:
+        for p in patches:
+            if 224 % p:
+                raise XDeployError(f"patch size {p} does not divide the 224-pixel image")
+            ov = (("patch_size", p), ("attn_impl", impl))
+            try:
+                result, _, mem = run_isolated(vit_child, ov, 1, threads, 5)
+            except XDeployError as e:
+                if log:
+                    log(f"  vit patch {p} {impl}: failed ({e})")
+                break
+            cfg = get_config("vit", "base16", **dict(ov))
+            rec = _scale_record("vit", f"torch-{impl}", cfg.n_tokens, 1, cfg, result, mem, patch=p)
+            records.append(rec)
+            if log:
+                log(f"  vit torch-{impl:4s} patch {p:2d}: {cfg.n_tokens:5d} tokens, p50 "
+                    f"{rec['latency_s']['p50'] * 1e3:8.1f} ms, activations "
+                    f"{rec['memory']['activations_bytes'] / 2**20:.0f} MiB")
+    return records
+
+
+# ------------------------------------------------------------------------------------------ analysis ----
+
+def summarize(records: Sequence[Mapping[str, Any]], points: int = 3) -> list[dict[str, Any]]:
+    """Per (model, lowering): measured time and memory exponents over the upper range next to the analytic
+    FLOPs exponent over the same T, the largest T reached and the analytic crossover T* = 2d + d_ff."""
+    out = []
+    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for r in records:
+        if r["kind"] == "scale":
+            groups.setdefault((r["model"], r["lowering"]), []).append(r)
+    for (model, lowering), rs in groups.items():
+        rs = sorted(rs, key=lambda r: r["T"])
+        upper = upper_range([r["T"] for r in rs], points)
+        sel = [r for r in rs if r["T"] in upper]
+        ts = [r["T"] for r in sel]
+        mem = [r["memory"]["activations_bytes"] if r["memory"] else None for r in sel]
+        d = rs[0]["d_model"]
+        out.append({
+            "model": model, "lowering": lowering, "T_range": [min(ts), max(ts)], "max_T": rs[-1]["T"],
+            "time_exponent": fit_exponent(ts, [r["latency_s"]["p50"] for r in sel]),
+            "flops_exponent": fit_exponent(ts, [r["flops"] for r in sel]),
+            "memory_exponent": fit_exponent(ts, mem) if all(m for m in mem) else None,
+            "crossover_T": crossover_t(d, 4 * d), "d_model": d,
+        })
+    return out
+
+
+def render(records: Sequence[Mapping[str, Any]], console: Any) -> None:
+    from rich.table import Table
+
+    from .fingerprint import summary
+
+    scale = [r for r in records if r["kind"] == "scale" and r["model"] != "vit"]
+    if scale:
+        lows = sorted({r["lowering"] for r in scale}, key=list(LOWERINGS).index)
+        ts = sorted({r["T"] for r in scale})
+        by = {(r["lowering"], r["T"]): r for r in scale}
+        r0 = scale[0]
+        t = Table(title=f"attention scaling: {r0['model']} d={r0['d_model']} h={r0['n_heads']} "
+                        f"layers={r0['n_layers']} batch={r0['batch']} — p50 ms / activation MiB",
+                  caption=summary(r0["fingerprint"]))
+        t.add_column("T", justify="right")
+        for low in lows:
+            t.add_column(low, justify="right")
+        for col in ("GFLOP (analytic)", "attn share", "scores MiB (fp32)"):
+            t.add_column(col, justify="right")
+        for T in ts:
+            an = analytic(r0["d_model"], 4 * r0["d_model"], r0["n_heads"], r0["n_layers"], T, r0["batch"])
+            cells = []
+            for low in lows:
+                r = by.get((low, T))
+                if r is None:
+                    cells.append("-")
+                    continue
+                m = r["memory"]["activations_bytes"] if r["memory"] else None
+                cells.append(f"{r['latency_s']['p50'] * 1e3:.1f} / {'-' if m is None else f'{m / 2**20:.0f}'}")
+            t.add_row(str(T), *cells, f"{an['flops'] / 1e9:.2f}", f"{an['attn_share']:.0%}",
+                      f"{an['score_bytes'] / 2**20:.0f}")  # per layer: B·h·T²·4
+        console.print(t)
+        f = Table(title="log-log exponents over the upper range of T (time ∝ T^k)")
+        for col in ("lowering", "T range", "time k (measured)", "FLOPs k (analytic)", "memory k (measured)",
+                    "crossover T* = 6d"):
+            f.add_column(col, justify="left" if col == "lowering" else "right")
+        for s in summarize(scale):
+            fmt = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+            f.add_row(s["lowering"], f"{s['T_range'][0]}–{s['T_range'][1]}", fmt(s["time_exponent"]),
+                      fmt(s["flops_exponent"]), fmt(s["memory_exponent"]), f"{s['crossover_T']:.0f}")
+        console.print(f)
+    for p in (r for r in records if r["kind"] == "profile"):
+        sh = p["shares"]
+        top = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in list(p["op_times_s"].items())[:5])
+        console.print(f"onnxruntime profile {p['lowering']} T={p['T']}: attention {sh['attention']:.0%}, matmul "
+                      f"{sh['matmul']:.0%}, normalization {sh['normalization']:.0%}, other {sh['other']:.0%} "
+                      f"(top ops: {top})")
+    vit = [r for r in records if r["kind"] == "scale" and r["model"] == "vit"]
+    if vit:
+        t = Table(title="ViT-B (224×224): tokens vs patch size — measured (torch, batch 1)")
+        for col in ("kernel", "patch", "tokens", "p50 ms", "activation MiB", "scores MiB/layer (fp32, analytic)"):
+            t.add_column(col, justify="right")
+        for r in vit:
+            m = r["memory"]["activations_bytes"] if r["memory"] else None
+            t.add_row(r["lowering"], str(r["patch_size"]), str(r["T"]), f"{r['latency_s']['p50'] * 1e3:.1f}",
+                      "-" if m is None else f"{m / 2**20:.0f}", f"{r['score_bytes'] / 2**20:.0f}")
+        console.print(t)
+    t = Table(title="ViT attention memory vs patch size (analytic; 224×224, 12 heads): p=1 attends over raw "
+                    "pixels, R⁴ score entries per head")
+    for col in ("patch", "tokens N", "score entries / head (N²)", "fp32 scores / layer", "attn FLOP share"):
+        t.add_column(col, justify="right")
+    for row in vit_table():
+        t.add_row(f"{row['patch']:.0f}", f"{row['tokens']:.0f}", f"{row['entries_per_head']:.3g}",
+                  _bytes(row["score_bytes_per_layer"]), f"{row['attn_share']:.0%}")
+    console.print(t)
+
+
+def _bytes(x: float) -> str:
+    for unit, div in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if x >= div:
+            return f"{x / div:.1f} {unit}"
+    return f"{x:.0f} B"

@@ -1,0 +1,59 @@
+"""xdeploy scale: attention scaling with sequence length per runner and attention lowering."""
+
+from __future__ import annotations
+
+import argparse
+
+from xdeploy.commands import add_json_option, write_json
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from xdeploy.bench.scale import DEFAULT_LOWERINGS, LOWERINGS
+
+    p.add_argument("model", nargs="?", default="bert", help="model with a token axis (default bert)")
+    p.add_argument("--preset", help="preset (default: minilm for bert, else the first; --smoke: tiny)")
+    p.add_argument("--lowerings", default=",".join(DEFAULT_LOWERINGS),
+                   help=f"comma-separated, from: {', '.join(LOWERINGS)} (default {','.join(DEFAULT_LOWERINGS)})")
+    p.add_argument("--max-t", type=int, help="largest T (default 4096; T doubles from 64)")
+    p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
+    p.add_argument("--layers", type=int, help="override the number of layers (exponents do not depend on it)")
+    p.add_argument("--budget", type=float, help="total seconds for the sweep, shared by the lowerings "
+                   "(default 600; --quick 300)")
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads (default: runtime default)")
+    p.add_argument("--profile-t", type=int, help="T for onnxruntime's per-op profile (default: largest <= 2048)")
+    p.add_argument("--vit-patches", type=_ints, help="ViT-B patch sizes to measure (default 32,16,8; empty: none)")
+    p.add_argument("--quick", action="store_true", help="2 layers, 300 s budget")
+    p.add_argument("--smoke", action="store_true", help="tiny preset up to T=256, no ViT (seconds)")
+    p.add_argument("--fresh", action="store_true", help="re-export cached artifacts")
+    p.add_argument("--records", metavar="FILE", help="write scale/profile records as JSON lines")
+    add_json_option(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from xdeploy.bench.records import write_records
+    from xdeploy.bench.scale import render, run_scale, summarize
+    from xdeploy.errors import XDeployError
+
+    if args.batch < 1 or (args.layers is not None and args.layers < 1) or args.threads < 0:
+        raise XDeployError("--batch and --layers must be >= 1 and --threads >= 0")
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)
+    records = run_scale(args.model, preset=args.preset, lowerings=[x for x in args.lowerings.split(",") if x],
+                        max_t=args.max_t, batch=args.batch, layers=args.layers, budget=args.budget,
+                        threads=args.threads, profile_t=args.profile_t, vit_patches=args.vit_patches,
+                        quick=args.quick, smoke=args.smoke, fresh=args.fresh, log=console.print)
+    render(records, console)
+    if args.records:
+        write_records(args.records, records)
+    write_json(args.json, {"records": records, "summary": summarize(records)})
+    return 0
