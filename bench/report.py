@@ -111,6 +111,14 @@ def loglog_slope(x: Sequence[float], y: Sequence[float], *, upper: bool = True) 
     return float(np.polyfit(lx, ly, 1)[0])
 
 
+NOISY = 1.5  # p90 / p50 above this: the timing was disturbed (shared machine); speedups get a dagger
+
+
+def is_noisy(r: Mapping[str, Any]) -> bool:
+    lat = r["latency_s"]
+    return lat["p50"] > 0 and lat["p90"] / lat["p50"] > NOISY
+
+
 def latency_key(r: Mapping[str, Any]) -> tuple:
     return (r["model"], r.get("preset"), r["graph"], r["batch"], r.get("seq"))
 
@@ -397,6 +405,8 @@ def _latency_section(lat: list[Mapping[str, Any]], sp: Mapping[int, float]) -> l
         return []
     srt = sorted(lat, key=lambda r: (r["model"], r["graph"], r["batch"], r.get("seq") or 0, r["runner"],
                                      r["artifact_precision"]))
+    base = {latency_key(r): r for r in srt if is_eager_baseline(r)}
+    noisy = {id(r) for r in srt if is_noisy(r) or (latency_key(r) in base and is_noisy(base[latency_key(r)]))}
     rows = []
     for r in srt:
         L = r["latency_s"]
@@ -404,7 +414,7 @@ def _latency_section(lat: list[Mapping[str, Any]], sp: Mapping[int, float]) -> l
                      r["precision"], r["batch"], r.get("seq") or "–", _fmt_s(L["p50"]), _fmt_s(L["p90"]),
                      _fmt_s(L["p99"]), _fmt_s(L["mean"]), _fmt_s(L["std"]), r["iterations"],
                      _fmt_num(r["items_per_s"], ".4g"), _fmt_rate(r.get("tokens_per_s")),
-                     f"{sp[id(r)]:.2f}×" if id(r) in sp else "–",
+                     (f"{sp[id(r)]:.2f}×" + ("†" if id(r) in noisy else "")) if id(r) in sp else "–",
                      _fmt_rate(r["achieved_flops"], "FLOP/s"),
                      _fmt_num(r.get("pct_of_peak"), ".1f") + ("%" if r.get("pct_of_peak") is not None else "")))
     mem_rows = [(_model_label(r["model"], r.get("preset")), r["graph"], r["runner"], r["artifact_precision"],
@@ -418,8 +428,9 @@ def _latency_section(lat: list[Mapping[str, Any]], sp: Mapping[int, float]) -> l
         cand = [r for r in rs if id(r) in sp]
         if cand:
             b = max(cand, key=lambda r: sp[id(r)])
+            dagger = "†" if is_noisy(b) or any(is_eager_baseline(r) and is_noisy(r) for r in rs) else ""
             best.append((model, graph, batch, seq or "–", f"{b['runner']} {b['artifact_precision']}",
-                         _fmt_s(b["latency_s"]["p50"]), f"{sp[id(b)]:.2f}×"))
+                         _fmt_s(b["latency_s"]["p50"]), f"{sp[id(b)]:.2f}×{dagger}"))
     out = ["## Latency and throughput", "",
            "Per-call latency over `iterations` timed calls after warm-up (seconds rendered as ms/µs); throughput "
            "= items (sequences/images) per second at the median; speedup = PyTorch eager fp32 p50 / p50 for the "
@@ -428,6 +439,9 @@ def _latency_section(lat: list[Mapping[str, Any]], sp: Mapping[int, float]) -> l
            "treat differences below the p90–p50 spread as noise.", "",
            _table(["model", "graph", "runner", "artifact", "compute", "batch", "seq", "p50", "p90", "p99", "mean",
                    "std", "iters", "items/s", "tokens/s", "speedup", "achieved", "% of peak"], rows), ""]
+    if noisy:
+        out += [f"† disturbed timing: p90 > {NOISY}× p50 in this row or in its PyTorch baseline (other work was "
+                "running on the machine); that speedup is not reliable.", ""]
     if best:
         out += ["### Fastest per configuration", "",
                 _table(["model", "graph", "batch", "seq", "best runner", "p50", "speedup vs eager"], best), ""]

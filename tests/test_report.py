@@ -18,13 +18,20 @@ import pytest
 
 from xdeploy.bench.compare import compare_records, compare_runs
 from xdeploy.bench.fingerprint import fingerprint
-from xdeploy.bench.records import make_record
+from xdeploy.bench.records import KINDS, make_record
 from xdeploy.bench.report import PLOTS, load_results, loglog_slope, render_report, speedups
 from xdeploy.cli import main
 from xdeploy.errors import XDeployError
 
 MEM = {"weights_bytes": 50e6, "load_peak_bytes": 80e6, "activations_bytes": 10e6, "peak_rss_bytes": 300e6,
        "device_bytes": None}
+
+
+
+def make(kind: str, fp: dict, **fields) -> dict:
+    """make_record, with every nullable field this test does not set left null (the schema grows over time)."""
+    extra = {k: None for k, (_t, nullable) in KINDS[kind].items() if nullable and k not in fields}
+    return make_record(kind, fp, **fields, **extra)
 
 
 def lat(p50: float, spread: float = 0.05) -> dict:
@@ -42,7 +49,7 @@ def synthetic_records(slow: float = 1.0, spread: float = 0.05, seed: int = 0) ->
         for batch in (1, 4, 8):
             for runner, prec, ap, f in runners:
                 p50 = 0.002 * batch * f * (slow if runner == "ort" and ap == "fp32" else 1.0)
-                out.append(make_record(
+                out.append(make(
                     "latency", fp, model=model, preset="tiny", graph="model", runner=runner, device="cpu",
                     precision=prec, artifact_precision=ap, opset=23, attn_impl="sdpa", threads=2, batch=batch,
                     seq=128 if model == "bert" else None, sizes={"batch": batch}, latency_s=lat(p50, spread),
@@ -60,14 +67,14 @@ def synthetic_records(slow: float = 1.0, spread: float = 0.05, seed: int = 0) ->
             d = 128
             flops = 2 * (24 * T * d * d + 4 * T * T * d)
             p50 = 1e-4 + flops / 5e10 * (1.3 if lowering == "opset18" else 1.0)
-            out.append(make_record(
+            out.append(make(
                 "scale", fp, model="bert", runner=runner, lowering=lowering, T=T, batch=1, d_model=d, n_heads=2,
                 n_layers=2, latency_s=lat(p50, spread), iterations=10,
                 memory=dict(MEM, peak_rss_bytes=2e8 + 4.0 * 2 * T * T * (2 if lowering == "opset18" else 1)),
                 flops=flops, attn_flops=2 * 4 * T * T * d, score_bytes=4.0 * 2 * T * T, achieved_flops=flops / p50))
     for measure, prec, val, unit in (("gemm", "fp32", 1.8e11, "FLOP/s"), ("gemm", "bf16", 7.6e11, "FLOP/s"),
                                      ("memory", None, 3.8e10, "B/s")):
-        out.append(make_record("roofline", fp, measure=measure, precision=prec, path="torch.matmul n=2048",
+        out.append(make("roofline", fp, measure=measure, precision=prec, path="torch.matmul n=2048",
                                value=val, unit=unit, trials=[{"path": "x", "value": val}]))
     for runner, ap, mode, base in (("ort", "fp32", "cache", 0.004), ("ort", "fp32", "recompute", 0.004),
                                    ("torch", "fp32", "cache", 0.008), ("ort", "int8", "cache", 0.002)):
@@ -263,3 +270,4 @@ def test_sigkill_mid_write_leaves_previous_report(tmp_path):
     # the next complete render replaces it
     render_report(synthetic_records(), out, meta={"title": "third"})
     assert "# third" in (out / "summary.md").read_text()
+
