@@ -1,0 +1,382 @@
+"""Decode benchmark: KV-cache generation on gpt small (GPT-2 124M), batch 1, against Hugging Face `generate`.
+
+    python -m xdeploy.bench.decode_bench                    # full run (~10-15 min on 2 cores)
+    python -m xdeploy.bench.decode_bench --quick            # fewer tokens, no recompute run, no transformer
+    python -m xdeploy.bench.decode_bench --json out.json
+
+What it measures, all in one process, side by side:
+  * Weights: a random GPT-2 small from `transformers.GPT2Config()` (HF's own init, seed 0), saved as safetensors
+    and exported with `--checkpoint`, so xdeploy and Hugging Face run the *same* weights.
+  * Per runner and precision (greedy, prompt 32, N new tokens, EOS ignored): time to first token, per-token
+    latency percentiles and by context length, tokens/s of the decode phase and end to end, and greedy token
+    agreement with the PyTorch fp32 reference (first divergence step).
+  * Hugging Face `GPT2LMHeadModel.generate(do_sample=False)` tokens/s (its own KV cache) and token agreement.
+  * The same generation with the cache vs recomputing the whole sequence every step (ratio at N new tokens).
+  * The memory-bandwidth roofline: weight bytes read per token (every initializer of the decode graph, minus
+    embedding tables that are only gathered, plus the KV cache read at the mean context) ÷ measured read
+    bandwidth (bench/roofline.py `memory_trials`, best of numpy/torch sums over a 512 MiB array).
+  * 128-token fp32 greedy parity on transformer base (torch reference vs ort / ov).
+
+Numbers are noisy when the machine is shared: the report says so, and every figure is a median of the steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xdeploy.errors import XDeployError
+
+ROOT = Path("artifacts/decode-bench")
+CONTEXT_BUCKETS = (32, 64, 128, 192, 256, 320)
+
+
+# --------------------------------------------------------------------------------------- artifacts ----
+
+def hf_gpt2(root: Path, seed: int = 0) -> tuple[Any, Path]:
+    """The random HF GPT-2 small (same sizes as the `small` preset) and its safetensors directory."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config()).eval()
+    d = root / f"hf-gpt2-small-seed{seed}"
+    if not (d / "model.safetensors").exists():
+        model.save_pretrained(d, safe_serialization=True)
+    return model, d
+
+
+def artifact_at(src: Path | str, out: Path, precision: str, *, model: str = "gpt", preset: str | None = None,
+                fp32: Path | None = None) -> Path | None:
+    """Export (fp32) or derive (fp16/int8) an artifact, reusing one already on disk. None if unavailable."""
+    from xdeploy.export.onnx_export import export
+    from xdeploy.export.precision import EXPORT_PRECISIONS
+
+    if (out / "manifest.json").exists():
+        return out
+    if precision == "fp32":
+        if preset:
+            return export(model, preset=preset, out=out)
+        return export(model, checkpoint=src, out=out)
+    try:
+        from xdeploy.export.convert import convert_artifact
+    except ImportError:
+        convert_artifact = None
+    if convert_artifact is not None and fp32 is not None:
+        return convert_artifact(fp32, out, precision)
+    if precision in EXPORT_PRECISIONS:
+        return export(model, checkpoint=src, out=out, precision=precision)
+    return None
+
+
+def weight_bytes_per_token(onnx_path: Path) -> int:
+    """Bytes of initializers one decode step reads: all of them, except tables consumed only through Gather
+    (token / position embeddings read one row per token)."""
+    import onnx
+    from onnx import numpy_helper
+
+    proto = onnx.load(str(onnx_path), load_external_data=True)
+    g = proto.graph
+    consumers: dict[str, list[tuple[Any, int]]] = {}
+    for n in g.node:
+        for i, name in enumerate(n.input):
+            consumers.setdefault(name, []).append((n, i))
+
+    def gathered_only(name: str, depth: int = 0) -> bool:
+        uses = consumers.get(name, [])
+        if not uses or depth > 3:
+            return False
+        for node, idx in uses:
+            if node.op_type == "Gather" and idx == 0:
+                continue
+            if node.op_type in ("Cast", "DequantizeLinear") and idx == 0 and gathered_only(node.output[0], depth + 1):
+                continue
+            return False
+        return True
+
+    total = 0
+    for init in g.initializer:
+        if not gathered_only(init.name):
+            total += numpy_helper.to_array(init).nbytes
+    return total
+
+
+def read_bandwidth() -> tuple[float, str]:
+    """Best measured read bandwidth in bytes/s and how it was measured."""
+    try:
+        from xdeploy.bench.roofline import memory_trials
+
+        trials = [t for t in memory_trials(512 << 20, budget=0.5) if t.path.startswith("read")]
+        best = max(trials, key=lambda t: t.value)
+        return float(best.value), f"bench/roofline.py memory_trials: {best.path}"
+    except ImportError:  # pragma: no cover - roofline.py is part of the suite
+        a = np.ones(128 << 20, np.float32)
+        t = min(_timed(lambda: np.add.reduce(a)) for _ in range(5))
+        return a.nbytes / t, "numpy sum over 512 MiB, 1 thread (measured here)"
+
+
+def _timed(fn: Any) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+# ------------------------------------------------------------------------------------------ runs ----
+
+def context_profile(step_s: tuple[float, ...], prompt_len: int) -> dict[str, float]:
+    """Median per-token latency (s) by context length bucket; step i runs with prompt_len + i + 1 tokens."""
+    ctx = prompt_len + 1 + np.arange(len(step_s))
+    out = {}
+    for lo, hi in zip(CONTEXT_BUCKETS, CONTEXT_BUCKETS[1:]):
+        sel = (ctx >= lo) & (ctx < hi)
+        if sel.any():
+            out[f"{lo}-{hi - 1}"] = float(np.median(np.asarray(step_s)[sel]))
+    return out
+
+
+def run_generator(art: Path, runner: str, prompt: list[int], new: int, *, use_cache: bool = True,
+                  repeats: int = 1) -> dict[str, Any]:
+    from xdeploy.deploy.generate import GenerationConfig, Generator
+
+    gc = GenerationConfig(max_new_tokens=new, eos_token_id=-1)
+    best = None
+    with Generator(art, runner, use_cache=use_cache) as g:
+        g.generate([prompt], dataclasses.replace(gc, max_new_tokens=min(4, new)))  # warm-up allocations
+        for _ in range(repeats):
+            out = g.generate([prompt], gc)
+            if best is None or out.total_s < best.total_s:
+                best = out
+    steps = np.asarray(best.step_s)
+    pct = np.percentile(steps, [50, 90, 99]) if steps.size else np.full(3, np.nan)
+    decode_tps = steps.size / steps.sum() if steps.size else float("nan")
+    return {"tokens": list(best.tokens[0]), "ttft_s": best.time_to_first_token_s, "total_s": best.total_s,
+            "tokens_per_s": best.tokens_per_s, "decode_tokens_per_s": float(decode_tps),
+            "step_p50_s": float(pct[0]), "step_p90_s": float(pct[1]), "step_p99_s": float(pct[2]),
+            "by_context_s": context_profile(best.step_s, len(prompt)), "mode": best.mode}
+
+
+def run_hf(model: Any, prompt: list[int], new: int) -> dict[str, Any]:
+    import torch
+
+    ids = torch.tensor([prompt])
+    kw = {"attention_mask": torch.ones_like(ids), "do_sample": False, "pad_token_id": model.config.eos_token_id,
+          "eos_token_id": None}
+    with torch.inference_mode():
+        model.generate(ids, max_new_tokens=4, min_new_tokens=4, **kw)  # warm-up
+        t0 = time.perf_counter()
+        out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, **kw)
+        total = time.perf_counter() - t0
+    toks = out[0, len(prompt):].tolist()
+    return {"tokens": toks, "total_s": total, "tokens_per_s": len(toks) / total,
+            "threads": torch.get_num_threads()}
+
+
+# ------------------------------------------------------------------------------------------ main ----
+
+def run(*, new: int = 256, prompt_len: int = 32, runners: tuple[str, ...] = ("torch", "ort", "ov", "ov:bf16"),
+        precisions: tuple[str, ...] = ("fp32", "fp16", "int8"), recompute: bool = True,
+        seq2seq: bool = True, root: Path = ROOT, log: Any = print) -> dict[str, Any]:
+    from xdeploy.deploy.generate import token_agreement
+    from xdeploy.deploy.registry import RUNNERS
+
+    root.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"machine": {"python": platform.python_version(), "cores": _cores()},
+                              "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                              "new_tokens": new, "prompt_len": prompt_len, "batch": 1, "runs": []}
+    bw, bw_how = read_bandwidth()
+    result["bandwidth"] = {"bytes_per_s": bw, "how": bw_how}
+    log(f"read bandwidth {bw / 1e9:.1f} GB/s ({bw_how})")
+
+    hf_model, ckpt = hf_gpt2(root)
+    arts: dict[str, Path] = {}
+    fp32 = artifact_at(ckpt, root / "gpt-small-fp32", "fp32")
+    arts["fp32"] = fp32
+    for p in precisions:
+        if p == "fp32":
+            continue
+        try:
+            a = artifact_at(ckpt, root / f"gpt-small-{p}", p, fp32=fp32)
+        except XDeployError as e:
+            log(f"{p}: not available ({e})")
+            a = None
+        if a is not None:
+            arts[p] = a
+    cfg = hf_model.config
+    prompt = np.random.default_rng(0).integers(0, cfg.vocab_size - 1, size=prompt_len).tolist()
+
+    log(f"Hugging Face transformers generate, {new} new tokens ...")
+    hf = run_hf(hf_model, prompt, new)
+    log(f"  HF: {hf['tokens_per_s']:.1f} tokens/s ({hf['threads']} torch threads)")
+    result["hf"] = {k: v for k, v in hf.items() if k != "tokens"}
+
+    ref_tokens = None
+    # runner variants (ov:bf16 = OpenVINO computing in bf16) are compute hints: run them on the fp32 graph only
+    combos = [("torch", "fp32")] + [(r, p) for p in arts for r in runners
+                                    if r != "torch" and (":" not in r or p == "fp32")]
+    for runner, prec in combos:
+        if runner.partition(":")[0] not in RUNNERS:
+            continue
+        log(f"{runner} {prec}: {new} new tokens ...")
+        try:
+            r = run_generator(arts[prec], runner, prompt, new)
+        except XDeployError as e:
+            log(f"  skipped: {e}")
+            result["runs"].append({"runner": runner, "precision": prec, "error": str(e)})
+            continue
+        if ref_tokens is None:
+            ref_tokens = r["tokens"]
+        ag = token_agreement([ref_tokens], [r["tokens"]])
+        hb = weight_bytes_per_token(arts[prec] / "decode.onnx")
+        kv_bytes = 12 * 2 * 768 * (prompt_len + new) * 4  # the decode graph reads the whole cache (capacity C)
+        roof_tps = bw / (hb + kv_bytes)
+        r |= {"runner": runner, "precision": prec, "agreement": ag.agreement,
+              "first_divergence": ag.first_divergence[0], "hf_agreement": token_agreement([hf["tokens"]],
+                                                                                       [r["tokens"]]).agreement,
+              "weight_bytes_per_token": hb, "roofline_tokens_per_s": roof_tps,
+              "pct_of_roofline": 100.0 * r["decode_tokens_per_s"] / roof_tps,
+              "vs_hf": r["tokens_per_s"] / hf["tokens_per_s"]}  # end to end on both sides
+        result["runs"].append({k: v for k, v in r.items() if k != "tokens"})
+        log(f"  ttft {r['ttft_s'] * 1e3:.1f} ms, step p50 {r['step_p50_s'] * 1e3:.2f} ms, "
+            f"{r['tokens_per_s']:.1f} tok/s end to end ({r['vs_hf']:.2f}x HF), agreement {ag.agreement:.3f}, "
+            f"{r['pct_of_roofline']:.0f}% of roofline ({hb / 1e6:.0f} MB weights/token)")
+
+    if recompute:
+        best_fp32 = max((r for r in result["runs"] if r.get("precision") == "fp32" and r["runner"] != "torch"
+                         and "error" not in r), key=lambda r: r["tokens_per_s"], default=None)
+        runner = best_fp32["runner"] if best_fp32 else "ort"
+        log(f"{runner} fp32 recompute-everything, {new} new tokens (slow) ...")
+        rc = run_generator(arts["fp32"], runner, prompt, new, use_cache=False)
+        cached = next(r for r in result["runs"] if r["runner"] == runner and r["precision"] == "fp32")
+        result["recompute"] = {k: v for k, v in rc.items() if k != "tokens"} | {
+            "runner": runner, "same_tokens": rc["tokens"] == ref_tokens,
+            "cache_speedup_end_to_end": rc["total_s"] / cached["total_s"]}
+        log(f"  recompute {rc['tokens_per_s']:.2f} tok/s end to end; cache is "
+            f"{result['recompute']['cache_speedup_end_to_end']:.1f}x faster")
+
+    if seq2seq:
+        result["transformer_parity"] = transformer_parity(root, runners, log)
+    result["summary"] = summarize(result)
+    return result
+
+
+def transformer_parity(root: Path, runners: tuple[str, ...], log: Any, new: int = 128) -> dict[str, Any]:
+    """128-token greedy parity of transformer base, fp32: torch reference (cache) vs the other runners."""
+    from xdeploy.deploy.generate import GenerationConfig, Generator, token_agreement
+
+    art = artifact_at("", root / "transformer-base-fp32", "fp32", model="transformer", preset="base")
+    src = [np.random.default_rng(1).integers(3, 32000, size=24).tolist()]
+    gc = GenerationConfig(max_new_tokens=new, eos_token_id=-1)
+    out: dict[str, Any] = {}
+    ref = None
+    for runner in ("torch",) + tuple(r for r in runners if r != "torch" and ":" not in r):
+        try:
+            with Generator(art, runner) as g:
+                toks = g.generate(src, gc).tokens
+        except XDeployError as e:
+            out[runner] = {"error": str(e)}
+            continue
+        ref = ref or toks
+        ag = token_agreement(ref, toks)
+        out[runner] = {"agreement": ag.agreement, "first_divergence": ag.first_divergence[0],
+                       "distinct_tokens": len(set(toks[0]))}
+        log(f"transformer base {runner}: agreement {ag.agreement:.3f} over {new} tokens "
+            f"({len(set(toks[0]))} distinct tokens)")
+    return out
+
+
+def summarize(result: dict[str, Any]) -> dict[str, Any]:
+    runs = [r for r in result["runs"] if "error" not in r]
+    hf_tps = result["hf"]["tokens_per_s"]
+    fp32 = [r for r in runs if r["precision"] == "fp32" and r["runner"] != "torch"]
+    best_fp32 = max(fp32, key=lambda r: r["tokens_per_s"], default=None)
+    good = [r for r in runs if r["agreement"] >= 0.95 and r["runner"] != "torch"]
+    best = max(good, key=lambda r: r["tokens_per_s"], default=None)
+    s: dict[str, Any] = {"hf_tokens_per_s": hf_tps}
+    if best_fp32:
+        s |= {"fp32_best": f"{best_fp32['runner']} fp32", "fp32_vs_hf": best_fp32["vs_hf"],
+              "fp32_target_1_5x_met": best_fp32["vs_hf"] >= 1.5}
+    if best:
+        s |= {"best_95pct": f"{best['runner']} {best['precision']}", "best_vs_hf": best["vs_hf"],
+              "best_agreement": best["agreement"], "best_target_3x_met": best["vs_hf"] >= 3.0}
+    if "recompute" in result:
+        s["cache_vs_recompute"] = result["recompute"]["cache_speedup_end_to_end"]
+    return s
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = [f"decode benchmark, gpt small (GPT-2 124M, random HF init), batch 1, prompt {result['prompt_len']}, "
+             f"{result['new_tokens']} new tokens, greedy; {result['date_utc']}, {result['machine']['cores']} cores",
+             f"read bandwidth {result['bandwidth']['bytes_per_s'] / 1e9:.1f} GB/s ({result['bandwidth']['how']})",
+             f"Hugging Face transformers generate: {result['hf']['tokens_per_s']:.1f} tokens/s", "",
+             "| runner | precision | TTFT ms | step p50 ms | p90 | p99 | tok/s | decode tok/s | x HF | agreement | "
+             "first div. | MB/token | % roofline |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in result["runs"]:
+        if "error" in r:
+            lines.append(f"| {r['runner']} | {r['precision']} | unavailable: {r['error']} |")
+            continue
+        fd = "-" if r["first_divergence"] is None else str(r["first_divergence"])
+        lines.append(f"| {r['runner']} | {r['precision']} | {r['ttft_s'] * 1e3:.1f} | {r['step_p50_s'] * 1e3:.2f} | "
+                     f"{r['step_p90_s'] * 1e3:.2f} | {r['step_p99_s'] * 1e3:.2f} | {r['tokens_per_s']:.1f} | "
+                     f"{r['decode_tokens_per_s']:.1f} | "
+                     f"{r['vs_hf']:.2f} | {r['agreement']:.3f} | {fd} | {r['weight_bytes_per_token'] / 1e6:.0f} | "
+                     f"{r['pct_of_roofline']:.0f} |")
+    lines += ["", "per-token latency (median ms) by context length:"]
+    for r in result["runs"]:
+        if "error" not in r:
+            prof = ", ".join(f"{k}: {v * 1e3:.2f}" for k, v in r["by_context_s"].items())
+            lines.append(f"  {r['runner']} {r['precision']}: {prof}")
+    if "recompute" in result:
+        rc = result["recompute"]
+        lines.append(f"\nrecompute-everything ({rc['runner']} fp32): {rc['tokens_per_s']:.2f} tokens/s end to end; "
+                     f"the KV cache is {rc['cache_speedup_end_to_end']:.1f}x faster at {result['new_tokens']} new "
+                     f"tokens (same tokens: {rc['same_tokens']})")
+    if "transformer_parity" in result:
+        tp = ", ".join(f"{k}: {v.get('agreement', v.get('error'))}" for k, v in result["transformer_parity"].items())
+        lines.append(f"transformer base fp32, 128 greedy tokens, agreement with torch: {tp}")
+    lines.append(f"summary: {json.dumps(result['summary'])}")
+    return "\n".join(lines)
+
+
+def _cores() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m xdeploy.bench.decode_bench", description=__doc__.splitlines()[0])
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--runners", default="torch,ort,ov,ov:bf16")
+    p.add_argument("--precisions", default="fp32,fp16,int8")
+    p.add_argument("--quick", action="store_true", help="64 new tokens, no recompute run, no transformer parity")
+    p.add_argument("--no-recompute", action="store_true")
+    p.add_argument("--artifacts", default=str(ROOT), help=f"where artifacts are kept and reused (default {ROOT})")
+    p.add_argument("--json", metavar="FILE")
+    a = p.parse_args(argv)
+    try:
+        res = run(new=64 if a.quick else a.new_tokens, prompt_len=a.prompt_len,
+                  runners=tuple(a.runners.split(",")), precisions=tuple(a.precisions.split(",")),
+                  recompute=not (a.quick or a.no_recompute), seq2seq=not a.quick, root=Path(a.artifacts))
+    except XDeployError as e:
+        print(f"decode_bench: error: {e}", file=sys.stderr)
+        return e.exit_code
+    print(render(res))
+    if a.json:
+        from xdeploy.fsutil import atomic_write_json
+
+        atomic_write_json(a.json, res)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
