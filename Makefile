@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install demo test lint clean cpp
+.PHONY: install demo test lint clean cpp serve-env
 
 # torch==2.13.0 is pinned (constraints.txt): it is the CPU wheel; an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml constraints.txt
@@ -19,7 +19,7 @@ demo: install
 	$(VENV)/bin/xdeploy models
 	for m in transformer bert gpt vit; do $(VENV)/bin/xdeploy export $$m --preset tiny --out artifacts/$$m-tiny-fp32 --force || exit 1; done
 
-test: install cpp
+test: install cpp serve-env
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 
@@ -30,7 +30,22 @@ cpp: install
 	cmake --build deploy/cpp/build -j2
 
 lint: install
+# Lean serving env for `xdeploy serve` (deploy/serve.py): PyTriton's Python stub fails under Python 3.11 and works
+# under 3.13, and the server needs no torch. Pinned in requirements-serve.txt; xdeploy installed --no-deps on top.
+PYTHON_SERVE ?= $(shell for p in python3.13 $$(pyenv root 2>/dev/null)/versions/3.13*/bin/python3.13; do \
+	$$p -c 'import sys' >/dev/null 2>&1 && { command -v $$p || echo $$p; } && break; done)
+SERVE_VENV  ?= .venv-serve
+SERVE_STAMP := $(SERVE_VENV)/.installed-stamp
+$(SERVE_STAMP): requirements-serve.txt pyproject.toml
+	@test -n "$(PYTHON_SERVE)" || { echo "make serve-env: needs Python 3.13 (set PYTHON_SERVE=/path/to/python3.13)"; exit 1; }
+	$(PYTHON_SERVE) -m venv $(SERVE_VENV)
+	$(SERVE_VENV)/bin/python -m pip install -q -r requirements-serve.txt
+	$(SERVE_VENV)/bin/python -m pip install -q --no-deps -e .
+	touch $(SERVE_STAMP)
+
+serve-env: $(SERVE_STAMP)
+
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) artifacts reports/latest deploy/cpp/build
+	rm -rf $(VENV) $(SERVE_VENV) artifacts reports/latest deploy/cpp/build

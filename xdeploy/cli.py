@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "roofline": "measure the machine's peak GEMM FLOP/s (fp32, bf16, int8) and memory bandwidth",
     "scale": "attention scaling with sequence length: latency, memory, fitted exponents, analytic model",
     "triton": "write a Triton Inference Server model repository (config.pbtxt, ensemble for text) from an artifact",
+    "serve": "serve an embedding artifact on a real Triton server (PyTriton) over HTTP and gRPC, loopback by default",
 }
 
 

@@ -1,0 +1,279 @@
+"""A real Triton Inference Server (through PyTriton) serving an embedding artifact: strings in, vectors out.
+
+    with ServerProcess("artifacts/minilm") as srv:          # starts tritonserver on free loopback ports
+        srv.http_url, srv.grpc_url                           # "127.0.0.1:PORT"; model "embedder"
+    # leaving the block sends SIGTERM; the server stops tritonserver and exits; stragglers are killed
+
+Model `embedder` (name configurable): input TEXT BYTES [-1 batch, 1] (UTF-8), output EMBEDDING FP32 [batch, d];
+Triton's dynamic batcher merges concurrent requests (max_batch_size, max queue delay) into one
+`Embedder.embed` call (tokenize, length-sorted batches, run, pool from the manifest). Health/readiness are
+Triton's own: GET /v2/health/live, /v2/health/ready, /v2/models/embedder/ready; gRPC ServerReady/ModelReady.
+
+Why a second Python: PyTriton's Python-backend stub fails under this machine's Python 3.11
+(`'_thread.RLock' object has no attribute '_recursion_count'`) and works under 3.13, and the server needs no
+torch. So the server runs in a lean environment (`make serve-env` -> .venv-serve: Python 3.13, onnxruntime,
+tokenizers, numpy, nvidia-pytriton, xdeploy installed --no-deps); `xdeploy serve` in the main environment
+launches `python -m xdeploy.deploy.serve` there. `serve_python()` says which interpreter is used.
+
+Shutdown: SIGINT or SIGTERM -> Triton.stop() (tritonserver gets SIGTERM, in-flight requests finish, the
+workspace is removed) -> exit 0. The launcher puts the server in its own process group and kills the group if
+it has not exited after `stop_timeout` seconds, so no tritonserver is left behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from xdeploy.errors import XDeployError
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+READY_MARK = "XDEPLOY-SERVE-READY"
+SERVE_ENV = Path(__file__).resolve().parents[1] / ".venv-serve"  # repository checkout: make serve-env
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    model_name: str = "embedder"
+    max_batch_size: int = 32  # sentences per Triton batch (= per Embedder.embed call)
+    max_queue_delay_us: int = 2000  # dynamic batcher: longest wait for more requests
+    runner: str = "ort"
+    threads: int = 0  # runner threads (0 = backend default)
+    allow_remote: bool = False  # bind a non-loopback host only when asked
+
+    def args(self) -> list[str]:
+        return ["--host", self.host, "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
+                "--model-name", self.model_name, "--max-batch-size", str(self.max_batch_size),
+                "--max-queue-delay-us", str(self.max_queue_delay_us), "--runner", self.runner,
+                "--threads", str(self.threads)] + (["--allow-remote"] if self.allow_remote else [])
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def check_host(host: str, allow_remote: bool) -> None:
+    if host not in LOOPBACK and not allow_remote:
+        raise XDeployError(f"refusing to bind {host!r}: the server binds loopback (127.0.0.1) unless "
+                           "--allow-remote is given")
+
+
+def _can_serve_here() -> bool:
+    if sys.version_info < (3, 12):  # the PyTriton stub problem above
+        return False
+    import importlib.util
+
+    return importlib.util.find_spec("pytriton") is not None
+
+
+def serve_python() -> str:
+    """The interpreter that runs the server: $XDEPLOY_SERVE_PYTHON, this one if it can, or .venv-serve's."""
+    env = os.environ.get("XDEPLOY_SERVE_PYTHON")
+    if env:
+        if not Path(env).exists():
+            raise XDeployError(f"XDEPLOY_SERVE_PYTHON={env} does not exist")
+        return env
+    if _can_serve_here():
+        return sys.executable
+    py = SERVE_ENV / "bin" / "python"
+    if not py.exists():
+        raise XDeployError(f"no serving environment: {py} is missing; create it with `make serve-env` "
+                           "(Python 3.13 + nvidia-pytriton), or set XDEPLOY_SERVE_PYTHON")
+    return str(py)
+
+
+# ------------------------------------------------------------------------- the server (serving env) ----
+
+def run_server(artifact: str | Path, options: ServeOptions, *, ready: threading.Event | None = None,
+               stop: threading.Event | None = None) -> int:
+    """Serve until SIGINT/SIGTERM (or `stop` is set, or tritonserver dies). Runs in the serving environment."""
+    import numpy as np
+    from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
+    from pytriton.triton import Triton, TritonConfig
+
+    from .embedder import Embedder
+
+    check_host(options.host, options.allow_remote)
+    emb = Embedder(artifact, runner=options.runner, batch_size=min(options.max_batch_size, 32),
+                   threads=options.threads)
+
+    def infer(requests: list[Any]) -> list[dict[str, np.ndarray]]:
+        # requests merged by Triton's dynamic batcher; each holds TEXT object [n_i, 1] of UTF-8 bytes.
+        # One embed call for all of them (length-sorted batching inside), then split back per request.
+        texts = [r["TEXT"] for r in requests]
+        for t in texts:
+            if t.ndim != 2 or t.shape[1] != 1:
+                raise XDeployError(f"TEXT must have shape [batch, 1], got {list(t.shape)}")
+        vecs = emb.embed([x for t in texts for x in t[:, 0].tolist()])  # [sum n_i, d]
+        out, k = [], 0
+        for t in texts:
+            out.append({"EMBEDDING": vecs[k:k + len(t)]})
+            k += len(t)
+        return out
+
+    stop = stop or threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(sig, lambda *_: stop.set())
+    config = TritonConfig(http_address=options.host, http_port=options.http_port, grpc_address=options.host,
+                          grpc_port=options.grpc_port, allow_metrics=False, exit_timeout_secs=5)
+    triton = Triton(config=config)
+    try:
+        triton.bind(model_name=options.model_name, infer_func=infer,
+                    inputs=[Tensor(name="TEXT", dtype=bytes, shape=(1,))],
+                    outputs=[Tensor(name="EMBEDDING", dtype=np.float32, shape=(emb.dim,))],
+                    config=ModelConfig(max_batch_size=options.max_batch_size, batcher=DynamicBatcher(
+                        max_queue_delay_microseconds=options.max_queue_delay_us)))
+        triton.run()  # starts tritonserver, loads the model, waits until it is ready
+        print(f"{READY_MARK} http={options.host}:{options.http_port} grpc={options.host}:{options.grpc_port} "
+              f"model={options.model_name} dim={emb.dim}", flush=True)
+        if ready is not None:
+            ready.set()
+        while not stop.wait(0.5):
+            if not triton.is_alive():
+                print("xdeploy serve: tritonserver exited", file=sys.stderr, flush=True)
+                return 1
+        return 0
+    finally:
+        triton.stop()
+        emb.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m xdeploy.deploy.serve")
+    p.add_argument("artifact")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--model-name", default="embedder")
+    p.add_argument("--max-batch-size", type=int, default=32)
+    p.add_argument("--max-queue-delay-us", type=int, default=2000)
+    p.add_argument("--runner", default="ort")
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--allow-remote", action="store_true")
+    a = p.parse_args(argv)
+    opts = ServeOptions(host=a.host, http_port=a.http_port, grpc_port=a.grpc_port, model_name=a.model_name,
+                        max_batch_size=a.max_batch_size, max_queue_delay_us=a.max_queue_delay_us, runner=a.runner,
+                        threads=a.threads, allow_remote=a.allow_remote)
+    try:
+        return run_server(a.artifact, opts)
+    except XDeployError as e:
+        print(f"xdeploy: error: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
+
+
+# ------------------------------------------------------------------------- the launcher (any env) ----
+
+class ServerProcess:
+    """Start the server in the serving environment as a child process group; stop it and everything under it."""
+
+    def __init__(self, artifact: str | Path, options: ServeOptions | None = None, *, start_timeout: float = 120.0,
+                 stop_timeout: float = 20.0, log: str | Path | None = None, python: str | None = None) -> None:
+        from xdeploy.export.artifact import load_artifact
+
+        self.artifact = load_artifact(artifact).path  # one-line errors before a process is started
+        self.options = options or ServeOptions(http_port=free_port(), grpc_port=free_port())
+        check_host(self.options.host, self.options.allow_remote)
+        self.start_timeout, self.stop_timeout = start_timeout, stop_timeout
+        self.python = python or serve_python()
+        self.log = Path(log) if log else None
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.options.host}:{self.options.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.options.host}:{self.options.grpc_port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def ready(self) -> bool:
+        url = f"http://{self.http_url}/v2/models/{self.options.model_name}/ready"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:  # loopback only (check_host)
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def start(self) -> ServerProcess:
+        out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115 - closed in stop()
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env.pop("PYTHONPATH", None)  # the serving env has its own site-packages
+        # own session/process group: stop() can reach tritonserver and the Python-backend stubs under it
+        self.proc = subprocess.Popen([self.python, "-m", "xdeploy.deploy.serve", str(self.artifact),
+                                      *self.options.args()], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+        self._out = out
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                code = self.proc.returncode
+                self.stop()
+                raise XDeployError(f"the Triton server exited with code {code} while starting"
+                                   + (f"; see {self.log}" if self.log else "; pass a log file to see why"))
+            if self.ready():
+                return self
+            time.sleep(0.25)
+        self.stop()
+        raise XDeployError(f"the Triton server was not ready after {self.start_timeout:.0f} s")
+
+    def stop(self) -> int | None:
+        """SIGTERM, wait for a clean exit, then SIGKILL whatever is left in the process group. Returns the exit
+        code of the server process (None if it had to be killed)."""
+        if self.proc is None:
+            return None
+        code: int | None = None
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(self.stop_timeout)
+        except subprocess.TimeoutExpired:
+            code = None
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # stragglers (a hung tritonserver or stub)
+        if code is None:
+            self.proc.wait(10)
+        if self._out is not subprocess.DEVNULL:
+            self._out.close()
+        self.proc = None
+        return code
+
+    def wait(self) -> int:
+        assert self.proc is not None
+        return self.proc.wait()
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def describe(srv: ServerProcess) -> dict[str, Any]:
+    return {"http": srv.http_url, "grpc": srv.grpc_url, "model": srv.options.model_name, "python": srv.python,
+            "artifact": str(srv.artifact), "pid": srv.pid}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

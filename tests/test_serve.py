@@ -1,0 +1,168 @@
+"""A real Triton Inference Server (PyTriton, in the .venv-serve environment) on free loopback ports: concurrent
+HTTP and gRPC clients get the in-process Embedder's vectors, malformed requests get error responses while the
+server keeps serving, and SIGTERM / Ctrl-C stop it with no process left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import psutil
+import pytest
+import tritonclient.grpc as tg
+import tritonclient.http as th
+from tiny_text import tiny_text_artifact
+from tritonclient.utils import InferenceServerException
+
+from xdeploy.deploy.embedder import Embedder
+from xdeploy.deploy.serve import ServeOptions, ServerProcess, free_port, serve_python
+from xdeploy.errors import XDeployError
+
+SENTENCES = ["A man is playing a guitar.", "", "emoji 🎉🚀 and CJK 日本語のテキスト", "x",
+             "The quick brown fox jumps over the lazy dog. " * 20,  # > 64 tokens: truncated like the Embedder
+             "Stocks fell sharply on Tuesday after the central bank raised rates.", "Tabs\tand\nnewlines"]
+
+
+def _serve_env() -> str:
+    try:
+        return serve_python()
+    except XDeployError as e:
+        if os.environ.get("CI"):  # `make test` creates .venv-serve; in CI a missing env is a failure, not a skip
+            raise
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module")
+def art(tmp_path_factory):
+    return tiny_text_artifact(tmp_path_factory.getbasetemp())
+
+
+@pytest.fixture(scope="module")
+def server(art, tmp_path_factory):
+    _serve_env()
+    log = tmp_path_factory.getbasetemp() / "serve.log"
+    srv = ServerProcess(art, ServeOptions(http_port=free_port(), grpc_port=free_port(), max_batch_size=16,
+                                          max_queue_delay_us=5000), log=log)
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def ref(art):
+    with Embedder(art) as e:
+        yield e
+
+
+def _http(srv, texts, name="TEXT", dtype="BYTES"):
+    with th.InferenceServerClient(srv.http_url) as c:
+        inp = th.InferInput(name, [len(texts), 1], dtype)
+        if dtype == "BYTES":
+            inp.set_data_from_numpy(np.array([[t if isinstance(t, bytes) else t.encode()] for t in texts],
+                                             dtype=object))
+        else:
+            inp.set_data_from_numpy(np.zeros((len(texts), 1), np.float32))
+        return c.infer("embedder", [inp]).as_numpy("EMBEDDING")
+
+
+def _grpc(srv, texts):
+    with tg.InferenceServerClient(srv.grpc_url) as c:
+        inp = tg.InferInput("TEXT", [len(texts), 1], "BYTES")
+        inp.set_data_from_numpy(np.array([[t.encode()] for t in texts], dtype=object))
+        return c.infer("embedder", [inp]).as_numpy("EMBEDDING")
+
+
+def test_health_readiness_and_model_config(server):
+    with th.InferenceServerClient(server.http_url) as c:
+        assert c.is_server_live() and c.is_server_ready() and c.is_model_ready("embedder")
+        meta = c.get_model_metadata("embedder")
+        assert meta["inputs"] == [{"name": "TEXT", "datatype": "BYTES", "shape": [-1, 1]}]
+        assert meta["outputs"] == [{"name": "EMBEDDING", "datatype": "FP32", "shape": [-1, 32]}]
+        cfg = c.get_model_config("embedder")
+        assert cfg["max_batch_size"] == 16 and cfg["dynamic_batching"]["max_queue_delay_microseconds"] == 5000
+    with tg.InferenceServerClient(server.grpc_url) as c:
+        assert c.is_server_live() and c.is_server_ready() and c.is_model_ready("embedder")
+
+
+def test_concurrent_http_and_grpc_requests_match_the_embedder(server, ref):
+    rng = np.random.default_rng(0)
+    jobs = []
+    for k in range(48):  # 48 requests of 1..5 sentences from 12 threads, half over gRPC
+        texts = [SENTENCES[i] + f" #{k}" for i in rng.integers(0, len(SENTENCES), rng.integers(1, 6))]
+        jobs.append((k % 2, texts))
+    with ThreadPoolExecutor(12) as pool:
+        outs = list(pool.map(lambda j: (_grpc if j[0] else _http)(server, j[1]), jobs))
+    for (_, texts), got in zip(jobs, outs):
+        assert got.shape == (len(texts), 32) and got.dtype == np.float32
+        np.testing.assert_allclose(got, ref.embed(texts), atol=2e-6, rtol=0)  # fp32 noise of other batchings
+
+
+def test_malformed_requests_get_errors_and_the_server_keeps_serving(server, ref):
+    with pytest.raises(InferenceServerException, match="not valid UTF-8"):
+        _http(server, [b"\xff\xfe not utf-8"])
+    with pytest.raises(InferenceServerException, match="(?i)input.*TXT|unexpected inference input"):
+        _http(server, ["hello"], name="TXT")
+    with pytest.raises(InferenceServerException, match="(?i)datatype|data type|FP32"):
+        _http(server, ["hello"], dtype="FP32")
+    with th.InferenceServerClient(server.http_url) as c:  # wrong shape: [2] is not [batch, 1]
+        inp = th.InferInput("TEXT", [1, 2], "BYTES")
+        inp.set_data_from_numpy(np.array([[b"a", b"b"]], dtype=object))
+        with pytest.raises(InferenceServerException):
+            c.infer("embedder", [inp])
+    np.testing.assert_allclose(_http(server, SENTENCES), ref.embed(SENTENCES), atol=2e-6, rtol=0)
+    assert server.proc.poll() is None
+
+
+def test_non_loopback_host_is_refused_before_starting(art):
+    with pytest.raises(XDeployError, match="refusing to bind '0.0.0.0'"):
+        ServerProcess(art, ServeOptions(host="0.0.0.0"))
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    p = psutil.Process(pid)
+    return [p, *p.children(recursive=True)]
+
+
+def test_sigterm_stops_the_server_and_leaves_no_process(server):
+    procs = _tree(server.pid)
+    names = {p.name() for p in procs}
+    assert any("tritonserver" in n for n in names), names
+    t0 = time.monotonic()
+    assert server.stop() == 0  # clean exit on SIGTERM (not killed)
+    _, alive = psutil.wait_procs(procs, timeout=5)
+    assert not alive, [(p.pid, p.name()) for p in alive]
+    assert time.monotonic() - t0 < 15
+    assert not server.ready()
+
+
+def test_cli_serve_stops_on_ctrl_c(art, tmp_path):
+    _serve_env()
+    http, grpc = free_port(), free_port()
+    js = tmp_path / "serve.json"
+    p = subprocess.Popen([sys.executable, "-m", "xdeploy.cli", "serve", str(art), "--http-port", str(http),
+                          "--grpc-port", str(grpc), "--json", str(js), "--log", str(tmp_path / "log")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not js.exists() and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        info = json.loads(js.read_text())
+        assert info["http"] == f"127.0.0.1:{http}" and info["model"] == "embedder"
+        procs = _tree(info["pid"])
+        with tg.InferenceServerClient(f"127.0.0.1:{grpc}") as c:
+            assert c.is_model_ready("embedder")
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+        assert p.returncode == 0, err
+        assert "stopped" in out
+        _, alive = psutil.wait_procs(procs, timeout=5)
+        assert not alive, [(q.pid, q.name()) for q in alive]
+    finally:
+        if p.poll() is None:
+            p.kill()
