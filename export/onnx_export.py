@@ -28,7 +28,8 @@ from xdeploy.models.spec import ExportSpec, Graph
 from .artifact import FORMAT, MANIFEST, SCHEMA_VERSION, spec_to_json, write_manifest_files
 
 SUPPORTED_OPSETS = (18, 23)  # 18: attention as MatMul/Softmax; 23: the native ONNX Attention op
-DEFAULT_OPSET = 23
+DEFAULT_OPSET = 23  # by measurement (python -m xdeploy.bench.export_lowering; docs/export.md)
+DEFAULT_OPTIMIZE = False  # by measurement, and fused com.microsoft ops would tie the artifact to onnxruntime
 TWO_GB = 2**31
 
 
@@ -105,12 +106,17 @@ def library_versions() -> dict[str, str]:
 
 def export(model: str, *, preset: str | None = None, checkpoint: str | Path | None = None, out: str | Path,
            opset: int = DEFAULT_OPSET, precision: str = "fp32", force: bool = False,
-           attn_impl: str | None = None, seed: int = 0, config_overrides: dict[str, Any] | None = None) -> Path:
+           attn_impl: str | None = None, seed: int = 0, optimize: bool = DEFAULT_OPTIMIZE, opt_level: int = 1,
+           precision_options: Any = None, config_overrides: dict[str, Any] | None = None) -> Path:
     """Export every graph of `model` into the artifact directory `out` (written atomically).
 
     `config_overrides` replaces preset config fields (e.g. {"max_positions": 4096} for scaling runs); the
-    manifest records the resulting config."""
+    manifest records the resulting config.
+
+    `optimize` applies onnxruntime's offline optimizations and transformer fusions (export/optimize.py) before
+    the precision conversion (export/precision.py; `precision_options` is a `PrecisionOptions`)."""
     from . import precision as prec
+    from .convert import convert_graph
 
     if opset not in SUPPORTED_OPSETS:
         raise XDeployError(f"unsupported opset {opset}; expected one of: {', '.join(map(str, SUPPORTED_OPSETS))}")
@@ -148,11 +154,13 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
         files: dict[str, str] = {}
         conversion: dict[str, Any] = {}
         meta = {"model": family.name, "preset": preset or "", "precision": precision, "opset": opset,
+                "optimized": optimize,
                 "schema_version": SCHEMA_VERSION, "source_sha256": source.get("sha256", source["weights_sha256"])}
         with torch.no_grad():
             for graph in spec.graphs:
                 proto = export_graph(module, graph, spec, opset)
-                proto, info = prec.convert(proto, precision, graph=graph, spec=spec)
+                proto, info = convert_graph(proto, precision, graph=graph, spec=spec, model=family.name, config=cfg,
+                                            optimize=optimize, opt_level=opt_level, options=precision_options)
                 conversion[graph.name] = info
                 set_metadata(proto, meta | {"graph": graph.name,
                                             "inputs": ",".join(t.name for t in graph.inputs),
@@ -167,7 +175,7 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
         manifest: dict[str, Any] = {
             "format": FORMAT, "schema_version": SCHEMA_VERSION, "model": family.name, "preset": preset,
             "source": source, "config": dataclasses.asdict(cfg), "precision": precision, "opset": opset,
-            "attn_impl": cfg.attn_impl, "graphs": graphs, "axes": axes, "tolerances": tols,
+            "attn_impl": cfg.attn_impl, "optimized": optimize, "graphs": graphs, "axes": axes, "tolerances": tols,
             "conversion": conversion,
             "pooling": dataclasses.asdict(pooling) if pooling else None,
             "versions": library_versions(), "export_seconds": round(time.perf_counter() - t0, 3),

@@ -15,6 +15,7 @@ from xdeploy.errors import XDeployError
 COMMANDS: dict[str, str] = {
     "models": "list models, presets, parameter counts and FLOPs",
     "export": "export a model or checkpoint to an ONNX artifact directory",
+    "convert": "derive an fp16 / int8 / optimized artifact from an fp32 artifact (no PyTorch needed)",
     "generate": "generate tokens with a KV cache (greedy, sampling, beam search) on any runner",
     "embed": "embed sentences (one per line) with an encoder artifact -> .npy / JSON lines",
     "report": "render records into a report, or compare two reports (exit 1 on a regression)",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from xdeploy.commands import add_json_option, write_json
-from xdeploy.export.onnx_export import DEFAULT_OPSET, export
-from xdeploy.export.precision import EXPORT_PRECISIONS
+from xdeploy.export.onnx_export import DEFAULT_OPSET, DEFAULT_OPTIMIZE, export
+from xdeploy.export.precision import EXPORT_PRECISIONS, FP16_BLOCK_OPS, PrecisionOptions
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -17,9 +17,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--opset", type=int, default=DEFAULT_OPSET, help=f"ONNX opset (default {DEFAULT_OPSET})")
     p.add_argument("--precision", default="fp32", help=f"one of {', '.join(EXPORT_PRECISIONS)}")
     p.add_argument("--attn-impl", choices=("sdpa", "math"), help="attention kernel to export (default sdpa)")
+    add_conversion_arguments(p)
     p.add_argument("--out", metavar="DIR", help="artifact directory (default artifacts/MODEL-PRESET-PRECISION)")
     p.add_argument("--force", action="store_true", help="replace an existing artifact directory")
     add_json_option(p)
+
+
+def add_conversion_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of the optimize + precision pipeline (shared with `xdeploy convert`)."""
+    g = p.add_argument_group("optimization and precision")
+    g.add_argument("--optimize", action=argparse.BooleanOptionalAction, default=DEFAULT_OPTIMIZE,
+                   help="onnxruntime offline optimization + transformer fusions (fused ops run on onnxruntime "
+                        f"only; default {'on' if DEFAULT_OPTIMIZE else 'off'})")
+    g.add_argument("--opt-level", type=int, default=1, choices=(0, 1, 2),
+                   help="onnxruntime level before the fusions: 0 none, 1 basic, 2 extended (default 1)")
+    g.add_argument("--fp16-block-ops", metavar="OPS", default=",".join(FP16_BLOCK_OPS),
+                   help="comma-separated op types kept fp32 in fp16 graphs (default: norms, softmax, reductions)")
+    g.add_argument("--fp16-block-nodes", metavar="NODES", default="", help="node names kept fp32 in fp16 graphs")
+    g.add_argument("--no-amp", dest="amp", action="store_false",
+                   help="fp16: skip the layerwise search for diverging nodes (automatic mixed precision)")
+    g.add_argument("--int8-exclude", metavar="NODES", default="", help="node names left unquantized in int8 graphs")
+    g.add_argument("--int8-per-tensor", dest="int8_per_channel", action="store_false",
+                   help="int8: one scale per weight tensor instead of per output channel")
+
+
+def precision_options(args: argparse.Namespace) -> PrecisionOptions:
+    def names(s: str) -> tuple[str, ...]:
+        return tuple(x.strip() for x in s.split(",") if x.strip())
+
+    return PrecisionOptions(fp16_block_ops=names(args.fp16_block_ops), fp16_block_nodes=names(args.fp16_block_nodes),
+                            amp=args.amp, int8_exclude=names(args.int8_exclude),
+                            int8_per_channel=args.int8_per_channel)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,9 +56,28 @@ def run(args: argparse.Namespace) -> int:
     out = args.out or f"artifacts/{args.model}-{args.preset or ('ckpt' if args.checkpoint else 'default')}-" \
                       f"{args.precision}"
     path = export(args.model, preset=args.preset, checkpoint=args.checkpoint, out=out, opset=args.opset,
-                  precision=args.precision, force=args.force, attn_impl=args.attn_impl)
+                  precision=args.precision, force=args.force, attn_impl=args.attn_impl, optimize=args.optimize,
+                  opt_level=args.opt_level, precision_options=precision_options(args))
     art = load_artifact(path)
     graphs = ", ".join(g.name for g in art.spec.graphs)
-    print(f"exported {art.model} ({art.precision}, opset {art.opset}; graphs: {graphs}) -> {path}")
+    print(f"exported {art.model} ({art.precision}, opset {art.opset}{', optimized' if args.optimize else ''}; "
+          f"graphs: {graphs}) -> {path}")
+    print_conversion(art.manifest)
     write_json(args.json, dict(art.manifest) | {"path": str(path)})
     return 0
+
+
+def print_conversion(manifest: dict) -> None:
+    """One line per graph: what the precision conversion kept fp32 / quantized and which ops were fused."""
+    for g, info in (manifest.get("conversion") or {}).items():
+        parts = []
+        if info.get("precision") == "fp16":
+            amp = [k for k in info.get("kept_fp32", []) if k.get("reason") == "amp"]
+            parts.append(f"{len(info.get('kept_fp32', []))} nodes kept fp32 ({len(amp)} by AMP), "
+                         f"{info.get('fp16_nodes', 0)} fp16")
+        if info.get("precision") == "int8":
+            parts.append("quantized " + ", ".join(f"{v} {k}" for k, v in info.get("quantized_ops", {}).items()))
+        if info.get("fused_ops"):
+            parts.append("fused " + ", ".join(f"{v} {k}" for k, v in info["fused_ops"].items()))
+        if parts:
+            print(f"  {g}: " + "; ".join(parts))
