@@ -60,6 +60,13 @@ KINDS: dict[str, dict[str, tuple[str, bool]]] = {
         "achieved_flops": (_NUM, False),
         "patch_size": (_INT, True),  # ViT rows: T is the token count of this patch size; null otherwise
     },
+    "loadtest": {  # xdeploy loadtest: one concurrency level against a Triton embedding server on loopback
+        "target": (_STR, False), "server": (_STR, False), "model": (_STR, False), "protocol": (_STR, False),
+        "concurrency": (_INT, False), "batch": (_INT, False),  # client threads; sentences per request
+        "requests": (_INT, False), "errors": (_INT, False), "sentences": (_INT, False),  # sentences served
+        "timed_s": (_NUM, False), "requests_per_s": (_NUM, False), "sentences_per_s": (_NUM, False),
+        "latency_s": (_OBJ, False),  # per request, of successful requests (of errors if none succeeded)
+    },
     "profile": {  # onnxruntime profiler: kernel time per op type at one T (xdeploy scale)
         "model": (_STR, False), "runner": (_STR, False), "lowering": (_STR, False), "T": (_INT, False),
         "batch": (_INT, False),

@@ -124,6 +124,33 @@ def test_non_loopback_host_is_refused_before_starting(art):
         ServerProcess(art, ServeOptions(host="0.0.0.0"))
 
 
+def test_loadtest_over_http_and_grpc(server, tmp_path, capsys):
+    from xdeploy.bench.records import read_records, validate_record
+    from xdeploy.cli import main
+    from xdeploy.deploy.loadtest import LoadOptions, loadtest
+
+    recs = loadtest(f"grpc://localhost:{server.options.grpc_port}",
+                    LoadOptions(concurrency=(1, 3), requests=12, time_limit=20, batch=3, warmup=2))
+    assert [r["concurrency"] for r in recs] == [1, 3]
+    for r in recs:
+        validate_record(r)
+        assert r["kind"] == "loadtest" and r["protocol"] == "grpc" and r["errors"] == 0 and r["requests"] == 12
+        assert r["sentences"] == 36 and r["sentences_per_s"] == pytest.approx(3 * r["requests_per_s"])
+        assert 0 < r["latency_s"]["p50"] <= r["latency_s"]["p99"] <= r["timed_s"]
+    js, jl = tmp_path / "lt.json", tmp_path / "lt.jsonl"
+    assert main(["loadtest", f"http://{server.http_url}", "--concurrency", "2", "--requests", "6",
+                 "--json", str(js), "--records", str(jl)]) == 0
+    assert "req/s" in capsys.readouterr().out
+    (r,) = read_records(jl)
+    assert r["protocol"] == "http" and r["requests"] == 6 and json.loads(js.read_text())["records"][0] == r
+    for url, msg in [("http://10.0.0.1:8000", "only sends traffic to loopback"), ("ftp://127.0.0.1:1", "scheme"),
+                     ("http://127.0.0.1", "needs a port")]:
+        with pytest.raises(XDeployError, match=msg):
+            loadtest(url)
+    with pytest.raises(XDeployError, match="concurrency levels"):
+        loadtest(f"http://{server.http_url}", LoadOptions(concurrency=(0,)))
+
+
 def _tree(pid: int) -> list[psutil.Process]:
     p = psutil.Process(pid)
     return [p, *p.children(recursive=True)]

@@ -1,0 +1,67 @@
+"""xdeploy loadtest: bounded load test of a Triton embedding server on loopback (URL, or ARTIFACT: start one)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+from xdeploy.commands import add_json_option, write_json
+from xdeploy.errors import XDeployError
+
+
+def _levels(s: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in s.split(",") if x.strip())
+    except ValueError:
+        raise XDeployError(f"--concurrency must be comma-separated integers, e.g. 1,4,16; got {s!r}") from None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("target", metavar="URL|ARTIFACT",
+                   help="http://127.0.0.1:PORT or grpc://127.0.0.1:PORT of a running server, or an artifact "
+                        "directory (a server is started on free loopback ports, tested, and stopped)")
+    p.add_argument("--concurrency", default="1,4,16", help="client threads per level (default 1,4,16)")
+    p.add_argument("--requests", type=int, default=200, help="requests per level, at most (default 200)")
+    p.add_argument("--time-limit", type=float, default=30.0, help="seconds per level, at most (default 30)")
+    p.add_argument("--batch", type=int, default=4, help="sentences per request (default 4)")
+    p.add_argument("--protocol", choices=("http", "grpc"), default="http",
+                   help="client protocol when the target has no scheme or is an artifact (default http)")
+    p.add_argument("--model", default="embedder", help="Triton model name (default embedder)")
+    p.add_argument("--warmup", type=int, default=8, help="untimed requests first (default 8)")
+    p.add_argument("--log", metavar="FILE", help="with an ARTIFACT: append the server log to FILE")
+    p.add_argument("--records", metavar="FILE", help="also write the records as JSON lines (bench record format)")
+    add_json_option(p)
+
+
+def render(records: Sequence[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"loadtest {records[0]['target']} model {records[0]['model']!r}, "
+                    f"{records[0]['batch']} sentences/request")
+    for col in ("conc", "requests", "errors", "req/s", "sent/s", "p50 ms", "p90 ms", "p99 ms"):
+        t.add_column(col, justify="right")
+    for r in records:
+        lat = r["latency_s"]
+        t.add_row(str(r["concurrency"]), str(r["requests"]), str(r["errors"]), f"{r['requests_per_s']:.1f}",
+                  f"{r['sentences_per_s']:.1f}", *(f"{lat[k] * 1e3:.1f}" for k in ("p50", "p90", "p99")))
+    Console().print(t)
+    for r in records:
+        if r["note"]:
+            print(f"concurrency {r['concurrency']}: {r['note']}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from xdeploy.deploy.loadtest import LoadOptions, loadtest
+
+    o = LoadOptions(concurrency=_levels(args.concurrency), requests=args.requests, time_limit=args.time_limit,
+                    batch=args.batch, protocol=args.protocol, model=args.model, warmup=args.warmup)
+    records = loadtest(args.target, o, log=args.log)
+    render(records)
+    write_json(args.json, {"records": records})
+    if args.records:
+        from xdeploy.bench.records import write_records
+
+        write_records(args.records, records)
+    return 1 if all(r["errors"] == r["requests"] for r in records) else 0
