@@ -210,16 +210,22 @@ def vit_table(image: int = 224, d: int = 768, heads: int = 12, patches: Sequence
 
 def _scale_record(model: str, lowering: str, t: int, batch: int, cfg: Any, result: dict[str, Any], mem: Any,
                   patch: int | None = None, note: str | None = None) -> dict[str, Any]:
+    from xdeploy.models.registry import get_family
+
     d, h = cfg.d_model, cfg.n_heads
     layers = getattr(cfg, "n_layers", None) or getattr(cfg, "n_encoder_layers", 0) + getattr(cfg, "n_decoder_layers", 0)
     an = analytic(d, cfg.d_ff, h, layers, t, batch)
+    # the model's own analytic FLOPs (embeddings, LM head, cross-attention included); the attention part and
+    # the score memory from the per-layer formula above
+    sizes = {"batch": batch} if model == "vit" else {"batch": batch, "seq": t, "src_seq": t}
+    flops = float(get_family(model).flops(cfg, sizes))
     st = result["stats"]
     lat = {k: st[k] for k in ("p50", "p90", "p99", "mean", "std", "min", "max")}
     return make_record("scale", result["fingerprint"], model=model, runner=lowering.split("-")[0],
                        lowering=lowering, T=t, batch=batch, d_model=d, n_heads=h, n_layers=layers,
                        latency_s=lat, iterations=int(st["n"]), memory=_mem_dict(mem) if mem else None,
-                       flops=an["flops"], attn_flops=an["attn_flops"], score_bytes=an["score_bytes"],
-                       achieved_flops=an["flops"] / st["p50"], patch_size=patch, note=note)
+                       flops=flops, attn_flops=an["attn_flops"], score_bytes=an["score_bytes"],
+                       achieved_flops=flops / st["p50"], patch_size=patch, note=note)
 
 
 def run_scale(model: str = "bert", *, preset: str | None = None, lowerings: Sequence[str] = DEFAULT_LOWERINGS,
@@ -252,10 +258,10 @@ def run_scale(model: str = "bert", *, preset: str | None = None, lowerings: Sequ
         raise XDeployError(f"model {model!r} has no sequence axis to scale (ViT: see --vit-patches)")
     overrides: dict[str, Any] = {"max_positions": max(max_t, base.max_positions)}
     if layers is not None:
-        key = "n_layers" if hasattr(base, "n_layers") else None
-        if key is None:
+        keys = [k for k in ("n_layers", "n_encoder_layers", "n_decoder_layers") if hasattr(base, k)]
+        if not keys:
             raise XDeployError(f"--layers is not supported for {model!r}")
-        overrides[key] = layers
+        overrides |= dict.fromkeys(keys, layers)
     cfg = get_config(model, preset, **overrides)
     ts = t_values(max_t)
     per_lowering = budget / max(1, len(lowerings))

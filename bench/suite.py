@@ -238,12 +238,14 @@ def run_bench(target: str, *, runners: Sequence[str], preset: str | None = None,
               opset: int | None = None, attn_impl: str | None = None, threads: int = 0, warmup: int = 3,
               min_iters: int = 10, max_iters: int = 200, max_seconds: float = 5.0, isolate: bool = True,
               parity: bool = False, peaks: Mapping[str, float] | None = None, fresh: bool = False,
-              log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+              log: Callable[[str], None] | None = None, failures: list[str] | None = None
+              ) -> list[dict[str, Any]]:
     """Benchmark every (artifact precision, runner, batch, seq); returns validated latency records.
 
     The torch runner ignores the artifact's precision (it runs the reference weights), so it runs once, on
     the first artifact. With `parity`, each runner's outputs are checked against PyTorch fp32 on the same
-    feeds with the tolerance of its precision (`parity_passed` in the record)."""
+    feeds with the tolerance of its precision (`parity_passed` in the record). A configuration that fails
+    (runtime error, child crash) is appended to `failures` and skipped; all failing raises XDeployError."""
     from xdeploy.deploy.registry import parse_spec
 
     from .roofline import load_peaks
@@ -259,6 +261,7 @@ def run_bench(target: str, *, runners: Sequence[str], preset: str | None = None,
     arts = resolve_artifacts(target, preset=preset, precisions=precisions, opset=opset, attn_impl=attn_impl,
                              fresh=fresh, log=log)
     records: list[dict[str, Any]] = []
+    failures = [] if failures is None else failures  # (runner, config) that failed: logged, not raised
     refs: dict[tuple, dict[str, np.ndarray]] = {}
     for i, art in enumerate(arts):
         configs, skipped = bench_configs(art, batches, seqs)
@@ -272,20 +275,29 @@ def run_bench(target: str, *, runners: Sequence[str], preset: str | None = None,
                 job = BenchJob(runner=spec, artifact=str(art.path), sizes=tuple(sizes.items()), threads=threads,
                                warmup=warmup, min_iters=min_iters, max_iters=max_iters, max_seconds=max_seconds,
                                return_outputs=parity)
-                result, mem = run_job(job, isolate=isolate)
+                try:
+                    result, mem = run_job(job, isolate=isolate)
+                except (XDeployError, RuntimeError) as e:  # one runner failing must not lose the others
+                    msg = str(e).strip().splitlines()[-1][:200] if str(e).strip() else type(e).__name__
+                    failures.append(f"{spec} on {art.precision} {sizes}: {msg}")
+                    if log:
+                        log(f"[red]failed[/red] {failures[-1]}")
+                    continue
                 ok = None
                 note = None
                 if parity:
                     key = (art.model, art.manifest.get("source", {}).get("weights_sha256"), job.sizes)
                     if key not in refs:
                         ref_job = dataclasses.replace(job, runner="torch", warmup=0, min_iters=1, max_iters=1)
-                        refs[key] = run_job(ref_job, isolate=isolate)[0]["outputs"]
+                        refs[key] = run_job(ref_job, isolate=False)[0]["outputs"]  # outputs only: in-process
                     ok, why = check_parity(art, job, result["outputs"], refs[key], result["info"]["precision"])
                     note = None if ok else f"parity failed: {why}"[:300]
                 rec = latency_record(art, job, result, mem, peaks, parity=ok, note=note)
                 records.append(rec)
                 if log:
                     log(row_text(rec))
+    if failures and not records:
+        raise XDeployError(f"every benchmark configuration failed; first: {failures[0]}")
     return records
 
 
