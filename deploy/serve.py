@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -156,6 +157,52 @@ def run_server(artifact: str | Path, options: ServeOptions, *, ready: threading.
         emb.close()
 
 
+def run_repository(repo: str | Path, options: ServeOptions, *, stop: threading.Event | None = None) -> int:
+    """Run PyTriton's bundled tritonserver on a model repository until SIGINT/SIGTERM. That build has only the
+    Python backend: serve repositories written with `xdeploy triton --graph-backend python`. Runs in the serving
+    environment (its numpy/tokenizers/onnxruntime are what the Python-backend models import)."""
+    import shutil
+    import tempfile
+
+    import pytriton
+
+    check_host(options.host, options.allow_remote)
+    root = Path(pytriton.__file__).parent / "tritonserver"
+    libs = Path(pytriton.__file__).parent.parent / "nvidia_pytriton.libs"
+    stub = root / "python_backend_stubs" / f"{sys.version_info[0]}.{sys.version_info[1]}" / "triton_python_backend_stub"
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+    with tempfile.TemporaryDirectory(prefix="xdeploy-tritonserver-") as tmp:
+        backends = Path(tmp) / "backends"
+        shutil.copytree(root / "backends", backends)
+        shutil.copy(stub, backends / "python" / "triton_python_backend_stub")  # the stub of this Python
+        env = dict(os.environ)
+        # the stub embeds the Python found on PATH: put this environment's first so models import its packages
+        env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+        env["LD_LIBRARY_PATH"] = ":".join(p for p in (env.get("LD_LIBRARY_PATH"), str(libs)) if p)
+        cmd = [str(root / "bin" / "tritonserver"), "--model-repository", str(Path(repo).resolve()),
+               "--backend-directory", str(backends), "--http-address", options.host, "--http-port",
+               str(options.http_port), "--grpc-address", options.host, "--grpc-port", str(options.grpc_port),
+               "--allow-metrics", "false", "--exit-timeout-secs", "5", "--exit-on-error", "true"]
+        proc = subprocess.Popen(cmd, env=env)
+        try:
+            while not stop.wait(0.5):
+                if proc.poll() is not None:
+                    print(f"xdeploy serve: tritonserver exited with code {proc.returncode}", file=sys.stderr)
+                    return 1
+            proc.send_signal(signal.SIGTERM)
+            try:
+                return 0 if proc.wait(15) == 0 else 1
+            except subprocess.TimeoutExpired:
+                return 1
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m xdeploy.deploy.serve")
     p.add_argument("artifact")
@@ -168,12 +215,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runner", default="ort")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--allow-remote", action="store_true")
+    p.add_argument("--repository", action="store_true", help="ARTIFACT is a Triton model repository")
     a = p.parse_args(argv)
     opts = ServeOptions(host=a.host, http_port=a.http_port, grpc_port=a.grpc_port, model_name=a.model_name,
                         max_batch_size=a.max_batch_size, max_queue_delay_us=a.max_queue_delay_us, runner=a.runner,
                         threads=a.threads, allow_remote=a.allow_remote)
     try:
-        return run_server(a.artifact, opts)
+        return run_repository(a.artifact, opts) if a.repository else run_server(a.artifact, opts)
     except XDeployError as e:
         print(f"xdeploy: error: {e}", file=sys.stderr, flush=True)
         return e.exit_code
@@ -181,14 +229,31 @@ def main(argv: list[str] | None = None) -> int:
 
 # ------------------------------------------------------------------------- the launcher (any env) ----
 
+def repository_model_name(repo: str | Path) -> str:
+    """The model clients call in a repository written by `xdeploy triton` (from its xdeploy-triton.json)."""
+    rec = Path(repo) / "xdeploy-triton.json"
+    try:
+        return str(json.loads(rec.read_text(encoding="utf-8"))["name"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise XDeployError(f"{repo} is not a model repository written by `xdeploy triton` "
+                           f"(no readable {rec.name})") from None
+
+
 class ServerProcess:
     """Start the server in the serving environment as a child process group; stop it and everything under it."""
 
     def __init__(self, artifact: str | Path, options: ServeOptions | None = None, *, start_timeout: float = 120.0,
-                 stop_timeout: float = 20.0, log: str | Path | None = None, python: str | None = None) -> None:
+                 stop_timeout: float = 20.0, log: str | Path | None = None, python: str | None = None,
+                 repository: bool = False) -> None:
         from xdeploy.export.artifact import load_artifact
 
-        self.artifact = load_artifact(artifact).path  # one-line errors before a process is started
+        self.repository = repository
+        if repository:  # a model repository from `xdeploy triton`; clients call the name it records
+            self.artifact = Path(artifact)
+            options = options or ServeOptions(http_port=free_port(), grpc_port=free_port(),
+                                              model_name=repository_model_name(artifact))
+        else:
+            self.artifact = load_artifact(artifact).path  # one-line errors before a process is started
         self.options = options or ServeOptions(http_port=free_port(), grpc_port=free_port())
         check_host(self.options.host, self.options.allow_remote)
         self.start_timeout, self.stop_timeout = start_timeout, stop_timeout
@@ -222,7 +287,8 @@ class ServerProcess:
         env.pop("PYTHONPATH", None)  # the serving env has its own site-packages
         # own session/process group: stop() can reach tritonserver and the Python-backend stubs under it
         self.proc = subprocess.Popen([self.python, "-m", "xdeploy.deploy.serve", str(self.artifact),
-                                      *self.options.args()], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                      *self.options.args(), *(["--repository"] if self.repository else [])],
+                                     stdout=out, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
         self._out = out
         deadline = time.monotonic() + self.start_timeout

@@ -5,7 +5,8 @@
 
 What is written (atomically: a temporary directory renamed into place), for a model named N:
 
-    DIR/N_onnx/config.pbtxt        platform onnxruntime_onnx (or tensorrt_plan with an engine file): inputs/outputs
+    DIR/N_onnx/config.pbtxt        platform onnxruntime_onnx (tensorrt_plan with an engine file; backend python with
+                                   --graph-backend python, for Triton builds without onnxruntime): inputs/outputs
     DIR/N_onnx/1/model.onnx        from the manifest (batch axis -> max_batch_size, other named axes -> -1),
                                    dynamic batching, instance groups, ORT execution accelerators (OpenVINO/TensorRT)
   and, for a text encoder with a tokenizer (strings in, vectors out):
@@ -35,6 +36,7 @@ from xdeploy.models.spec import Graph, TensorSpec
 
 KINDS = ("cpu", "gpu")
 ACCELERATORS = ("none", "openvino", "tensorrt")
+GRAPH_BACKENDS = ("onnxruntime", "python")
 DTYPES = {"int64": "TYPE_INT64", "int32": "TYPE_INT32", "float32": "TYPE_FP32", "float16": "TYPE_FP16",
           "bool": "TYPE_BOOL"}
 TEMPLATES = Path(__file__).parent  # triton_tokenizer_model.py, triton_pooling_model.py
@@ -55,6 +57,7 @@ class TritonOptions:
     engine: str | None = None  # a TensorRT engine file: platform tensorrt_plan instead of onnxruntime_onnx
     pad_to: int = 8  # tokenizer pads each request to a multiple of this (fewer shapes -> more batching)
     threads: int = 0  # ORT intra-op threads per instance (0 = ORT default)
+    graph_backend: str = "onnxruntime"  # "python": the graph runs in a Python-backend model with onnxruntime
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,10 @@ def _validate(art: Artifact, o: TritonOptions) -> None:
         raise XDeployError("--accelerator tensorrt runs on GPU instances; pass --kind gpu (or use openvino on CPU)")
     if o.accelerator == "openvino" and o.kind != "cpu":
         raise XDeployError("--accelerator openvino is a CPU execution accelerator; pass --kind cpu")
+    if o.graph_backend not in GRAPH_BACKENDS:
+        raise one_of("graph backend", o.graph_backend, GRAPH_BACKENDS)
+    if o.graph_backend == "python" and (o.accelerator != "none" or o.engine or o.kind != "cpu"):
+        raise XDeployError("--graph-backend python runs onnxruntime on CPU: no --accelerator, --engine or --kind gpu")
     if o.engine is not None:
         if not Path(o.engine).is_file():
             raise XDeployError(f"TensorRT engine file {o.engine} does not exist")
@@ -160,6 +167,8 @@ def onnx_model_config(art: Artifact, name: str, o: TritonOptions) -> Any:
     cfg = pb.ModelConfig(name=name, max_batch_size=o.max_batch_size if batched else 0)
     if o.engine:
         cfg.platform, cfg.default_model_filename = "tensorrt_plan", "model.plan"
+    elif o.graph_backend == "python":
+        cfg.backend = "python"  # deploy/triton_onnx_model.py runs model.onnx with onnxruntime
     else:
         cfg.platform, cfg.default_model_filename = "onnxruntime_onnx", "model.onnx"
     for t, coll in [(t, cfg.input) for t in g.inputs] + [(t, cfg.output) for t in g.outputs]:
@@ -270,6 +279,8 @@ def write_repository(artifact: Artifact | str | Path, out: str | Path, options: 
             shutil.copyfile(o.engine, tmp / onnx_name / "1" / "model.plan")
         else:
             shutil.copyfile(art.onnx_path(), tmp / onnx_name / "1" / "model.onnx")
+            if o.graph_backend == "python":
+                shutil.copyfile(TEMPLATES / "triton_onnx_model.py", tmp / onnx_name / "1" / "model.py")
             data = art.onnx_path().with_name(art.onnx_path().name + ".data")
             if data.exists():  # external weights (> 2 GB graphs) sit beside the graph under the same name
                 shutil.copyfile(data, tmp / onnx_name / "1" / data.name)
@@ -279,7 +290,8 @@ def write_repository(artifact: Artifact | str | Path, out: str | Path, options: 
             shutil.copyfile(art.tokenizer_dir / "tokenizer.json", tok_dir / "tokenizer.json")
             shutil.copyfile(TEMPLATES / "triton_pooling_model.py", tmp / f"{name}_pooling" / "1" / "model.py")
         rec = RepositoryRecord(path=str(Path(out)), name=name, models=tuple(sorted(configs)),
-                               platform=configs[onnx_name].platform, max_batch_size=configs[onnx_name].max_batch_size,
+                               platform=configs[onnx_name].platform or configs[onnx_name].backend,
+                               max_batch_size=configs[onnx_name].max_batch_size,
                                text=text, options=asdict(o))
         atomic_write_json(tmp / RECORD, {"artifact": str(art.path), "graph_sha256": art.manifest["files"].get(
             art.manifest["graphs"]["model"]["file"]), **asdict(rec)})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 import types
 from pathlib import Path
@@ -175,6 +176,8 @@ def test_plain_graph_accelerators_and_engine(tiny_bert, tmp_path):
     (TritonOptions(kind="tpu"), "unknown instance kind"),
     (TritonOptions(engine="/nonexistent.plan", kind="gpu"), "does not exist"),
     (TritonOptions(name="bad name!"), "model name"),
+    (TritonOptions(graph_backend="python", accelerator="openvino"), "graph-backend python runs onnxruntime on CPU"),
+    (TritonOptions(graph_backend="tf"), "unknown graph backend"),
 ])
 def test_bad_options_are_one_line_errors(tiny_bert, tmp_path, opts, msg):
     with pytest.raises(XDeployError, match=msg):
@@ -191,3 +194,63 @@ def test_cli(tiny_bert, tmp_path, capsys):
     assert main(["triton", str(tiny_bert), "--out", str(out), "--preferred-batch-sizes", "a,b"]) == 2
     assert main(["triton", str(tiny_bert), "--out", str(out), "--force", "--max-batch-size", "4"]) == 0
     assert cfg(out, "bert").max_batch_size == 4
+
+
+def test_generated_ensemble_runs_on_a_real_triton_server(text_art, tmp_path):
+    """The repository itself on the tritonserver bundled with PyTriton (Python backend only, so the graph runs in
+    the repository's Python-backend onnxruntime model): Triton parses every config.pbtxt, schedules the ensemble
+    tokenizer -> graph -> pooling, and answers strings with the Embedder's vectors."""
+    import psutil
+    import tritonclient.grpc as tg
+    import tritonclient.http as th
+    from tritonclient.utils import InferenceServerException
+
+    from xdeploy.deploy.serve import ServerProcess, serve_python
+
+    try:
+        serve_python()
+    except XDeployError as e:
+        if os.environ.get("CI"):  # `make test` creates .venv-serve
+            raise
+        pytest.skip(str(e))
+    repo = tmp_path / "repo"
+    write_repository(text_art, repo, TritonOptions(graph_backend="python", max_batch_size=8, max_queue_delay_us=3000))
+    texts = ["A man is playing a guitar.", "", "emoji 🎉 and 日本語", "fox " * 100, "x", "Tabs\tand\nnewlines"]
+    with ServerProcess(repo, repository=True, log=tmp_path / "triton.log") as srv, Embedder(text_art) as emb:
+        assert srv.options.model_name == "bert"
+        with tg.InferenceServerClient(srv.grpc_url) as c:  # Triton's view of our config equals the file
+            served = c.get_model_config("bert_onnx").config
+            assert served.max_batch_size == 8 and [i.name for i in served.input] == [
+                "input_ids", "attention_mask", "token_type_ids"]
+            assert list(served.dynamic_batching.preferred_batch_size) == [4, 8]
+
+        def call(k: int) -> np.ndarray:
+            batch = texts[k % 3:k % 3 + 1 + k % 4]
+            if k % 2:
+                with tg.InferenceServerClient(srv.grpc_url) as c:
+                    inp = tg.InferInput("TEXT", [len(batch), 1], "BYTES")
+                    inp.set_data_from_numpy(np.array([[t.encode()] for t in batch], dtype=object))
+                    got = c.infer("bert", [inp]).as_numpy("EMBEDDING")
+            else:
+                with th.InferenceServerClient(srv.http_url) as c:
+                    inp = th.InferInput("TEXT", [len(batch), 1], "BYTES")
+                    inp.set_data_from_numpy(np.array([[t.encode()] for t in batch], dtype=object))
+                    got = c.infer("bert", [inp]).as_numpy("EMBEDDING")
+            np.testing.assert_allclose(got, emb.embed(batch), atol=2e-6, rtol=0)
+            return got
+
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(6) as pool:
+            assert len(list(pool.map(call, range(18)))) == 18
+        with th.InferenceServerClient(srv.http_url) as c:
+            inp = th.InferInput("TEXT", [1, 1], "BYTES")
+            inp.set_data_from_numpy(np.array([[b"\xff not utf-8"]], dtype=object))
+            with pytest.raises(InferenceServerException, match="utf-8"):
+                c.infer("bert", [inp])
+        call(5)  # still serving
+        procs = [psutil.Process(srv.pid), *psutil.Process(srv.pid).children(recursive=True)]
+        assert any(p.name() == "tritonserver" for p in procs)
+        assert srv.stop() == 0
+    _, alive = psutil.wait_procs(procs, timeout=5)
+    assert not alive, [(p.pid, p.name()) for p in alive]

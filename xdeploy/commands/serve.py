@@ -11,12 +11,16 @@ from xdeploy.commands import add_json_option, write_json
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("artifact", help="text encoder artifact with a tokenizer (xdeploy export bert --checkpoint DIR)")
+    p.add_argument("artifact", help="text encoder artifact with a tokenizer (xdeploy export bert --checkpoint DIR), "
+                                    "or with --repository a model repository")
+    p.add_argument("--repository", action="store_true",
+                   help="ARTIFACT is a model repository from `xdeploy triton --graph-backend python`: serve it on "
+                        "PyTriton's bundled tritonserver (Python backend only)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: loopback only)")
     p.add_argument("--allow-remote", action="store_true", help="allow --host to be a non-loopback address")
     p.add_argument("--http-port", type=int, default=8000, help="HTTP/REST port (default 8000)")
     p.add_argument("--grpc-port", type=int, default=8001, help="gRPC port (default 8001)")
-    p.add_argument("--model-name", default="embedder", help="Triton model name (default embedder)")
+    p.add_argument("--model-name", help="Triton model name (default embedder; with --repository: the repository's)")
     p.add_argument("--max-batch-size", type=int, default=32, help="dynamic batching: sentences per batch (default 32)")
     p.add_argument("--max-queue-delay-us", type=int, default=2000,
                    help="dynamic batching: longest wait for more requests, microseconds (default 2000)")
@@ -28,13 +32,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from xdeploy.deploy.serve import ServeOptions, ServerProcess, describe
+    from xdeploy.deploy.serve import ServeOptions, ServerProcess, describe, repository_model_name
 
+    name = args.model_name or (repository_model_name(args.artifact) if args.repository else "embedder")
     opts = ServeOptions(host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
-                        model_name=args.model_name, max_batch_size=args.max_batch_size,
+                        model_name=name, max_batch_size=args.max_batch_size,
                         max_queue_delay_us=args.max_queue_delay_us, runner=args.runner, threads=args.threads,
                         allow_remote=args.allow_remote)
-    srv = ServerProcess(args.artifact, opts, start_timeout=args.start_timeout, log=args.log)
+    srv = ServerProcess(args.artifact, opts, start_timeout=args.start_timeout, log=args.log,
+                        repository=args.repository)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 
 from xdeploy.commands import add_json_option, write_json
-from xdeploy.deploy.triton import ACCELERATORS, KINDS, TritonOptions
+from xdeploy.deploy.triton import ACCELERATORS, GRAPH_BACKENDS, KINDS, TritonOptions
 from xdeploy.errors import XDeployError
 
 
@@ -32,6 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="dynamic batching preferred sizes (default: powers of two from 4 to max-batch-size)")
     p.add_argument("--engine", metavar="PLAN", help="serve this TensorRT engine (platform tensorrt_plan) "
                                                    "instead of the ONNX graph; needs --kind gpu")
+    p.add_argument("--graph-backend", choices=GRAPH_BACKENDS, default="onnxruntime",
+                   help="onnxruntime: platform onnxruntime_onnx (default); python: a Python-backend model running "
+                        "onnxruntime, for Triton builds without the onnxruntime backend (e.g. PyTriton's)")
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads per instance (0 = default)")
     p.add_argument("--force", action="store_true", help="replace an existing repository directory")
     add_json_option(p)
@@ -43,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     opts = TritonOptions(max_batch_size=args.max_batch_size, instances=args.instances, kind=args.kind,
                          accelerator=args.accelerator, max_queue_delay_us=args.max_queue_delay_us,
                          preferred_batch_sizes=_sizes(args.preferred_batch_sizes), name=args.name,
-                         engine=args.engine, threads=args.threads)
+                         engine=args.engine, threads=args.threads, graph_backend=args.graph_backend)
     rec = write_repository(args.artifact, args.out, opts, force=args.force)
     print(f"wrote Triton model repository {rec.path}: models {', '.join(rec.models)}; "
           f"clients call {rec.name!r} ({'strings in, vectors out' if rec.text else rec.platform})")
