@@ -46,6 +46,7 @@ class LoadOptions:
     model: str = "embedder"
     warmup: int = 8
     timeout: float = 60.0  # per request (client side)
+    baseline: bool = True  # ARTIFACT target: first time the same requests on the in-process Embedder (no server)
 
 
 def corpus(n: int, seed: int = 0) -> list[str]:
@@ -150,9 +151,42 @@ def loadtest(target: str | Path, options: LoadOptions | None = None, *, log: str
     t = str(target)
     if "://" in t or (not Path(t).exists() and ":" in t):
         return _run(*parse_target(t, o.protocol), o, server=None)
+    base = [_baseline(t, o)] if o.baseline else []  # before the server starts: the two never compete for cores
     srv_opts = ServeOptions(http_port=free_port(), grpc_port=free_port(), model_name=o.model)
     with ServerProcess(t, srv_opts, log=log) as srv:
-        return _run(o.protocol, srv.http_url if o.protocol == "http" else srv.grpc_url, o, server=srv)
+        return base + _run(o.protocol, srv.http_url if o.protocol == "http" else srv.grpc_url, o, server=srv)
+
+
+def _baseline(artifact: str, o: LoadOptions) -> dict[str, Any]:
+    """The same request stream, one at a time, on an in-process Embedder: what the server adds is the difference."""
+    from xdeploy.bench.fingerprint import fingerprint
+    from xdeploy.bench.latency import summarize
+    from xdeploy.bench.records import make_record
+
+    from .embedder import Embedder
+
+    texts = corpus(512)
+    lat: list[float] = []
+    with Embedder(artifact) as emb:
+        for k in range(o.warmup):
+            emb.embed(texts[k * o.batch:(k + 1) * o.batch])
+        deadline = time.monotonic() + o.time_limit
+        t0 = time.perf_counter()
+        for k in range(o.requests):
+            if time.monotonic() >= deadline:
+                break
+            batch = [texts[(k * o.batch + j) % len(texts)] for j in range(o.batch)]
+            t1 = time.perf_counter()
+            emb.embed(batch)
+            lat.append(time.perf_counter() - t1)
+        wall = time.perf_counter() - t0
+    st = summarize(lat)
+    return make_record("loadtest", fingerprint(), note="baseline: in-process Embedder (ort), no server, sequential"
+                       + ("; stopped at the time limit" if len(lat) < o.requests else ""),
+                       target=str(artifact), server="in-process Embedder", model=o.model, protocol="none",
+                       concurrency=1, batch=o.batch, requests=len(lat), errors=0, sentences=len(lat) * o.batch,
+                       timed_s=wall, requests_per_s=len(lat) / wall, sentences_per_s=len(lat) * o.batch / wall,
+                       latency_s={k: getattr(st, k) for k in ("p50", "p90", "p99", "mean", "std", "min", "max")})
 
 
 def _run(protocol: str, target: str, o: LoadOptions, server: ServerProcess | None) -> list[dict[str, Any]]:

@@ -151,6 +151,18 @@ def test_loadtest_over_http_and_grpc(server, tmp_path, capsys):
         loadtest(f"http://{server.http_url}", LoadOptions(concurrency=(0,)))
 
 
+def test_loadtest_of_an_artifact_starts_and_stops_its_own_server(art):
+    from xdeploy.deploy.loadtest import LoadOptions, loadtest
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    base, level = loadtest(art, LoadOptions(concurrency=(2,), requests=8, batch=2, warmup=1, time_limit=30))
+    assert base["server"] == "in-process Embedder" and base["requests"] == 8 and base["protocol"] == "none"
+    assert level["server"].startswith("xdeploy serve") and level["requests"] == 8 and level["errors"] == 0
+    time.sleep(0.5)
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    assert not left, [(p.pid, p.name()) for p in left]
+
+
 def _tree(pid: int) -> list[psutil.Process]:
     p = psutil.Process(pid)
     return [p, *p.children(recursive=True)]

@@ -29,6 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="client protocol when the target has no scheme or is an artifact (default http)")
     p.add_argument("--model", default="embedder", help="Triton model name (default embedder)")
     p.add_argument("--warmup", type=int, default=8, help="untimed requests first (default 8)")
+    p.add_argument("--no-baseline", dest="baseline", action="store_false",
+                   help="with an ARTIFACT: skip the in-process Embedder baseline row")
     p.add_argument("--log", metavar="FILE", help="with an ARTIFACT: append the server log to FILE")
     p.add_argument("--records", metavar="FILE", help="also write the records as JSON lines (bench record format)")
     add_json_option(p)
@@ -38,25 +40,28 @@ def render(records: Sequence[dict[str, Any]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"loadtest {records[0]['target']} model {records[0]['model']!r}, "
-                    f"{records[0]['batch']} sentences/request")
-    for col in ("conc", "requests", "errors", "req/s", "sent/s", "p50 ms", "p90 ms", "p99 ms"):
+    t = Table(title=f"loadtest {records[-1]['target']} model {records[-1]['model']!r}, "
+                    f"{records[-1]['batch']} sentences/request")
+    t.add_column("server")
+    for col in ("conc", "req", "errors", "req/s", "sent/s", "p50 ms", "p90 ms", "p99 ms"):
         t.add_column(col, justify="right")
     for r in records:
         lat = r["latency_s"]
-        t.add_row(str(r["concurrency"]), str(r["requests"]), str(r["errors"]), f"{r['requests_per_s']:.1f}",
+        kind = "local" if r["protocol"] == "none" else r["protocol"]  # local: in-process Embedder baseline
+        t.add_row(kind, str(r["concurrency"]), str(r["requests"]), str(r["errors"]), f"{r['requests_per_s']:.1f}",
                   f"{r['sentences_per_s']:.1f}", *(f"{lat[k] * 1e3:.1f}" for k in ("p50", "p90", "p99")))
     Console().print(t)
     for r in records:
         if r["note"]:
-            print(f"concurrency {r['concurrency']}: {r['note']}")
+            print(f"{'baseline' if r['protocol'] == 'none' else 'concurrency'} {r['concurrency']}: {r['note']}")
 
 
 def run(args: argparse.Namespace) -> int:
     from xdeploy.deploy.loadtest import LoadOptions, loadtest
 
     o = LoadOptions(concurrency=_levels(args.concurrency), requests=args.requests, time_limit=args.time_limit,
-                    batch=args.batch, protocol=args.protocol, model=args.model, warmup=args.warmup)
+                    batch=args.batch, protocol=args.protocol, model=args.model, warmup=args.warmup,
+                    baseline=args.baseline)
     records = loadtest(args.target, o, log=args.log)
     render(records)
     write_json(args.json, {"records": records})
