@@ -15,9 +15,10 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+# The main job: all four models -> fp32/fp16/int8 -> parity -> bench -> scale -> decode -> reports/latest/
+# (DEMO_ARGS=--full: base presets, for the reference report).
 demo: install
-	$(VENV)/bin/xdeploy models
-	for m in transformer bert gpt vit; do $(VENV)/bin/xdeploy export $$m --preset tiny --out artifacts/$$m-tiny-fp32 --force || exit 1; done
+	$(VENV)/bin/xdeploy run --out reports/latest $(DEMO_ARGS)
 
 test: install cpp serve-env
 	$(VENV)/bin/ruff check .

@@ -97,18 +97,13 @@ def is_eager_baseline(rec: Mapping[str, Any]) -> bool:
     return rec.get("runner") == "torch" and rec.get("precision") == "fp32" and rec.get("artifact_precision") == "fp32"
 
 
-def loglog_slope(x: Sequence[float], y: Sequence[float], *, upper: bool = True) -> float | None:
-    """Least-squares exponent k of y ~ x^k over the upper half of the points (at least 3; all when fewer
-    than 4): at small T fixed costs flatten the curve, the asymptotic exponent shows at large T."""
-    pts = sorted((float(a), float(b)) for a, b in zip(x, y) if a > 0 and b > 0)
-    if len(pts) < 2:
-        return None
-    if upper and len(pts) >= 4:
-        pts = pts[-max(3, len(pts) // 2):]
-    lx, ly = np.log([p[0] for p in pts]), np.log([p[1] for p in pts])
-    if np.ptp(lx) == 0:
-        return None
-    return float(np.polyfit(lx, ly, 1)[0])
+def fitted_exponent(ts: Sequence[float], ys: Sequence[float]) -> float | None:
+    """The exponent `xdeploy scale` reports: log-log slope over the upper range of T (bench/scale.py)."""
+    from xdeploy.bench.scale import fit_exponent, upper_range
+
+    upper = set(upper_range([int(t) for t in ts]))
+    sel = [(t, y) for t, y in zip(ts, ys) if int(t) in upper]
+    return fit_exponent([t for t, _ in sel], [y for _, y in sel])
 
 
 NOISY = 1.5  # p90 / p50 above this: the timing was disturbed (shared machine); speedups get a dagger
@@ -218,8 +213,8 @@ def _model_label(model: str, preset: str | None) -> str:
 
 
 def plot_scale(scale: list[Mapping[str, Any]], path: Path, *, memory: bool) -> bool:
-    """Latency (or peak RSS) vs T, log-log, one line per (runner, lowering), one panel per model."""
-    pts = [r for r in scale if not memory or (r.get("memory") or {}).get("peak_rss_bytes")]
+    """Latency (or activation memory) vs T, log-log, one line per lowering, one panel per model."""
+    pts = [r for r in scale if not memory or (r.get("memory") or {}).get("activations_bytes")]
     if not pts:
         return False
     plt = _plt()
@@ -227,24 +222,26 @@ def plot_scale(scale: list[Mapping[str, Any]], path: Path, *, memory: bool) -> b
     rows, cols = _grid(len(models))
     fig, axes = plt.subplots(rows, cols, figsize=(6.2 * cols, 4.4 * rows), squeeze=False)
     for ax, model in zip(axes.flat, models):
-        groups = _by([r for r in pts if r["model"] == model], "runner", "lowering", "batch")
-        for (runner, lowering, batch), rs in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        mine = [r for r in pts if r["model"] == model]
+        for (lowering, batch), rs in sorted(_by(mine, "lowering", "batch").items(), key=lambda kv: str(kv[0])):
             rs = sorted(rs, key=lambda r: r["T"])
             t = [r["T"] for r in rs]
-            y = [r["memory"]["peak_rss_bytes"] / 2**20 if memory else r["latency_s"]["p50"] * 1e3 for r in rs]
-            slope = loglog_slope(t, y)
-            label = f"{runner} {lowering}" + (f" b{batch}" if batch != 1 else "")
+            y = [r["memory"]["activations_bytes"] / 2**20 if memory else r["latency_s"]["p50"] * 1e3 for r in rs]
+            slope = fitted_exponent(t, y)
+            label = f"{lowering}" + (f" b{batch}" if batch != 1 else "")
             if slope is not None:
                 label += f" (slope {slope:.2f})"
             ax.plot(t, y, marker="o", ms=3.5, label=label)
-        _plain_log2_x(ax, [r["T"] for r in pts if r["model"] == model])
+        _plain_log2_x(ax, [r["T"] for r in mine])
         ax.set_yscale("log")
         ax.set_xlabel("sequence length T (tokens)")
-        ax.set_ylabel("peak RSS (MiB)" if memory else "latency p50 (ms)")
-        ax.set_title(f"{model}: {'peak host memory' if memory else 'latency'} vs T")
+        ax.set_ylabel("activation memory (MiB, peak RSS above the loaded model)" if memory else
+                      "latency p50 (ms)")
+        ax.set_title(f"{model} (d={mine[0]['d_model']}, {mine[0]['n_layers']} layers): "
+                     f"{'activation memory' if memory else 'latency'} vs T")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7.5, title="runner lowering (fitted log-log slope)" if not memory else
-                  "runner lowering (slope)", title_fontsize=7.5)
+        ax.legend(fontsize=7.5, title="lowering (log-log slope over the top 3 T)", title_fontsize=7.5)
+        ax.tick_params(axis="x", labelsize=8)
     for ax in list(axes.flat)[len(models):]:
         ax.set_visible(False)
     _save(fig, path)
@@ -315,7 +312,9 @@ def speed_error_points(records: Sequence[Mapping[str, Any]]) -> list[dict[str, A
         cfgs = _by([r for r in lat if r["model"] == model and id(r) in sp], "batch", "seq")
         if not cfgs:
             continue
-        (batch, seq), rs = max(cfgs.items(), key=lambda kv: (len(kv[1]), (kv[0][1] or 0) * kv[0][0]))
+        # prefer a config whose eager baseline was timed undisturbed, then the most runners, then the most work
+        (batch, seq), rs = max(cfgs.items(), key=lambda kv: (
+            not any(is_eager_baseline(r) and is_noisy(r) for r in kv[1]), len(kv[1]), (kv[0][1] or 0) * kv[0][0]))
         for r in rs:
             ps = par.get((model, r["runner"], r["artifact_precision"]))
             if not ps and is_eager_baseline(r):
@@ -350,6 +349,9 @@ def plot_speed_error(points: list[dict[str, Any]], path: Path) -> bool:
             ax.annotate(f"{p['runner']} {p['artifact_precision']}{ref}", (x, p["speedup"]), fontsize=7,
                         xytext=(4, 3), textcoords="offset points")
         ax.set_xscale("log")
+        sps = [p["speedup"] for p in ps]
+        if max(sps) / max(min(sps), 1e-12) > 20:
+            ax.set_yscale("log")  # a disturbed baseline can spread speedups over decades
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         ax.set_xlabel("max abs error vs PyTorch fp32 (worst output; log)")
         ax.set_ylabel("speedup vs PyTorch eager fp32 (×)")
@@ -464,42 +466,43 @@ def _roofline_section(roof: list[Mapping[str, Any]]) -> list[str]:
 
 
 def scale_fits(scale: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Per (model, runner, lowering, batch): measured latency and memory exponents over the upper T range,
-    next to the analytic FLOPs exponent over the same range, and the crossover T where attention FLOPs
-    (4·T²·d per layer) overtake the rest (24·T·d²): T* = 6·d for d_ff = 4d."""
-    out = []
-    for (model, runner, lowering, batch), rs in sorted(_by(scale, "model", "runner", "lowering", "batch").items(),
-                                                       key=lambda kv: tuple(map(str, kv[0]))):
-        rs = sorted(rs, key=lambda r: r["T"])
-        t = [r["T"] for r in rs]
-        mem = [(r["T"], r["memory"]["peak_rss_bytes"]) for r in rs
-               if (r.get("memory") or {}).get("peak_rss_bytes")]
-        cross = next((r["T"] for r in rs if r["attn_flops"] >= r["flops"] - r["attn_flops"]), None)
-        out.append({"model": model, "runner": runner, "lowering": lowering, "batch": batch, "T_min": t[0],
-                    "T_max": t[-1], "points": len(rs),
-                    "latency_exponent": loglog_slope(t, [r["latency_s"]["p50"] for r in rs]),
-                    "flops_exponent": loglog_slope(t, [r["flops"] for r in rs]),
-                    "memory_exponent": loglog_slope([m[0] for m in mem], [m[1] for m in mem]) if mem else None,
-                    "p50_at_T_max": rs[-1]["latency_s"]["p50"], "d_model": rs[0]["d_model"],
-                    "analytic_crossover_T": 6 * rs[0]["d_model"], "measured_crossover_T": cross})
+    """Per (model, lowering): bench/scale.py's summary (measured time/memory exponents over the upper T range,
+    the analytic FLOPs exponent over the same T, the crossover T* = 2d + d_ff), plus p50 at the largest T."""
+    from xdeploy.bench.scale import summarize
+
+    fits = summarize(scale) if scale else []
+    for f in fits:
+        top = max((r for r in scale if r["model"] == f["model"] and r["lowering"] == f["lowering"]),
+                  key=lambda r: r["T"])
+        f["p50_at_max_T"] = top["latency_s"]["p50"]
+    return sorted(fits, key=lambda f: (f["model"], f["lowering"]))
+
+
+def _scale_section(scale: list[Mapping[str, Any]], prof: list[Mapping[str, Any]]) -> list[str]:
+    out: list[str] = []
+    if scale:
+        rows = [(f["model"], f["lowering"], f"{f['T_range'][0]}–{f['T_range'][1]}", f["max_T"],
+                 _fmt_num(f["time_exponent"], ".2f"), _fmt_num(f["flops_exponent"], ".2f"),
+                 _fmt_num(f["memory_exponent"], ".2f"), _fmt_s(f["p50_at_max_T"]), f"{f['crossover_T']:.0f}")
+                for f in scale_fits(scale)]
+        out += ["## Attention scaling with sequence length", "",
+                "Exponent k of latency ∝ T^k fitted (least squares, log-log) over the three largest T measured; "
+                "the FLOPs exponent is the same fit of the model's analytic FLOPs (24·T·d² + 4·T²·d per layer), "
+                "so k moves from 1 towards 2 once attention dominates, above the crossover T* = 2d + d_ff. "
+                "Memory exponent: activation memory (peak RSS above the loaded model) over the same T.", "",
+                _table(["model", "lowering", "fitted over T", "max T", "latency exp.", "FLOPs exp.", "memory exp.",
+                        "p50 at max T", "crossover T*"], rows), ""]
+    if prof:
+        rows = [(r["model"], r["lowering"], r["T"], r["batch"],
+                 *(f"{100 * r['shares'][k]:.0f}%" for k in ("attention", "matmul", "normalization", "other")),
+                 _fmt_s(r["total_s"]))
+                for r in sorted(prof, key=lambda r: (r["model"], r["lowering"], r["T"]))]
+        out += ["### Where the time goes (onnxruntime profiler)", "",
+                "Share of kernel time per op class at one T (attention = Attention/Softmax and the score MatMuls "
+                "around them; matmul = projections and feed-forward).", "",
+                _table(["model", "lowering", "T", "batch", "attention", "matmul", "normalization", "other",
+                        "kernel time / call"], rows), ""]
     return out
-
-
-def _scale_section(scale: list[Mapping[str, Any]]) -> list[str]:
-    if not scale:
-        return []
-    fits = scale_fits(scale)
-    rows = [(f["model"], f["runner"], f["lowering"], f["batch"], f"{f['T_min']}–{f['T_max']} ({f['points']})",
-             _fmt_num(f["latency_exponent"], ".2f"), _fmt_num(f["flops_exponent"], ".2f"),
-             _fmt_num(f["memory_exponent"], ".2f"), _fmt_s(f["p50_at_T_max"]), f["analytic_crossover_T"],
-             f["measured_crossover_T"] or "> T max")
-            for f in fits]
-    return ["## Attention scaling with sequence length", "",
-            "Exponent k of latency ∝ T^k fitted (least squares, log-log) over the upper half of the T range; the "
-            "analytic exponent is the same fit of the model's FLOPs (24·T·d² + 4·T²·d per layer), so k → 2 once "
-            "attention dominates. Crossover: the T where attention FLOPs overtake the rest (6·d for d_ff = 4d).",
-            "", _table(["model", "runner", "lowering", "batch", "T range (points)", "latency exp.", "FLOPs exp.",
-                        "memory exp.", "p50 at T max", "analytic crossover T", "record crossover T"], rows), ""]
 
 
 def decode_stats(r: Mapping[str, Any]) -> dict[str, float | None]:
@@ -566,13 +569,13 @@ def render_summary(records: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]
     lines += _latency_section(lat, sp)
     lines += _roofline_section(get("roofline"))
     lines += _decode_section(get("decode"))
-    lines += _scale_section(get("scale"))
+    lines += _scale_section(get("scale"), get("profile"))
     known = set(BENCH_KINDS) | set(REPORT_KINDS)
     lines += _other_section([r for r in records if r.get("kind") not in known])
     if plots:
         lines += ["## Plots", ""]
         captions = {"latency_vs_T.png": "Latency vs sequence length (log-log; fitted slope in the legend)",
-                    "memory_vs_T.png": "Peak host memory vs sequence length",
+                    "memory_vs_T.png": "Activation memory vs sequence length (log-log)",
                     "throughput_vs_batch.png": "Throughput vs batch size",
                     "decode_latency_vs_context.png": "Decode per-token latency vs context length",
                     "speed_vs_error.png": "Speed vs error per precision"}

@@ -19,7 +19,7 @@ import pytest
 from xdeploy.bench.compare import compare_records, compare_runs
 from xdeploy.bench.fingerprint import fingerprint
 from xdeploy.bench.records import KINDS, make_record
-from xdeploy.bench.report import PLOTS, load_results, loglog_slope, render_report, speedups
+from xdeploy.bench.report import PLOTS, fitted_exponent, load_results, render_report, speedups
 from xdeploy.cli import main
 from xdeploy.errors import XDeployError
 
@@ -137,24 +137,25 @@ def test_summary_has_every_section_with_computed_numbers(rendered):
     assert "| 2.00× |" in md and "3.33×" in md
     for p in PLOTS:
         assert f"(plots/{p})" in md
-    # scaling exponents: fitted from the records, shown next to the FLOPs exponent
+    # scaling exponents: fitted from the records (top 3 T), shown next to the FLOPs exponent
     doc = load_results(out)
     fit = next(f for f in doc["scale_fits"] if f["lowering"] == "opset23")
-    t = [64, 128, 256, 512, 1024, 2048]
-    assert fit["latency_exponent"] == pytest.approx(loglog_slope(t, [r["latency_s"]["p50"] for r in recs
-                                                                     if r.get("lowering") == "opset23"]))
-    assert 1.0 < fit["latency_exponent"] < 2.0 and fit["analytic_crossover_T"] == 6 * 128
-    assert f"{fit['latency_exponent']:.2f}" in md
+    top = [r for r in recs if r.get("lowering") == "opset23" and r["T"] >= 512]
+    assert fit["time_exponent"] == pytest.approx(float(np.polyfit(np.log([r["T"] for r in top]),
+                                                                  np.log([r["latency_s"]["p50"] for r in top]), 1)[0]))
+    assert 1.0 < fit["time_exponent"] < 2.0 and fit["crossover_T"] == 6 * 128 and fit["max_T"] == 2048
+    assert f"| bert | opset23 | 512–2048 | 2048 | {fit['time_exponent']:.2f} |" in md
 
 
-def test_loglog_slope_recovers_exponents():
+def test_fitted_exponent_uses_the_upper_range():
     t = np.array([64, 128, 256, 512, 1024, 2048, 4096], dtype=float)
-    assert loglog_slope(t, 3e-9 * t**2) == pytest.approx(2.0)
-    assert loglog_slope(t, 1e-3 + 0 * t) == pytest.approx(0.0)
-    # upper half only: a constant overhead at small T drags the whole-range fit down, not the upper-range one
+    assert fitted_exponent(t, 3e-9 * t**2) == pytest.approx(2.0)
+    assert fitted_exponent(t, 1e-3 + 0 * t) == pytest.approx(0.0)
+    # a constant overhead at small T drags a whole-range fit down, not the upper-range one
     y = 1e-3 + 1e-9 * t**2
-    assert loglog_slope(t, y) > 1.5 and loglog_slope(t, y) > loglog_slope(t, y, upper=False) + 0.3
-    assert loglog_slope([1], [1]) is None
+    whole = float(np.polyfit(np.log(t), np.log(y), 1)[0])
+    assert fitted_exponent(t, y) > 1.5 and fitted_exponent(t, y) > whole + 0.3
+    assert fitted_exponent([1], [1]) is None
 
 
 def test_speedups_only_against_eager_fp32_of_the_same_config():
@@ -271,3 +272,39 @@ def test_sigkill_mid_write_leaves_previous_report(tmp_path):
     render_report(synthetic_records(), out, meta={"title": "third"})
     assert "# third" in (out / "summary.md").read_text()
 
+
+def test_xdeploy_run_smoke_end_to_end(tmp_path, capsys):
+    """The main job on the smallest configuration: export -> parity -> bench -> report, for real."""
+    out, js = tmp_path / "latest", tmp_path / "run.json"
+    rc = main(["run", "--smoke", "--models", "vit", "--runners", "ort", "--precisions", "fp32,int8",
+               "--out", str(out), "--artifacts", str(tmp_path / "art"), "--json", str(js)])
+    assert rc == 0, capsys.readouterr()
+    doc = json.loads(js.read_text())
+    assert doc["parity_passed"] and doc["summary"] == str(out / "summary.md")
+    assert {"export", "parity", "bench", "report"} <= set(doc["phase_s"])
+    res = load_results(out)
+    kinds = {r["kind"] for r in res["records"]}
+    assert {"parity", "latency"} <= kinds
+    lat = [r for r in res["records"] if r["kind"] == "latency"]
+    # torch (eager reference) once + ort on both artifact precisions, at batch 1 and 4
+    assert sorted((r["runner"], r["artifact_precision"], r["batch"]) for r in lat) == sorted(
+        (r, p, b) for r, p in (("torch", "fp32"), ("ort", "fp32"), ("ort", "int8")) for b in (1, 4))
+    assert all(r["memory"]["peak_rss_bytes"] > 0 for r in lat)  # measured in isolated children
+    assert "throughput_vs_batch.png" in res["plots"] and "speed_vs_error.png" in res["plots"]
+    for p in res["plots"]:
+        _png_ok(out / "plots" / p)
+    md = (out / "summary.md").read_text()
+    assert "**Parity: all checks pass.**" in md and "| vit tiny | model | ort | int8 |" in md
+    printed = capsys.readouterr().out
+    assert f"report: {out}/summary.md" in printed
+
+
+def test_xdeploy_run_exits_1_on_parity_failure_after_writing_the_report(tmp_path, capsys):
+    # atol=rtol=0 and a cosine floor above 1 cannot be met by a different runtime: every check fails
+    out = tmp_path / "latest"
+    rc = main(["run", "--smoke", "--models", "vit", "--runners", "ort", "--precisions", "fp32",
+               "--tolerance", "atol=0,rtol=0,cosine=2", "--out", str(out), "--artifacts", str(tmp_path / "art")])
+    err = capsys.readouterr().err
+    assert rc == 1 and "parity check(s) failed" in err and "vit tiny fp32 ort model/logits" in err
+    md = (out / "summary.md").read_text()
+    assert "**Parity: 1 check(s) FAIL**" in md and "**FAIL**" in md

@@ -18,6 +18,7 @@ COMMANDS: dict[str, str] = {
     "convert": "derive an fp16 / int8 / optimized artifact from an fp32 artifact (no PyTorch needed)",
     "generate": "generate tokens with a KV cache (greedy, sampling, beam search) on any runner",
     "embed": "embed sentences (one per line) with an encoder artifact -> .npy / JSON lines",
+    "run": "the main job: export, parity, bench, scale, decode -> reports/latest (exit 1 on parity failure)",
     "report": "render records into a report, or compare two reports (exit 1 on a regression)",
     "parity": "compare runners with the PyTorch fp32 reference per output (exit 1 on a failure)",
     "bench": "latency percentiles, throughput, peak memory and % of GEMM peak per runner and config",

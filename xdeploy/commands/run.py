@@ -1,0 +1,104 @@
+"""xdeploy run: the main job (export -> parity -> bench -> scale -> decode -> report), with a progress bar."""
+
+from __future__ import annotations
+
+import argparse
+
+from xdeploy.commands import add_json_option, write_json
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from xdeploy.bench.run import FULL_PRESETS, MODELS, QUICK_PRESETS
+
+    p.add_argument("--full", action="store_true",
+                   help="base presets (" + ", ".join(f"{m} {v}" for m, v in FULL_PRESETS.items()) + ") and longer "
+                   "timings, for the reference report; default: " + ", ".join(f"{m} {v}" for m, v in
+                                                                              QUICK_PRESETS.items()))
+    p.add_argument("--smoke", action="store_true", help="smallest meaningful run: one parity shape, a few "
+                   "iterations, short sweeps (tests, CI smoke)")
+    p.add_argument("--out", default="reports/latest", metavar="DIR", help="report directory (default reports/latest)")
+    p.add_argument("--artifacts", default="artifacts/run", metavar="DIR",
+                   help="where the exported artifacts go (default artifacts/run)")
+    p.add_argument("--models", default=",".join(MODELS), metavar="M,...", help=f"subset of {','.join(MODELS)}")
+    p.add_argument("--precisions", default="fp32,fp16,int8", metavar="P,...", help="artifact precisions")
+    p.add_argument("--runners", default="ort,ov", metavar="R,...",
+                   help="runners compared with the PyTorch reference (default ort,ov)")
+    p.add_argument("--tolerance", action="append", default=[], metavar="[OUTPUT:]atol=X,rtol=Y,cosine=Z",
+                   help="override parity tolerances (repeatable; same syntax as xdeploy parity)")
+    p.add_argument("--threads", type=int, default=0, help="threads per runner (0 = all cores)")
+    add_json_option(p)
+
+
+def _split(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from xdeploy.bench.run import RunConfig, plan, run_job
+    from xdeploy.errors import ParityError
+
+    cfg = RunConfig(out=args.out, artifacts=args.artifacts, models=_split(args.models), full=args.full,
+                    smoke=args.smoke, precisions=_split(args.precisions), runners=_split(args.runners),
+                    threads=args.threads, tolerances=tuple(args.tolerance))
+    cfg.check()
+    console = Console(stderr=True)
+    steps = plan(cfg)
+    with Progress(TextColumn("[bold]{task.description:<42}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=False) as bar:
+        task = bar.add_task("starting", total=len(steps))
+
+        def progress(what: str, advance: int) -> None:
+            bar.update(task, description=what[:42], advance=advance)
+
+        result = run_job(cfg, progress=progress)
+        bar.update(task, description="done", completed=len(steps))
+
+    out = Console()
+    _print_summary(out, result)
+    write_json(args.json, {"out": str(result.out), "summary": str(result.out / "summary.md"),
+                           "parity_passed": result.parity_passed, "parity_failures": list(result.parity_failures),
+                           "errors": list(result.errors), "duration_s": result.duration_s,
+                           "phase_s": result.phase_s, "records": len(result.records)})
+    if not result.parity_passed:
+        raise ParityError(f"{len(result.parity_failures)} parity check(s) failed (first: "
+                          f"{result.parity_failures[0]}); report in {result.out}/summary.md")
+    return 0
+
+
+def _print_summary(console, result) -> None:  # noqa: ANN001
+    from rich.table import Table
+
+    from xdeploy.bench.report import _fmt_s, speedups
+
+    recs = list(result.records)
+    par = [r for r in recs if r["kind"] == "parity"]
+    lat = [r for r in recs if r["kind"] == "latency"]
+    sp = speedups(lat)
+    t = Table(title="xdeploy run: best runner per model (speedup vs PyTorch eager fp32, same batch and seq)")
+    for col in ("model", "batch", "seq", "best", "p50", "speedup", "parity"):
+        t.add_column(col)
+    for model in dict.fromkeys(r["model"] for r in lat):
+        rs = [r for r in lat if r["model"] == model and id(r) in sp]
+        for b in sorted({r["batch"] for r in rs}):
+            cand = [r for r in rs if r["batch"] == b]
+            best = max(cand, key=lambda r: sp[id(r)])
+            ps = [p for p in par if p["model"] == model and p["runner"] == best["runner"]
+                  and p["artifact_precision"] == best["artifact_precision"]]
+            ok = "–" if not ps else ("pass" if all(p["passed"] for p in ps) else "[red]FAIL[/]")
+            t.add_row(f"{model} {best.get('preset') or ''}", str(b), str(best.get("seq") or "–"),
+                      f"{best['runner']} {best['artifact_precision']}", _fmt_s(best["latency_s"]["p50"]),
+                      f"{sp[id(best)]:.2f}×", ok)
+    console.print(t)
+    for r in (r for r in recs if r["kind"] == "decode" and r["mode"] == "cache"):
+        console.print(f"decode {r['model']} {r['runner']} {r['artifact_precision']}: {r['tokens_per_s']:.1f} "
+                      f"tokens/s, agreement {100 * r['agreement']:.0f}%")
+    n_fail = len(result.parity_failures)
+    console.print(f"parity: {len(par) - n_fail}/{len(par)} checks pass" + (f" — [red]{n_fail} FAIL[/]" if n_fail
+                                                                             else ""))
+    for e in result.errors:
+        console.print(f"[yellow]not run:[/] {e}")
+    console.print(f"report: {result.out}/summary.md (plots in {result.out}/plots) — {result.duration_s:.0f} s",
+                  soft_wrap=True)
