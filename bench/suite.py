@@ -343,3 +343,37 @@ def latency_table(records: Sequence[Mapping[str, Any]], *, baseline: str | None 
             f"{b / lat['p50']:.2f}" if b else "-", _mib(m["weights_bytes"]), _mib(m["activations_bytes"]),
             {True: "pass", False: "FAIL", None: "-"}[r["parity_passed"]])
     return t
+
+
+def best_vs_baseline(records: Sequence[Mapping[str, Any]], baseline: str = "torch", *, min_speedup: float = 6.0,
+                     min_pct: float = 70.0) -> list[dict[str, Any]]:
+    """Per (model, batch, seq): the fastest record whose parity passed (or was not checked) against the
+    baseline runner's fp32 p50, its % of the GEMM peak, and whether the performance targets are met."""
+    out = []
+    groups: dict[tuple, list[Mapping[str, Any]]] = {}
+    for r in records:
+        groups.setdefault((r["model"], r["preset"], r["batch"], r["seq"]), []).append(r)
+    for (model, preset, batch, seq), rs in groups.items():
+        base = [r for r in rs if r["runner"] == baseline and r["precision"] == "fp32"]
+        cands = [r for r in rs if r["runner"] != baseline and r["parity_passed"] is not False]
+        if not base or not cands:
+            continue
+        best = min(cands, key=lambda r: r["latency_s"]["p50"])
+        speedup = base[0]["latency_s"]["p50"] / best["latency_s"]["p50"]
+        out.append({"model": model, "preset": preset, "batch": batch, "seq": seq, "runner": best["runner"],
+                    "artifact_precision": best["artifact_precision"], "precision": best["precision"],
+                    "p50_s": best["latency_s"]["p50"], "baseline_p50_s": base[0]["latency_s"]["p50"],
+                    "speedup": speedup, "pct_of_peak": best["pct_of_peak"], "parity_passed": best["parity_passed"],
+                    "meets_speedup": speedup >= min_speedup,
+                    "meets_peak": best["pct_of_peak"] is not None and best["pct_of_peak"] >= min_pct})
+    return out
+
+
+def best_text(b: Mapping[str, Any]) -> str:
+    pct = "-" if b["pct_of_peak"] is None else f"{b['pct_of_peak']:.0f}%"
+    parity = {True: "parity pass", None: "parity not checked"}.get(b["parity_passed"], "parity FAIL")
+    return (f"best for {b['model']} {b['preset'] or ''} b{b['batch']} s{b['seq'] or '-'}: {b['runner']} "
+            f"({b['artifact_precision']} graph, {b['precision']} compute) p50 {b['p50_s'] * 1e3:.2f} ms = "
+            f"{b['speedup']:.2f}x PyTorch eager fp32 ({'meets' if b['meets_speedup'] else 'misses'} >= 6x), "
+            f"{pct} of the {b['precision']} GEMM peak ({'meets' if b['meets_peak'] else 'misses'} >= 70%), "
+            f"{parity}")

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
 
     from xdeploy.bench.records import write_records
     from xdeploy.bench.roofline import load_peaks
-    from xdeploy.bench.suite import latency_table, run_bench
+    from xdeploy.bench.suite import best_text, best_vs_baseline, latency_table, run_bench
 
     if args.threads < 0:
         raise XDeployError(f"--threads must be >= 0, got {args.threads}")
@@ -73,7 +73,10 @@ def run(args: argparse.Namespace) -> int:
                         max_iters=args.max_iters, max_seconds=args.max_seconds, isolate=not args.no_isolate,
                         parity=args.parity, peaks=peaks, fresh=args.fresh, log=lambda m: console.print(m))
     console.print(latency_table(records, baseline=args.baseline))
+    best = best_vs_baseline(records, args.baseline)
+    for b in best:
+        console.print(best_text(b))
     if args.records:
         write_records(args.records, records)
-    write_json(args.json, {"records": records})
+    write_json(args.json, {"records": records, "best": best})
     return 0
