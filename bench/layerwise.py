@@ -102,14 +102,20 @@ def comparable_tensors(reference: onnx.ModelProto, candidate: onnx.ModelProto) -
     return out
 
 
+RUNTIMES = ("ort", "ov", "ov:bf16")  # where the candidate runs; the reference always runs in onnxruntime
+
+
 class _Probe:
-    """Runs a model with a chosen set of tensors exposed as extra outputs (the model is restored after)."""
+    """Runs a model with a chosen set of tensors exposed as extra outputs (the model is restored after).
+
+    runtime "ort": onnxruntime with `providers`; "ov" / "ov:bf16": the OpenVINO CPU plugin with an f32 / bf16
+    INFERENCE_PRECISION_HINT (the `ov:bf16` runner's setting), reading the same ONNX graph."""
 
     def __init__(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray], providers: list[Any],
-                 opt_level: str) -> None:
+                 opt_level: str, runtime: str = "ort") -> None:
         from xdeploy.deploy.ort_runner import session_options
 
-        self.model, self.providers = model, providers
+        self.model, self.providers, self.runtime = model, providers, runtime
         self.options = session_options(0, opt_level)
         self.outputs = {o.name for o in model.graph.output}
         self.feeds = self._adapt(feeds)
@@ -126,28 +132,52 @@ class _Probe:
         return out
 
     def run(self, names: list[str]) -> dict[str, np.ndarray]:
-        import onnxruntime as ort
-
         g = self.model.graph
         extra = [n for n in names if n not in self.outputs]
         n_before = len(g.output)
-        # Untyped ValueInfos: onnxruntime infers the type, which differs between the fp32 and fp16 graphs.
+        # Untyped ValueInfos: the runtime infers the type, which differs between the fp32 and fp16 graphs.
         g.output.extend([onnx.ValueInfoProto(name=n) for n in extra])
         try:
-            if self.model.ByteSize() < TWO_GB:
-                sess = ort.InferenceSession(self.model.SerializeToString(), self.options, providers=self.providers)
-            else:
-                with tempfile.TemporaryDirectory(prefix="xdeploy-layerwise-") as d:
-                    path = Path(d) / "model.onnx"
-                    onnx.save_model(self.model, str(path), save_as_external_data=True, location="model.onnx.data")
-                    sess = ort.InferenceSession(str(path), self.options, providers=self.providers)
-        except Exception as e:  # onnxruntime raises its own exception types
-            raise XDeployError(f"onnxruntime cannot load the graph with exposed tensors: "
+            run = self._ov(names) if self.runtime.startswith("ov") else self._ort(names)
+        except XDeployError:
+            raise
+        except Exception as e:  # onnxruntime / OpenVINO raise their own exception types
+            raise XDeployError(f"{self.runtime} cannot load the graph with exposed tensors: "
                                f"{str(e).splitlines()[0]}") from None
         finally:
             del g.output[n_before:]
-        values = sess.run(names, self.feeds)
-        return dict(zip(names, values))
+        return run()
+
+    def _ort(self, names: list[str]) -> Any:
+        import onnxruntime as ort
+
+        if self.model.ByteSize() < TWO_GB:
+            sess = ort.InferenceSession(self.model.SerializeToString(), self.options, providers=self.providers)
+        else:
+            with tempfile.TemporaryDirectory(prefix="xdeploy-layerwise-") as d:
+                path = Path(d) / "model.onnx"
+                onnx.save_model(self.model, str(path), save_as_external_data=True, location="model.onnx.data")
+                sess = ort.InferenceSession(str(path), self.options, providers=self.providers)
+        return lambda: dict(zip(names, sess.run(names, self.feeds)))
+
+    def _ov(self, names: list[str]) -> Any:
+        import openvino as ov
+
+        core = ov.Core()
+        with tempfile.TemporaryDirectory(prefix="xdeploy-layerwise-") as d:
+            path = Path(d) / "model.onnx"
+            large = self.model.ByteSize() >= TWO_GB
+            onnx.save_model(self.model, str(path), save_as_external_data=large, location="model.onnx.data")
+            model = core.read_model(str(path))
+        hint = "bf16" if self.runtime == "ov:bf16" else "f32"
+        compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": hint})
+
+        def run() -> dict[str, np.ndarray]:
+            res = compiled(self.feeds)
+            by_name = {n: res[o] for o in compiled.outputs for n in o.get_names()}
+            return {n: np.asarray(by_name[n]) for n in names}
+
+        return run
 
 
 def _range(a: np.ndarray) -> tuple[float, float]:
@@ -157,11 +187,17 @@ def _range(a: np.ndarray) -> tuple[float, float]:
 
 def find_divergence(reference: onnx.ModelProto | str | Path, candidate: onnx.ModelProto | str | Path,
                     feeds: dict[str, np.ndarray], tol: Tolerance, *, providers: list[Any] | None = None,
-                    batch: int = 16, opt_level: str = "all") -> Divergence | None:
+                    batch: int = 16, opt_level: str = "all", candidate_runtime: str = "ort") -> Divergence | None:
     """The first tensor (reference topological order) where `candidate` leaves `tol`, or None.
 
     Per-tensor criterion: `bench.parity.compare` over all elements: within atol + rtol*|ref| everywhere or
-    cosine >= tol.cosine, and no NaN/Inf where the reference is finite. `batch` tensors are exposed per run."""
+    cosine >= tol.cosine, and no NaN/Inf where the reference is finite. `batch` tensors are exposed per run.
+    `candidate_runtime` "ov:bf16" runs the candidate in OpenVINO with bf16 compute (the `ov:bf16` runner), e.g.
+    the fp32 graph itself as candidate; the reference always runs in onnxruntime."""
+    if candidate_runtime not in RUNTIMES:
+        from xdeploy.errors import one_of
+
+        raise one_of("layerwise runtime", candidate_runtime, RUNTIMES)
     if batch < 2:
         raise XDeployError(f"layerwise batch must be >= 2, got {batch}")
     ref_model, cand_model = _load(reference, "reference"), _load(candidate, "candidate")
@@ -170,7 +206,7 @@ def find_divergence(reference: onnx.ModelProto | str | Path, candidate: onnx.Mod
     if not tensors:
         raise XDeployError("the reference and candidate graphs share no floating-point node outputs to compare")
     ref_probe = _Probe(ref_model, feeds, providers, opt_level)
-    cand_probe = _Probe(cand_model, feeds, providers, opt_level)
+    cand_probe = _Probe(cand_model, feeds, providers, opt_level, candidate_runtime)
     anc = ancestors(ref_model, tensors)
     skipped: set[int] = set()
 

@@ -342,6 +342,7 @@ class LayerwiseFinding:
     precision: str  # tolerance used
     divergence: Any  # bench.layerwise.Divergence | None
     note: str = ""
+    runtime: str = "ort"  # where the candidate ran: ort, ov, ov:bf16
 
 
 @dataclass(frozen=True)
@@ -361,12 +362,15 @@ class ParityReport:
     def to_json(self) -> dict[str, Any]:
         import dataclasses
 
-        def clean(v: Any) -> Any:  # JSON has no NaN/Inf: non-finite floats become null
+        def clean(v: Any) -> Any:  # JSON has no NaN/Inf: non-finite floats become null (nested too)
+            if isinstance(v, dict):
+                return {k: clean(x) for k, x in v.items()}
+            if isinstance(v, (list, tuple)):
+                return [clean(x) for x in v]
             return None if isinstance(v, float) and not np.isfinite(v) else v
 
         def rec(obj: Any) -> dict[str, Any]:
-            return {k: ([clean(x) for x in v] if isinstance(v, tuple) else clean(v))
-                    for k, v in dataclasses.asdict(obj).items()}
+            return clean(dataclasses.asdict(obj))
 
         return {"passed": self.passed, "checks": [rec(c) for c in self.checks],
                 "layerwise": [rec(f) for f in self.layerwise], "runners": list(self.runners)}
@@ -423,7 +427,7 @@ def check_artifact(artifact: Any, runners: Sequence[str], *, shapes: Sequence[tu
         cases = input_cases(artifact, gname, shapes, seed=seed, texts=texts)
         with open_runner("torch", artifact, gname, threads=threads) as ref_runner:
             refs = [ref_runner.infer(c.feeds) for c in cases]
-        failed_cases: list[tuple[InputCase, bool]] = []  # (case, failure involves NaN/Inf)
+        failed_cases: list[tuple[InputCase, OutputCheck]] = []  # (case, its first failing check)
         for spec in runners:
             try:
                 with open_runner(spec, artifact, gname, threads=threads) as r:
@@ -441,7 +445,7 @@ def check_artifact(artifact: Any, runners: Sequence[str], *, shapes: Sequence[tu
                         checks += got
                         bad = [c for c in got if not c.passed]
                         if bad:
-                            failed_cases.append((case, any(c.nonfinite for c in bad)))
+                            failed_cases.append((case, bad[0]))
             except XDeployError as e:
                 if "unknown" in str(e) and "runner" in str(e):
                     raise
@@ -451,23 +455,37 @@ def check_artifact(artifact: Any, runners: Sequence[str], *, shapes: Sequence[tu
                                        *(float("nan"),) * 5, 0, 0, 0, None, tol.atol, tol.rtol, tol.cosine, False,
                                        f"runner error: {e}") for t in g.outputs]
         if layerwise == "always" or (layerwise == "on-failure" and failed_cases):
-            findings.append(_layerwise(artifact, g, cases, failed_cases, reference_onnx))
+            findings.append(_layerwise(artifact, g, cases, failed_cases, reference_onnx, overrides))
     return ParityReport(tuple(checks), tuple(findings), tuple(infos))
 
 
-def _layerwise(artifact: Any, g: Any, cases: list[InputCase], failed: list[tuple[InputCase, bool]],
-               reference_onnx: Any) -> LayerwiseFinding:
-    from xdeploy.bench.layerwise import find_divergence
+def _layerwise(artifact: Any, g: Any, cases: list[InputCase], failed: list[tuple[InputCase, OutputCheck]],
+               reference_onnx: Any, overrides: dict[str, dict[str, float]] | None = None) -> LayerwiseFinding:
+    """Locate the first divergent node of the artifact's graph for the first failure that involves the graph.
 
-    if failed:
-        case, nonfinite = failed[0]
+    The candidate runs where it failed when that is OpenVINO (`ov`, `ov:bf16`: same ONNX, that runtime's
+    compute), otherwise in onnxruntime on the CPU (a graph-level defect shows there too)."""
+    from xdeploy.bench.layerwise import RUNTIMES, find_divergence
+
+    graph_failures = [(c, chk) for c, chk in failed if not chk.runner.startswith("torch")]
+    if graph_failures:
+        case, chk = graph_failures[0]
+        runtime = chk.runner if chk.runner in RUNTIMES else "ort"
+        precision, nonfinite = chk.precision, chk.nonfinite > 0
+        tol = Tolerance(chk.atol, chk.rtol, chk.min_cosine)  # the tolerance that failed, overrides included
+    elif failed:
+        case, chk = failed[0]
+        return LayerwiseFinding(artifact.precision, g.name, case.name, chk.precision, None,
+                                f"only {chk.runner} failed: it runs the PyTorch model, not the ONNX graph")
     else:
-        case, nonfinite = max(cases, key=lambda c: sum(a.size for a in c.feeds.values())), False
+        case = max(cases, key=lambda c: sum(a.size for a in c.feeds.values()))
+        runtime, precision, nonfinite = "ort", artifact.precision, False
+        tol = output_tolerance(artifact.tolerance, "", overrides)  # the all-outputs override, if any
     # Fully padded rows are garbage by definition; keep them only when a NaN/Inf is what failed.
     feeds = case.feeds if nonfinite else drop_empty_rows(g, case.feeds)
-    tol = artifact.tolerance
     ref = reference_onnx(g.name) if reference_onnx is not None else reexport_reference(artifact, g.name)
-    d = find_divergence(ref, artifact.onnx_path(g.name), feeds, tol)
-    note = "" if d is not None else ("no intermediate tensor of the ONNX graph leaves tolerance in onnxruntime: "
-                                     "the failure is specific to the runner (or recovers before the outputs)")
-    return LayerwiseFinding(artifact.precision, g.name, case.name, artifact.precision, d, note)
+    d = find_divergence(ref, artifact.onnx_path(g.name), feeds, tol, candidate_runtime=runtime)
+    note = "" if d is not None else (f"no intermediate tensor of the ONNX graph leaves {precision} tolerance in "
+                                     f"{runtime}: the failure is specific to the runner or recovers before "
+                                     f"the outputs")
+    return LayerwiseFinding(artifact.precision, g.name, case.name, precision, d, note, runtime)

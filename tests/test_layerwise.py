@@ -10,7 +10,8 @@ import pytest
 from onnxruntime.transformers.float16 import convert_float_to_float16
 from planted import attention_query, corrupt_weight, scale_up
 
-from xdeploy.bench.layerwise import ancestors, comparable_tensors, find_divergence
+from xdeploy.bench.layerwise import _Probe, ancestors, comparable_tensors, find_divergence
+from xdeploy.bench.parity import compare
 from xdeploy.errors import XDeployError
 from xdeploy.export.artifact import load_artifact
 from xdeploy.export.onnx_export import export
@@ -76,6 +77,27 @@ def test_fp16_overflow_is_located_to_the_overflowing_node(bert):
     assert d is not None and d.node == node and d.op_type == "Mul", d
     assert np.isfinite(d.ref_range).all() and max(abs(x) for x in d.ref_range) > 65504
     assert np.isinf(d.cand_range).any()
+
+
+def test_openvino_bf16_candidate_on_the_same_graph(bert):
+    pytest.importorskip("openvino")
+    art, ref, feeds = bert
+    # The fp32 graph computed by OpenVINO in bf16 (the ov:bf16 runner) is within bf16 tolerance...
+    assert find_divergence(ref, ref, feeds, DEFAULT_TOLERANCES["bf16"], candidate_runtime="ov:bf16") is None
+    # ...and an exact tolerance blames the first node bf16 rounding changes: every tensor it depends on is exact
+    exact = Tolerance(0.0, 0.0, 1.0 + 1e-12)
+    d = find_divergence(ref, ref, feeds, exact, candidate_runtime="ov:bf16")
+    assert d is not None and d.max_abs > 0
+    tensors = comparable_tensors(ref, ref)
+    names = [t for t, _ in tensors]
+    i = names.index(d.output)
+    before = [names[j] for j in range(i) if ancestors(ref, tensors)[i] >> j & 1]
+    if before:
+        r = _Probe(ref, feeds, ["CPUExecutionProvider"], "all").run(before)
+        c = _Probe(ref, feeds, [], "all", "ov:bf16").run(before)
+        assert all(compare(r[n], c[n], exact).passed for n in before)
+    with pytest.raises(XDeployError, match="unknown layerwise runtime 'trt'"):
+        find_divergence(ref, ref, feeds, DEFAULT_TOLERANCES["bf16"], candidate_runtime="trt")
 
 
 def test_bad_inputs_are_one_line_errors(bert, tmp_path):

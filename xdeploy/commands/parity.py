@@ -131,7 +131,7 @@ def _print(reports: list[tuple[str, Any]]) -> None:
             console.print(line, markup=False, highlight=False)
         for f in rep.layerwise:
             d = f.divergence
-            head = f"layerwise {f.graph} ({f.artifact_precision} ONNX vs fp32 ONNX, {f.case}):"
+            head = f"layerwise {f.graph} ({f.artifact_precision} ONNX in {f.runtime} vs fp32 ONNX, {f.case}):"
             if d is None:
                 console.print(f"{head} {f.note or 'no divergence'}", markup=False, highlight=False)
             else:
