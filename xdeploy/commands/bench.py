@@ -47,6 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(default torch)")
     p.add_argument("--no-isolate", action="store_true", help="run in this process: faster, but no memory figures")
     p.add_argument("--fresh", action="store_true", help="re-export cached artifacts")
+    p.add_argument("--no-roofline", action="store_true", help="do not measure a quick roofline when none is "
+                   "cached (%% of peak stays empty)")
     p.add_argument("--records", metavar="FILE", help="write the records as JSON lines (the documented schema)")
     add_json_option(p)
 
@@ -55,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from xdeploy.bench.records import write_records
-    from xdeploy.bench.roofline import load_peaks
+    from xdeploy.bench.roofline import get_roofline, load_peaks
     from xdeploy.bench.suite import best_text, best_vs_baseline, latency_table, run_bench
 
     if args.threads < 0:
@@ -64,9 +66,10 @@ def run(args: argparse.Namespace) -> int:
     if not console.is_terminal:
         console = Console(width=160)  # files and pipes: do not squeeze the table into 80 columns
     peaks = load_peaks()
-    if not peaks:
-        console.print("[yellow]no roofline cached for this machine: % of peak left empty "
-                      "(run `xdeploy roofline` once)[/yellow]")
+    if not peaks and not args.no_roofline:
+        console.print("no roofline cached for this machine: measuring a quick one (`xdeploy roofline` for the "
+                      "full measurement)")
+        peaks = {k: float(v["value"]) for k, v in get_roofline(quick=True)["gemm"].items()}
     records = run_bench(args.target, runners=args.runners, preset=args.preset, precisions=args.precision,
                         batches=args.batch, seqs=args.seq, opset=args.opset, attn_impl=args.attn_impl,
                         threads=args.threads, warmup=args.warmup, min_iters=args.min_iters,
