@@ -143,12 +143,12 @@ def context_profile(step_s: tuple[float, ...], prompt_len: int) -> dict[str, flo
 
 
 def run_generator(art: Path, runner: str, prompt: list[int], new: int, *, use_cache: bool = True,
-                  repeats: int = 1) -> dict[str, Any]:
+                  repeats: int = 1, threads: int = 0) -> dict[str, Any]:
     from xdeploy.deploy.generate import GenerationConfig, Generator
 
     gc = GenerationConfig(max_new_tokens=new, eos_token_id=-1)
     best = None
-    with Generator(art, runner, use_cache=use_cache) as g:
+    with Generator(art, runner, use_cache=use_cache, threads=threads) as g:
         g.generate([prompt], dataclasses.replace(gc, max_new_tokens=min(4, new)))  # warm-up allocations
         for _ in range(repeats):
             out = g.generate([prompt], gc)
@@ -163,9 +163,11 @@ def run_generator(art: Path, runner: str, prompt: list[int], new: int, *, use_ca
             "by_context_s": context_profile(best.step_s, len(prompt)), "mode": best.mode}
 
 
-def run_hf(model: Any, prompt: list[int], new: int) -> dict[str, Any]:
+def run_hf(model: Any, prompt: list[int], new: int, threads: int = 0) -> dict[str, Any]:
     import torch
 
+    if threads:
+        torch.set_num_threads(threads)
     ids = torch.tensor([prompt])
     kw = {"attention_mask": torch.ones_like(ids), "do_sample": False, "pad_token_id": model.config.eos_token_id,
           "eos_token_id": None}
@@ -183,14 +185,15 @@ def run_hf(model: Any, prompt: list[int], new: int) -> dict[str, Any]:
 
 def run(*, new: int = 256, prompt_len: int = 32, runners: tuple[str, ...] = ("torch", "ort", "ov", "ov:bf16"),
         precisions: tuple[str, ...] = ("fp32", "fp16", "int8"), recompute: bool = True,
-        seq2seq: bool = True, root: Path = ROOT, log: Any = print) -> dict[str, Any]:
+        seq2seq: bool = True, root: Path = ROOT, threads: int = 0, log: Any = print) -> dict[str, Any]:
     from xdeploy.deploy.generate import token_agreement
     from xdeploy.deploy.registry import RUNNERS
 
     root.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"machine": {"python": platform.python_version(), "cores": _cores()},
                               "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                              "new_tokens": new, "prompt_len": prompt_len, "batch": 1, "runs": []}
+                              "new_tokens": new, "prompt_len": prompt_len, "batch": 1, "threads": threads,
+                              "load_average": list(_loadavg()), "runs": []}
     bw, bw_how = read_bandwidth()
     result["bandwidth"] = {"bytes_per_s": bw, "how": bw_how}
     log(f"read bandwidth {bw / 1e9:.1f} GB/s ({bw_how})")
@@ -213,7 +216,7 @@ def run(*, new: int = 256, prompt_len: int = 32, runners: tuple[str, ...] = ("to
     prompt = np.random.default_rng(0).integers(0, cfg.vocab_size - 1, size=prompt_len).tolist()
 
     log(f"Hugging Face transformers generate, {new} new tokens ...")
-    hf = run_hf(hf_model, prompt, new)
+    hf = run_hf(hf_model, prompt, new, threads)
     log(f"  HF: {hf['tokens_per_s']:.1f} tokens/s ({hf['threads']} torch threads)")
     result["hf"] = {k: v for k, v in hf.items() if k != "tokens"}
 
@@ -226,7 +229,7 @@ def run(*, new: int = 256, prompt_len: int = 32, runners: tuple[str, ...] = ("to
             continue
         log(f"{runner} {prec}: {new} new tokens ...")
         try:
-            r = run_generator(arts[prec], runner, prompt, new)
+            r = run_generator(arts[prec], runner, prompt, new, threads=threads)
         except XDeployError as e:
             log(f"  skipped: {e}")
             result["runs"].append({"runner": runner, "precision": prec, "error": str(e)})
@@ -253,7 +256,7 @@ def run(*, new: int = 256, prompt_len: int = 32, runners: tuple[str, ...] = ("to
                          and "error" not in r), key=lambda r: r["tokens_per_s"], default=None)
         runner = best_fp32["runner"] if best_fp32 else "ort"
         log(f"{runner} fp32 recompute-everything, {new} new tokens (slow) ...")
-        rc = run_generator(arts["fp32"], runner, prompt, new, use_cache=False)
+        rc = run_generator(arts["fp32"], runner, prompt, new, use_cache=False, threads=threads)
         cached = next(r for r in result["runs"] if r["runner"] == runner and r["precision"] == "fp32")
         result["recompute"] = {k: v for k, v in rc.items() if k != "tokens"} | {
             "runner": runner, "same_tokens": rc["tokens"] == ref_tokens,
@@ -263,6 +266,7 @@ def run(*, new: int = 256, prompt_len: int = 32, runners: tuple[str, ...] = ("to
 
     if seq2seq:
         result["transformer_parity"] = transformer_parity(root, runners, log)
+    result["load_average_end"] = list(_loadavg())
     result["summary"] = summarize(result)
     return result
 
@@ -313,7 +317,9 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
 
 def render(result: dict[str, Any]) -> str:
     lines = [f"decode benchmark, gpt small (GPT-2 124M, random HF init), batch 1, prompt {result['prompt_len']}, "
-             f"{result['new_tokens']} new tokens, greedy; {result['date_utc']}, {result['machine']['cores']} cores",
+             f"{result['new_tokens']} new tokens, greedy; {result['date_utc']}, {result['machine']['cores']} cores, "
+             f"threads {result['threads'] or 'all'}, load average at start {result['load_average'][0]:.1f} "
+             f"(a shared machine: figures are noisy)",
              f"read bandwidth {result['bandwidth']['bytes_per_s'] / 1e9:.1f} GB/s ({result['bandwidth']['how']})",
              f"Hugging Face transformers generate: {result['hf']['tokens_per_s']:.1f} tokens/s", "",
              "| runner | precision | TTFT ms | step p50 ms | p90 | p99 | tok/s | decode tok/s | x HF | agreement | "
@@ -346,6 +352,12 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _loadavg() -> tuple[float, float, float]:
+    import os
+
+    return os.getloadavg()
+
+
 def _cores() -> int:
     import os
 
@@ -361,12 +373,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="64 new tokens, no recompute run, no transformer parity")
     p.add_argument("--no-recompute", action="store_true")
     p.add_argument("--artifacts", default=str(ROOT), help=f"where artifacts are kept and reused (default {ROOT})")
+    p.add_argument("--threads", type=int, default=0, help="threads for every runner and HF torch (0 = all cores)")
     p.add_argument("--json", metavar="FILE")
     a = p.parse_args(argv)
     try:
         res = run(new=64 if a.quick else a.new_tokens, prompt_len=a.prompt_len,
                   runners=tuple(a.runners.split(",")), precisions=tuple(a.precisions.split(",")),
-                  recompute=not (a.quick or a.no_recompute), seq2seq=not a.quick, root=Path(a.artifacts))
+                  recompute=not (a.quick or a.no_recompute), seq2seq=not a.quick, root=Path(a.artifacts),
+                  threads=a.threads)
     except XDeployError as e:
         print(f"decode_bench: error: {e}", file=sys.stderr)
         return e.exit_code

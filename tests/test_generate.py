@@ -263,3 +263,15 @@ def test_cli_generate_json_and_errors(hf, tmp_path, capsys):
         assert e.value.code == 2
         err = capsys.readouterr().err.strip()
         assert msg in err and len(err.splitlines()) == 1, err
+
+
+def test_decode_bench_weight_bytes_and_context_profile(hf):
+    from xdeploy.bench.decode_bench import context_profile, weight_bytes_per_token
+
+    model, art = hf
+    params = sum(p.numel() for p in model.parameters())  # tied LM head counted once
+    wpe = model.transformer.wpe.weight.numel()  # position table: only gathered, one row per step
+    got = weight_bytes_per_token(art.onnx_path("decode"))
+    assert abs(got - 4 * (params - wpe)) <= 0.02 * 4 * params, (got, 4 * (params - wpe))  # wpe alone is 4%
+    prof = context_profile((1.0, 2.0, 3.0, 4.0, 5.0), prompt_len=60)  # contexts 61..65
+    assert prof == {"32-63": 2.0, "64-127": 4.5}
