@@ -13,12 +13,14 @@ the GPU path is covered by tests marked `gpu`, which need an NVIDIA GPU with Ten
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from xdeploy.errors import XDeployError
+from xdeploy.export.artifact import Artifact
 from xdeploy.export.tensorrt import (
     BuildPlan,
     EngineKey,
@@ -92,6 +94,36 @@ def build_engine(trt: Any, onnx_path: str | Path, profiles: tuple[ShapeRange, ..
     return bytes(serialized)
 
 
+@dataclass(frozen=True)
+class EngineSetup:
+    """Everything decided before TensorRT is touched (all from the manifest + TensorRT/GPU identity)."""
+
+    key: EngineKey
+    plan: BuildPlan
+    onnx_path: Path
+    engine_dir: Path
+    timing_cache: Path
+    trtexec: tuple[str, ...]
+
+
+def engine_setup(artifact: Artifact, graph: str, variant: str, *, trt_version: str, has_fp16_flag: bool,
+                 gpu_name: str, compute_capability: str, cache_dir: str | Path | None = None,
+                 workspace_mib: int = 0) -> EngineSetup:
+    """The engine's cache key, typing plan, cache paths and trtexec line for one artifact graph (pure)."""
+    g = artifact.graph(graph)
+    plan = build_plan(variant, artifact.precision, has_fp16_flag=has_fp16_flag)
+    profiles = profile_shapes(g, artifact.spec.axes)
+    onnx_sha = artifact.manifest["files"][artifact.manifest["graphs"][g.name]["file"]]
+    key = EngineKey(onnx_sha, trt_version, gpu_name, compute_capability, profiles, plan, workspace_mib)
+    root = Path(cache_dir or default_cache_root()).expanduser()
+    edir = engine_dir(root, artifact.model, g.name, plan.precision, key)
+    tcache = timing_cache_path(root, trt_version, gpu_name, compute_capability)
+    onnx_path = artifact.onnx_path(g.name)
+    cmd = trtexec_command(onnx_path.resolve(), edir / "engine.plan", profiles, plan, trt_version,
+                          timing_cache=tcache, workspace_mib=workspace_mib)
+    return EngineSetup(key, plan, onnx_path, edir, tcache, tuple(cmd))
+
+
 class TrtRunner(Runner):
     name = "trt"
     variants = ("", "fp16")
@@ -104,22 +136,17 @@ class TrtRunner(Runner):
         self._trt, self._torch = trt, torch
         self.device = torch.device("cuda", int(self.options.get("device", 0)))
         props = torch.cuda.get_device_properties(self.device)
-        self.gpu_name, cc = props.name, f"{props.major}.{props.minor}"
-        plan = build_plan(self.variant, self.artifact.precision, has_fp16_flag=hasattr(trt.BuilderFlag, "FP16"))
-        profiles = profile_shapes(self.graph, self.artifact.spec.axes)
-        workspace = int(self.options.get("workspace_mib", 0))
-        rel = self.artifact.manifest["graphs"][self.graph.name]["file"]
-        key = EngineKey(self.artifact.manifest["files"][rel], trt.__version__, self.gpu_name, cc, profiles, plan,
-                        workspace)
-        root = Path(self.options.get("cache_dir") or default_cache_root()).expanduser()
-        self.engine_dir = engine_dir(root, self.artifact.model, self.graph.name, plan.precision, key)
-        onnx_path = self.artifact.onnx_path(self.graph.name)
-        tcache = timing_cache_path(root, trt.__version__, self.gpu_name, cc)
-        cmd = trtexec_command(onnx_path.resolve(), self.engine_dir / "engine.plan", profiles, plan, trt.__version__,
-                              timing_cache=tcache, workspace_mib=workspace)
+        self.gpu_name = props.name
+        setup = engine_setup(self.artifact, self.graph.name, self.variant, trt_version=trt.__version__,
+                             has_fp16_flag=hasattr(trt.BuilderFlag, "FP16"), gpu_name=props.name,
+                             compute_capability=f"{props.major}.{props.minor}",
+                             cache_dir=self.options.get("cache_dir"),
+                             workspace_mib=int(self.options.get("workspace_mib", 0)))
+        self.plan, self.engine_dir = setup.plan, setup.engine_dir
         blob, self.built = cached_engine(
-            self.engine_dir, key, lambda: build_engine(trt, onnx_path, profiles, plan, tcache, workspace), cmd)
-        self.plan = plan
+            setup.engine_dir, setup.key,
+            lambda: build_engine(trt, setup.onnx_path, setup.key.profiles, setup.plan, setup.timing_cache,
+                                 setup.key.workspace_mib), setup.trtexec)
         self.runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
         self.engine = self.runtime.deserialize_cuda_engine(blob)
         if self.engine is None:

@@ -222,18 +222,58 @@ def test_ort_gpu_provider_options():
     check_available("ort-trt", ["TensorrtExecutionProvider", "CUDAExecutionProvider"], "1.31.1")
 
 
+@pytest.fixture(scope="module")
+def bert_art(tmp_path_factory):
+    from xdeploy.export.onnx_export import export
+
+    return export("bert", preset="tiny", out=tmp_path_factory.mktemp("trt") / "bert")
+
+
+def test_engine_setup_from_a_real_artifact_and_fake_build(bert_art, tmp_path):
+    """From manifest to engine directory: key from the ONNX file's sha256, profile from the axes, trtexec.sh
+    written next to the engine, cache hit on reopen, new directory when the GPU differs (FAKE tensorrt)."""
+    from xdeploy.deploy.trt_runner import engine_setup
+    from xdeploy.export.artifact import load_artifact
+    from xdeploy.fsutil import sha256_file
+
+    art = load_artifact(bert_art)
+    kw = dict(trt_version="10.13.0", has_fp16_flag=True, gpu_name="NVIDIA L4", compute_capability="8.9",
+              cache_dir=tmp_path)
+    setup = engine_setup(art, "model", "", **kw)
+    assert setup.key.onnx_sha256 == sha256_file(bert_art / "model.onnx")
+    assert setup.key.profiles == profile_shapes(art.graph(), art.spec.axes) and setup.plan.strongly_typed
+    assert setup.engine_dir.parent == tmp_path and setup.engine_dir.name.startswith("bert-model-fp32-")
+    assert setup.trtexec[1] == f"--onnx={(bert_art / 'model.onnx').resolve()}"
+    assert setup.trtexec[2] == f"--saveEngine={setup.engine_dir / 'engine.plan'}"
+    trt = make_fake_tensorrt("10.13.0")
+
+    def build():
+        return build_engine(trt, setup.onnx_path, setup.key.profiles, setup.plan, setup.timing_cache)
+
+    assert cached_engine(setup.engine_dir, setup.key, build, setup.trtexec)[1] is True
+    script = (setup.engine_dir / "trtexec.sh").read_text()
+    assert shlex.split(script.splitlines()[-1]) == list(setup.trtexec)
+    assert cached_engine(setup.engine_dir, setup.key, build, setup.trtexec)[1] is False
+    assert trt.calls["builds"] == 1 and setup.timing_cache.exists()
+    other = engine_setup(art, "model", "", **(kw | {"gpu_name": "NVIDIA A100", "compute_capability": "8.0"}))
+    assert other.engine_dir != setup.engine_dir and other.timing_cache != setup.timing_cache
+    fp16 = engine_setup(art, "model", "fp16", **kw)
+    assert fp16.plan == BuildPlan(False, True, "fp16") and "--fp16" in fp16.trtexec
+    with pytest.raises(XDeployError, match="no FP16 builder flag"):
+        engine_setup(art, "model", "fp16", **(kw | {"trt_version": "11.4.0", "has_fp16_flag": False}))
+
+
 @pytest.mark.gpu
-def test_trt_engine_on_gpu_matches_ort(tmp_path):
+def test_trt_engine_on_gpu_matches_ort(bert_art, tmp_path):
     """Hardware path: build, cache, reload and run a real engine; needs an NVIDIA GPU with TensorRT."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("tensorrt", reason="needs an NVIDIA GPU with TensorRT")
     if not torch.cuda.is_available():
         pytest.skip("needs an NVIDIA GPU with TensorRT")
     from xdeploy.deploy.registry import open_runner
-    from xdeploy.export.onnx_export import export
     from xdeploy.models.spec import make_feeds
 
-    art = export("bert", preset="tiny", out=tmp_path / "bert")
+    art = bert_art
     feeds = make_feeds(_spec("bert").graph("model"), {"batch": 2, "seq": 16})
     with open_runner("ort", art) as o, open_runner("trt", art, cache_dir=tmp_path / "c") as t:
         assert t.built and (t.engine_dir / "trtexec.sh").read_text().count("trtexec --onnx=") == 1
