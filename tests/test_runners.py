@@ -215,3 +215,23 @@ def test_gpu_runners_match_ort_cpu(artifacts, reference, spec):
     for name in ref:
         ok, why = _close(ref[name], got[name], tol, cosine_only="fp16" in spec)
         assert ok, why
+
+
+def test_runner_compare_benchmark_runs_and_reports(tmp_path, capsys):
+    """Smoke run of the comparison benchmark on the tiny preset (structure only: timings are not asserted)."""
+    import json
+
+    from xdeploy.bench import runner_compare
+
+    out = tmp_path / "rc.json"
+    assert runner_compare.main(["--preset", "tiny", "--seq", "16", "--precisions", "fp32", "--rounds", "1",
+                                "--per-round", "1", "--warmup", "0", "--workdir", str(tmp_path / "w"),
+                                "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    labels = [r["label"] for r in report["results"]]
+    assert labels == ["torch", "ort", "ov", "ov:bf16"]
+    for r in report["results"]:
+        assert r["n"] == 1 and r["p50"] > 0 and r["cosine_vs_torch"] > 0.99
+    assert report["results"][0]["speedup_vs_torch"] == 1.0
+    assert set(report["targets"]) == {"ort", "ov:bf16"} and "x torch" in capsys.readouterr().out
+    assert runner_compare.main(["--preset", "tiny", "--rounds", "0", "--workdir", str(tmp_path / "w")]) == 2
