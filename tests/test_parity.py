@@ -258,9 +258,10 @@ def test_cli_unknown_model_and_precision(capsys):
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["transformer", "bert", "gpt", "vit"])
 def test_full_matrix_from_model_names(model, tmp_path):
-    """Every model x {torch, ort, ov, ov:bf16} x every export precision, as `xdeploy parity MODEL` does."""
+    """Every model x {ort, ov, ov:bf16, torch:bf16} x every export precision, as `xdeploy parity MODEL` does."""
     out = tmp_path / "p.json"
-    code = main(["parity", model, "--preset", "tiny", "--runners", ",".join(RUNNERS[1:] + ["ov:bf16"]),
+    runners = RUNNERS[1:] + (["ov:bf16"] if "ov" in RUNNERS else []) + ["torch:bf16"]
+    code = main(["parity", model, "--preset", "tiny", "--runners", ",".join(runners),
                  "--precision", ",".join(EXPORT_PRECISIONS), "--json", str(out)])
     rep = json.loads(out.read_text())
     fails = [(a["name"], c["runner"], c["graph"], c["output"], c["case"], c["reason"])
