@@ -186,14 +186,22 @@ def _text_case(artifact: Any, g: Any, texts: Sequence[str]) -> InputCase | None:
     """Real tokenized text for a graph fed by (ids, mask[, zeros]) over (batch, seq); None for other graphs."""
     from tokenizers import Tokenizer
 
+    from xdeploy.errors import XDeployError
+
     ids_t = [t for t in g.inputs if t.kind == "ids"]
-    if len(ids_t) != 1 or any(t.kind not in ("ids", "mask", "zeros") for t in g.inputs):
+    if len(ids_t) != 1 or any(t.kind not in ("ids", "mask", "zeros") or len(t.dims) != 2 or t.dims[0] != "batch"
+                              or t.dims != ids_t[0].dims for t in g.inputs):
         return None
     seq_axis = ids_t[0].dims[1]
     ax = artifact.spec.axes[seq_axis]
-    tok = Tokenizer.from_file(str(artifact.tokenizer_dir / "tokenizer.json"))
+    path = artifact.tokenizer_dir / "tokenizer.json"
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises a bare Exception for malformed files
+        raise XDeployError(f"cannot read {path}: {str(e).splitlines()[0]}") from None
+    tok.no_padding()  # we pad (and build the mask) ourselves
     tok.enable_truncation(ax.max)
-    encs = tok.encode_batch(list(texts))
+    encs = tok.encode_batch(list(texts)[:artifact.spec.axes["batch"].max])
     n = max(ax.min, max(len(e.ids) for e in encs))
     ids = np.zeros((len(encs), n), np.int64)
     mask = np.zeros((len(encs), n), np.int64)

@@ -145,6 +145,9 @@ def test_text_inputs_from_the_artifact_tokenizer(arts, tmp_path):
     assert text.feeds["input_ids"][0, :3].tolist() == [2, 4, 6]
     rep = check_artifact(art, ["ort"], shapes=[(1, 4)], layerwise="never")
     assert rep.passed and {c.case for c in rep.checks} == {"1x4", "text 5x128"}
+    (art_dir / "tokenizer" / "tokenizer.json").write_text("{not json")
+    with pytest.raises(XDeployError, match="cannot read .*tokenizer.json"):
+        input_cases(load_artifact(art_dir, verify=False))
 
 
 @pytest.mark.parametrize("model", ["bert", "gpt", "vit"])
