@@ -159,6 +159,17 @@ def _batching(pb: Any, cfg: Any, o: TritonOptions, *, preferred: bool = True) ->
         cfg.dynamic_batching.preferred_batch_size.extend(_preferred(o))
 
 
+def _profile(art: Artifact, g: Graph, pick: Any, max_batch: int) -> str:
+    """TensorRT EP profile string "input_ids:1x1,attention_mask:1x1" from the manifest's axes."""
+    def dim(d: int | str) -> int:
+        if isinstance(d, int):
+            return d
+        n = pick(art.spec.axes[d])
+        return min(n, max_batch) if d == "batch" and max_batch else n
+
+    return ",".join(f"{t.name}:{'x'.join(str(dim(d)) for d in t.dims)}" for t in g.inputs)
+
+
 def onnx_model_config(art: Artifact, name: str, o: TritonOptions) -> Any:
     """The ModelConfig of the graph itself (onnxruntime_onnx, or tensorrt_plan with an engine)."""
     pb = _pb()
@@ -180,10 +191,15 @@ def onnx_model_config(art: Artifact, name: str, o: TritonOptions) -> Any:
         acc = pb.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator(name=o.accelerator)
         if o.accelerator == "tensorrt":
             # ORT's TensorRT EP inside Triton's onnxruntime backend; engines cached across restarts
-            acc.parameters["precision_mode"] = "FP16" if art.precision in ("fp16", "fp32") else "FP32"
+            # int8 artifacts are Q/DQ graphs: INT8 mode without a calibration table
+            acc.parameters["precision_mode"] = "INT8" if art.precision == "int8" else "FP16"
             acc.parameters["max_workspace_size_bytes"] = str(1 << 30)
             acc.parameters["trt_engine_cache_enable"] = "true"
             acc.parameters["trt_engine_cache_path"] = "/tmp/triton-trt-cache"
+            # one optimization profile over the manifest's axes (batch capped at max_batch_size), so TensorRT
+            # builds once for the whole range instead of per new shape
+            for key, pick in (("min", lambda a: a.min), ("opt", lambda a: a.opt), ("max", lambda a: a.max)):
+                acc.parameters[f"trt_profile_{key}_shapes"] = _profile(art, g, pick, o.max_batch_size if batched else 0)
             cfg.optimization.execution_accelerators.gpu_execution_accelerator.append(acc)
         else:
             cfg.optimization.execution_accelerators.cpu_execution_accelerator.append(acc)

@@ -158,6 +158,11 @@ def test_plain_graph_accelerators_and_engine(tiny_bert, tmp_path):
     c = cfg(tmp_path / "r2", "bert")
     acc = c.optimization.execution_accelerators.gpu_execution_accelerator[0]
     assert acc.name == "tensorrt" and acc.parameters["precision_mode"] == "FP16"
+    axes = load_artifact(tiny_bert).spec.axes  # profile over the manifest's axes, batch capped at max_batch_size
+    b, sq = axes["batch"], axes["seq"]
+    assert acc.parameters["trt_profile_min_shapes"] == ",".join(
+        f"{n}:{b.min}x{sq.min}" for n in ("input_ids", "attention_mask", "token_type_ids"))
+    assert acc.parameters["trt_profile_max_shapes"].startswith(f"input_ids:{min(b.max, 32)}x{sq.max},")
     assert [(ig.count, ig.kind) for ig in c.instance_group] == [(3, pb.ModelInstanceGroup.KIND_GPU)]
 
     plan = tmp_path / "engine.plan"
