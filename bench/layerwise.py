@@ -224,7 +224,8 @@ def find_divergence(reference: onnx.ModelProto | str | Path, candidate: onnx.Mod
             cmp = compare(r32, c32, tol)
             node = tensors[i][1]
             out[i] = None if cmp.passed else Divergence(
-                node=node.name, op_type=node.op_type, output=name, max_abs=cmp.max_abs, max_rel=cmp.max_rel,
+                node=node.name or f"<unnamed {node.op_type} -> {name}>", op_type=node.op_type, output=name,
+                max_abs=cmp.max_abs, max_rel=cmp.max_rel,
                 cosine=cmp.cosine, ref_range=_range(r32), cand_range=_range(c32))
         return out
 
