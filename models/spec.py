@@ -132,7 +132,8 @@ def make_feeds(graph: Graph, sizes: Mapping[str, int], seed: int = 0, *, pad: bo
             if empty_row and shape[0] > 1:
                 a[0, :] = 0
         elif t.kind == "positions":
-            a = np.full(shape, sizes.get("cache", 0))
+            # the step's position: at most cache - 1, so a full-capacity cache never indexes past max_positions
+            a = np.full(shape, max(sizes.get("cache", 1) - 1, 0))
         elif t.kind == "zeros":
             a = np.zeros(shape)
         else:
