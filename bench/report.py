@@ -230,15 +230,15 @@ def plot_scale(scale: list[Mapping[str, Any]], path: Path, *, memory: bool) -> b
             slope = fitted_exponent(t, y)
             label = f"{lowering}" + (f" b{batch}" if batch != 1 else "")
             if slope is not None:
-                label += f" (slope {slope:.2f})"
+                label += f" (slope {slope:.2f}" + (f", {len(t)} points only)" if len(t) < 3 else ")")
             ax.plot(t, y, marker="o", ms=3.5, label=label)
         _plain_log2_x(ax, [r["T"] for r in mine])
         ax.set_yscale("log")
         ax.set_xlabel("sequence length T (tokens)")
-        ax.set_ylabel("activation memory (MiB, peak RSS above the loaded model)" if memory else
-                      "latency p50 (ms)")
+        ax.set_ylabel("activations (MiB of peak RSS above the loaded model)" if memory else "latency p50 (ms)",
+                      fontsize=9 if memory else 10)
         ax.set_title(f"{model} (d={mine[0]['d_model']}, {mine[0]['n_layers']} layers): "
-                     f"{'activation memory' if memory else 'latency'} vs T")
+                     + ("activation memory vs T" if memory else "latency vs T"))
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7.5, title="lowering (log-log slope over the top 3 T)", title_fontsize=7.5)
         ax.tick_params(axis="x", labelsize=8)
@@ -287,10 +287,16 @@ def plot_decode(dec: list[Mapping[str, Any]], path: Path) -> bool:
         for r in sorted((r for r in dec if r["model"] == model), key=lambda r: (r["runner"], r["mode"])):
             # step i (0-based) feeds token prompt_len+1+i and attends over prompt_len+1+i cached positions
             ctx = [r["prompt_len"] + 1 + i for i in range(len(r["step_s"]))]
-            ax.plot(ctx, [s * 1e3 for s in r["step_s"]], lw=1.0,
-                    label=f"{r['runner']} {r['artifact_precision']} {r['mode']} ({r['tokens_per_s']:.0f} tok/s)")
+            ms = np.asarray(r["step_s"], dtype=np.float64) * 1e3
+            # single steps are disturbed by anything else running: draw them faintly, and a running median
+            # (window ~n/16, at least 5 steps) as the line to read
+            w = max(5, len(ms) // 16) | 1
+            med = [float(np.median(ms[max(0, i - w // 2): i + w // 2 + 1])) for i in range(len(ms))]
+            label = f"{r['runner']} {r['artifact_precision']} {r['mode']} ({r['tokens_per_s']:.0f} tok/s)"
+            line, = ax.plot(ctx, med, lw=1.3, label=label)
+            ax.scatter(ctx, ms, s=3, alpha=0.25, color=line.get_color())
         ax.set_xlabel("context length (tokens)")
-        ax.set_ylabel("per-token latency (ms)")
+        ax.set_ylabel("per-token latency (ms; line: running median)")
         ax.set_yscale("log")
         ax.set_title(f"{model}: decode step latency vs context (batch {dec[0]['batch']})")
         ax.grid(True, which="both", alpha=0.3)
@@ -351,7 +357,10 @@ def plot_speed_error(points: list[dict[str, Any]], path: Path) -> bool:
         ax.set_xscale("log")
         sps = [p["speedup"] for p in ps]
         if max(sps) / max(min(sps), 1e-12) > 20:
+            from matplotlib.ticker import ScalarFormatter
+
             ax.set_yscale("log")  # a disturbed baseline can spread speedups over decades
+            ax.yaxis.set_major_formatter(ScalarFormatter())
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         ax.set_xlabel("max abs error vs PyTorch fp32 (worst output; log)")
         ax.set_ylabel("speedup vs PyTorch eager fp32 (×)")

@@ -302,9 +302,12 @@ def test_xdeploy_run_smoke_end_to_end(tmp_path, capsys):
 def test_xdeploy_run_exits_1_on_parity_failure_after_writing_the_report(tmp_path, capsys):
     # atol=rtol=0 and a cosine floor above 1 cannot be met by a different runtime: every check fails
     out = tmp_path / "latest"
-    rc = main(["run", "--smoke", "--models", "vit", "--runners", "ort", "--precisions", "fp32",
-               "--tolerance", "atol=0,rtol=0,cosine=2", "--out", str(out), "--artifacts", str(tmp_path / "art")])
+    rc = main(["run", "--smoke", "--models", "vit", "--runners", "ort", "--precisions", "fp32", "--skip",
+               "roofline,bench,decode,scale", "--tolerance", "atol=0,rtol=0,cosine=2", "--out", str(out),
+               "--artifacts", str(tmp_path / "art")])
     err = capsys.readouterr().err
     assert rc == 1 and "parity check(s) failed" in err and "vit tiny fp32 ort model/logits" in err
     md = (out / "summary.md").read_text()
-    assert "**Parity: 1 check(s) FAIL**" in md and "**FAIL**" in md
+    assert "**Parity: 1 check(s) FAIL**" in md and "**FAIL**" in md and "## Latency" not in md
+    assert main(["run", "--skip", "bench,profiling", "--out", str(out)]) == 2  # unknown phase: one-line error
+    assert "unknown phase to skip 'profiling'" in capsys.readouterr().err

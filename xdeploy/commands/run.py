@@ -25,6 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="runners compared with the PyTorch reference (default ort,ov)")
     p.add_argument("--tolerance", action="append", default=[], metavar="[OUTPUT:]atol=X,rtol=Y,cosine=Z",
                    help="override parity tolerances (repeatable; same syntax as xdeploy parity)")
+    p.add_argument("--skip", default="", metavar="PHASE,...",
+                   help="phases not to run: roofline, bench, decode, scale (export, parity, report always run)")
     p.add_argument("--threads", type=int, default=0, help="threads per runner (0 = all cores)")
     add_json_option(p)
 
@@ -42,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = RunConfig(out=args.out, artifacts=args.artifacts, models=_split(args.models), full=args.full,
                     smoke=args.smoke, precisions=_split(args.precisions), runners=_split(args.runners),
-                    threads=args.threads, tolerances=tuple(args.tolerance))
+                    threads=args.threads, tolerances=tuple(args.tolerance), skip=_split(args.skip))
     cfg.check()
     console = Console(stderr=True)
     steps = plan(cfg)
