@@ -11,6 +11,7 @@ stay dynamic: the ONNX frontend keeps them and each call may use any shape insid
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -71,7 +72,9 @@ class OvRunner(Runner):
         except Exception as e:  # openvino raises RuntimeError subclasses with multi-line messages
             raise XDeployError(f"OpenVINO cannot compile {path} for {self.device}: "
                                f"{str(e).strip().splitlines()[0]}") from None
-        self.request = self.compiled.create_infer_request()
+        # One infer request per thread: an OpenVINO request is not re-entrant ("Infer Request is busy"),
+        # while the compiled model is thread-safe and shares its weights between requests.
+        self._local = threading.local()
         # A port can carry several tensor names (an fp16 graph's keep-io Cast adds one); index them all.
         self._in_ports = {n: p for p in self.compiled.inputs for n in p.get_names()}
         self._out_ports = {n: p for p in self.compiled.outputs for n in p.get_names()}
@@ -83,7 +86,10 @@ class OvRunner(Runner):
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         # share_inputs: OpenVINO reads the (validated, contiguous) arrays in place; outputs are copied out
         # because the request reuses its output memory on the next call.
-        res = self.request.infer(feeds, share_inputs=True)
+        req = getattr(self._local, "request", None)
+        if req is None:
+            req = self._local.request = self.compiled.create_infer_request()
+        res = req.infer(feeds, share_inputs=True)
         return {n: np.array(res[self._out_ports[n]], copy=True) for n in self.output_names}
 
     def _request_on(self, arrays: Mapping[str, np.ndarray]) -> Any:
