@@ -399,7 +399,8 @@ def _parity_section(par: list[Mapping[str, Any]]) -> list[str]:
     rows = [(_model_label(p["model"], p.get("preset")), p["graph"], p["artifact_precision"], p["runner"],
              p["output"], _fmt_num(p["max_abs"]), _fmt_num(p["max_rel"]), _fmt_num(p["cosine"], ".6f"),
              p["nonfinite"], _fmt_num(None if p.get("top1") is None else 100 * p["top1"], ".1f"),
-             "pass" if p["passed"] else f"**FAIL** {p.get('reason') or ''}")
+             "pass" if p["passed"] else f"**FAIL** {p.get('reason') or ''}"
+             + (f"; first diverging node: {p['first_divergence']}" if p.get("first_divergence") else ""))
             for p in sorted(par, key=lambda p: (p["model"], p["graph"], p["artifact_precision"], p["runner"],
                                                 p["output"]))]
     return ["## Parity vs PyTorch fp32", "",
@@ -567,6 +568,8 @@ def render_summary(records: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]
     for k in ("command", "presets", "models", "note"):
         if meta.get(k):
             lines.append(f"- {k}: {meta[k] if not isinstance(meta[k], list) else ', '.join(map(str, meta[k]))}")
+    if isinstance(meta.get("phase_s"), dict) and meta["phase_s"]:
+        lines.append("- time per phase: " + ", ".join(f"{k} {v:.0f} s" for k, v in meta["phase_s"].items()))
     counts = ", ".join(f"{len(v)} {k[0]}" for k, v in sorted(by_kind.items()))
     lines += [f"- records: {counts or 'none'}", ""]
     if par:

@@ -180,6 +180,8 @@ def parity_records(report: Any, model: str, preset: str) -> list[dict[str, Any]]
 
         failed = [c for c in cs if not c.passed]
         top1 = worst([c.top1 for c in cs], min)
+        # where the ONNX graph first leaves tolerance (bench/layerwise.py), found for failing graphs only
+        where = next((_divergence_text(f) for f in report.layerwise if f.graph == graph and failed), None)
         out.append({"kind": "parity", "model": model, "preset": preset, "graph": graph, "runner": runner,
                     "artifact_precision": ap, "output": output, "tolerance_precision": cs[0].precision,
                     "max_abs": worst([c.max_abs for c in cs], max) or 0.0,
@@ -187,9 +189,17 @@ def parity_records(report: Any, model: str, preset: str) -> list[dict[str, Any]]
                     "mean_abs": worst([c.mean_abs for c in cs], max) or 0.0,
                     "cosine": cos if (cos := worst([c.cosine for c in cs], min)) is not None else 0.0,
                     "nonfinite": int(sum(c.nonfinite for c in cs)), "top1": top1, "passed": not failed,
-                    "reason": f"{failed[0].case}: {failed[0].reason}" if failed else None,
-                    "cases": len(cs), "atol": cs[0].atol, "rtol": cs[0].rtol, "min_cosine": cs[0].min_cosine})
+                    "reason": f"case {failed[0].case}: {failed[0].reason}" if failed else None,
+                    "cases": len(cs), "atol": cs[0].atol, "rtol": cs[0].rtol, "min_cosine": cs[0].min_cosine,
+                    "first_divergence": where})
     return out
+
+
+def _divergence_text(finding: Any) -> str:
+    d = finding.divergence
+    if d is None:
+        return finding.note or "no ONNX node leaves tolerance in onnxruntime"
+    return f"{d.node} ({d.op_type}) -> {d.output}: max_abs {d.max_abs:.3g}, cosine {d.cosine:.6f}"
 
 
 def parity_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progress) -> list[dict[str, Any]]:
@@ -203,7 +213,7 @@ def parity_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progre
         with prog.step("parity", f"{model} {preset} {prec}"):
             art = load_artifact(path)
             rep = check_artifact(art, list(cfg.runners), shapes=PARITY_SHAPES_SMOKE if cfg.smoke else DEFAULT_SHAPES,
-                                 layerwise="never", threads=cfg.threads, overrides=overrides)
+                                 layerwise="on-failure", threads=cfg.threads, overrides=overrides)
             recs += parity_records(rep, model, preset)
     return recs
 

@@ -309,5 +309,6 @@ def test_xdeploy_run_exits_1_on_parity_failure_after_writing_the_report(tmp_path
     assert rc == 1 and "parity check(s) failed" in err and "vit tiny fp32 ort model/logits" in err
     md = (out / "summary.md").read_text()
     assert "**Parity: 1 check(s) FAIL**" in md and "**FAIL**" in md and "## Latency" not in md
+    assert "first diverging node:" in md  # located by the layerwise finder
     assert main(["run", "--skip", "bench,profiling", "--out", str(out)]) == 2  # unknown phase: one-line error
     assert "unknown phase to skip 'profiling'" in capsys.readouterr().err
