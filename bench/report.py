@@ -633,6 +633,7 @@ def render_report(records: Iterable[Mapping[str, Any]], out: str | os.PathLike[s
     meta = {"generated": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")} | dict(meta or {})
     note = progress or (lambda _name: None)
     out = Path(out)
+    _check_replaceable(out)
     with atomic_dir(out, force=True) as tmp:
         (tmp / "plots").mkdir()
         by_kind = _by(recs, "kind")
@@ -658,6 +659,20 @@ def render_report(records: Iterable[Mapping[str, Any]], out: str | os.PathLike[s
         (tmp / "summary.md").write_text(render_summary(recs, meta, made), encoding="utf-8")
         note("summary.md")
     return out
+
+
+def _check_replaceable(out: Path) -> None:
+    """The report directory is replaced wholesale: refuse anything that is not an earlier report (or empty),
+    so `--out .` or `--out ~` can never delete a user's files."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise XDeployError(f"{out} exists and is not a directory; expected a report directory path")
+    if any(out.iterdir()) and not (out / "results.json").is_file():
+        raise XDeployError(f"{out} exists and is not an xdeploy report (no results.json); refusing to replace it "
+                           "- choose a new --out directory")
+    if (out / "results.json").is_file():
+        load_results(out)  # raises unless it is one of ours
 
 
 def load_results(path: str | os.PathLike[str]) -> dict[str, Any]:

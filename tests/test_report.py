@@ -312,3 +312,17 @@ def test_xdeploy_run_exits_1_on_parity_failure_after_writing_the_report(tmp_path
     assert "first diverging node:" in md  # located by the layerwise finder
     assert main(["run", "--skip", "bench,profiling", "--out", str(out)]) == 2  # unknown phase: one-line error
     assert "unknown phase to skip 'profiling'" in capsys.readouterr().err
+
+
+def test_report_never_replaces_a_directory_that_is_not_a_report(tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "thesis.tex").write_text("precious")
+    with pytest.raises(XDeployError, match="not an xdeploy report"):
+        render_report([], tmp_path / "mine")
+    assert (tmp_path / "mine" / "thesis.tex").read_text() == "precious"
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(XDeployError, match="not a directory"):
+        render_report([], tmp_path / "f")
+    render_report([], tmp_path / "empty")  # no records: still a valid, if short, report
+    assert "- records: none" in (tmp_path / "empty" / "summary.md").read_text()
+    render_report([], tmp_path / "empty")  # and an earlier report may be replaced
