@@ -84,7 +84,11 @@ def run(model: str = "bert", preset: str | None = "base", batch: int = 1, seq: i
             for n, r in runners.items():
                 tol = r.artifact.tolerance
                 c = compare(ref[out0], r.infer(feeds)[out0], tol)
-                parity[n] = {"cosine": c.cosine, "max_abs": c.max_abs, "passed": c.passed}
+                conv = r.artifact.manifest.get("conversion", {}).get(graph.name, {})
+                parity[n] = {"cosine": c.cosine, "max_abs": c.max_abs, "passed": c.passed,
+                             "fused_ops": conv.get("fused_ops", {}),
+                             "kept_fp32": len(conv.get("kept_fp32", [])),
+                             "amp_kept": [k["node"] for k in conv.get("kept_fp32", []) if k.get("reason") == "amp"]}
             for _ in range(warmup):
                 for call in calls.values():
                     call()
