@@ -64,6 +64,8 @@ class RunConfig:
         for m in self.models:
             if m not in MODELS:
                 raise one_of("model", m, MODELS)
+        if not self.runners:
+            raise XDeployError("no runners selected; expected e.g. --runners ort,ov")
         if not self.models:
             raise XDeployError(f"no models selected; expected some of: {', '.join(MODELS)}")
         for p in self.precisions:
@@ -105,6 +107,7 @@ class _Progress:
     def __init__(self, callback: Callable[[str, int], None] | None) -> None:
         self.callback = callback or (lambda _d, _n: None)
         self.phase_s: dict[str, float] = {}
+        self.notes: list[str] = []  # parts of a phase that could not run (the phase itself went on)
 
     @contextmanager
     def step(self, phase: str, what: str) -> Iterator[None]:
@@ -260,9 +263,15 @@ def decode_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progre
         runs += [(cfg.runners[0], "fp32", False)]
         ref = None
         for runner, prec, cache in runs:
-            with Generator(arts[prec], runner, use_cache=cache, threads=cfg.threads) as g:
-                g.generate(prompt, dataclasses.replace(gc, max_new_tokens=2))  # warm-up: first-call allocations
-                out = g.generate(prompt, gc)
+            try:
+                with Generator(arts[prec], runner, use_cache=cache, threads=cfg.threads) as g:
+                    g.generate(prompt, dataclasses.replace(gc, max_new_tokens=2))  # warm-up: first-call allocations
+                    out = g.generate(prompt, gc)
+            except XDeployError as e:
+                if ref is None:
+                    raise  # without the reference nothing else can be judged
+                prog.notes.append(f"decode {model} {runner} {prec}: {e}")
+                continue
             if ref is None:
                 ref = out
             agree = token_agreement(ref, out)
@@ -331,6 +340,7 @@ def run_job(cfg: RunConfig, *, progress: Callable[[str, int], None] | None = Non
 
     from xdeploy.bench.report import render_report
 
+    errors += prog.notes
     failures = tuple(f"{r['model']} {r.get('preset')} {r['artifact_precision']} {r['runner']} "
                      f"{r['graph']}/{r['output']}: {r['reason']}" for r in records
                      if r["kind"] == "parity" and not r["passed"])

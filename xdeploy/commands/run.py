@@ -93,7 +93,8 @@ def _print_summary(console, result) -> None:  # noqa: ANN001
             t.add_row(f"{model} {best.get('preset') or ''}", str(b), str(best.get("seq") or "–"),
                       f"{best['runner']} {best['artifact_precision']}", _fmt_s(best["latency_s"]["p50"]),
                       f"{sp[id(best)]:.2f}×", ok)
-    console.print(t)
+    if t.row_count:
+        console.print(t)
     for r in (r for r in recs if r["kind"] == "decode" and r["mode"] == "cache"):
         console.print(f"decode {r['model']} {r['runner']} {r['artifact_precision']}: {r['tokens_per_s']:.1f} "
                       f"tokens/s, agreement {100 * r['agreement']:.0f}%")
