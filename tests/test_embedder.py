@@ -224,3 +224,14 @@ def test_bench_sentence_set_is_deterministic_and_varied(emb):
     assert any(not s.isascii() for s in a)
     q = make_queries(a, 50)
     assert len(q) == 50 and q == make_queries(a, 50) and all(s == s.lower() for s in q)
+
+
+@pytest.mark.parametrize("runner", ["torch", "ov:bf16"])
+def test_other_runners_give_the_same_vectors(minilm, emb, runner):
+    if runner.startswith("ov"):
+        pytest.importorskip("openvino")
+    few = SENTENCES[:8]
+    with Embedder(minilm, runner) as other:
+        got = other.embed(few)
+    cos = (got * emb.embed(few)).sum(1)
+    assert cos.min() >= (0.9999 if runner.endswith("bf16") else 0.99999), cos.min()
