@@ -179,7 +179,8 @@ class Embedder:
         self._tokenizer: Any = None  # loaded on first text call: embed_ids works without a tokenizer
         self._lock = threading.Lock()
         self._local = threading.local()
-        self._runners: list[Runner] = []
+        self._runners: list[Runner] = []  # every runner opened (per-thread ones stay until close())
+        self._closed = False
         self._runner = self._open() if sessions == "shared" else None
         # Longest prefix (in characters) tokenized for one input: the tokenizer's cost grows with the line,
         # the model only sees max_length tokens. Special tokens aside, every token covers >= 1 character.
@@ -193,6 +194,8 @@ class Embedder:
         return r
 
     def _run(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
+        if self._closed:
+            raise XDeployError("this Embedder is closed; create a new one")
         if self._runner is not None:
             with self._lock:
                 return self._runner.infer(feeds)[HIDDEN]
@@ -212,6 +215,8 @@ class Embedder:
         return r
 
     def close(self) -> None:
+        """Release every runner (the shared one, or all per-thread ones). Idempotent."""
+        self._closed = True
         with self._lock:
             for r in self._runners:
                 r.close()

@@ -139,6 +139,8 @@ def test_artifact_without_tokenizer_or_pooling(tiny_bert):
         np.testing.assert_allclose(got[0], hidden[0, 0], atol=1e-5)
         with pytest.raises(XDeployError, match="input 0 has 0 token ids"):
             e.embed_ids([[]])
+    with pytest.raises(XDeployError, match="Embedder is closed"):
+        e.embed_ids(ids)
 
 
 def test_pool_modes():
