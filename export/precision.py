@@ -178,6 +178,9 @@ def _float_nodes(proto: onnx.ModelProto) -> dict[str, str]:
 def to_fp16_amp(proto: onnx.ModelProto, feeds: Mapping[str, np.ndarray], tol: Tolerance,
                 options: PrecisionOptions = PrecisionOptions()) -> tuple[onnx.ModelProto, dict[str, Any]]:
     """fp16 with the op block list, then keep diverging nodes fp32 until the graph is within `tol`."""
+    unknown = sorted(set(options.fp16_block_nodes) - {n.name for n in proto.graph.node})
+    if unknown:
+        raise XDeployError(f"fp16 block list names nodes the graph does not have: {unknown[:3]}")
     float_nodes = _float_nodes(proto)
     by_op = [n for n, op in float_nodes.items() if op in options.fp16_block_ops]
     amp: list[dict[str, Any]] = []

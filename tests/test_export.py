@@ -227,8 +227,10 @@ def test_automatic_mixed_precision_keeps_diverging_nodes_fp32():
     assert amp == {"square", "unscale"} and info["amp"]["unresolved"] is None
     const = {t.name: t.data_type for t in out.graph.initializer}
     assert const["c9e4"] == onnx.TensorProto.FLOAT and const["c300"] == onnx.TensorProto.FLOAT16
-    _, off = to_fp16_amp(proto, feeds, tol, PrecisionOptions(amp=False))
-    assert not [k for k in off["kept_fp32"] if k["reason"] == "amp"]
+    _, off = to_fp16_amp(proto, feeds, tol, PrecisionOptions(amp=False, fp16_block_nodes=("add",)))
+    assert [(k["node"], k["reason"]) for k in off["kept_fp32"]] == [("add", "node_block_list")]
+    with pytest.raises(XDeployError, match="fp16 block list names nodes the graph does not have"):
+        to_fp16_amp(proto, feeds, tol, PrecisionOptions(fp16_block_nodes=("nope",)))
 
 
 def test_cli_export_fp16_directly_and_convert(tmp_path, capsys):
