@@ -191,9 +191,16 @@ def test_invalid_records_are_refused_with_one_line(tmp_path):
         render_report(recs, tmp_path / "x")
 
 
+def _write_run(path: Path, records: list[dict]) -> None:
+    """A report's results.json alone: what `report compare` reads (the renderer's output is tested above)."""
+    path.mkdir()
+    (path / "results.json").write_text(json.dumps({"schema": "xdeploy-report", "version": 1, "meta": {},
+                                                   "records": records}))
+
+
 def test_compare_catches_planted_30pct_slowdown(tmp_path):
-    render_report(synthetic_records(), tmp_path / "a")
-    render_report(synthetic_records(slow=1.3), tmp_path / "b")
+    _write_run(tmp_path / "a", synthetic_records())
+    _write_run(tmp_path / "b", synthetic_records(slow=1.3))
     c = compare_runs(str(tmp_path / "a"), str(tmp_path / "b"))
     reg = c.regressions
     # exactly the slowed records (ort fp32, 2 models x 3 batches), each at +30%
@@ -245,13 +252,14 @@ KILL_CHILD = textwrap.dedent("""
         if name == "results.json":
             time.sleep(60)  # the parent kills us here: plots and results.json are in the temp dir
 
-    render_report(synthetic_records(slow=2.0), {out!r}, meta={{"title": "second"}}, progress=progress)
+    recs = [r for r in synthetic_records(slow=2.0) if r["kind"] == "latency"]
+    render_report(recs, {out!r}, meta={{"title": "second"}}, progress=progress)
 """)
 
 
 def test_sigkill_mid_write_leaves_previous_report(tmp_path):
     out = tmp_path / "latest"
-    render_report(synthetic_records(), out, meta={"title": "first"})
+    render_report([r for r in synthetic_records() if r["kind"] == "latency"], out, meta={"title": "first"})
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     code = KILL_CHILD.format(tests=str(Path(__file__).parent), out=str(out))
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -261,7 +269,7 @@ def test_sigkill_mid_write_leaves_previous_report(tmp_path):
             seen.append(line.strip())
             if line.strip() == "results.json":
                 break
-        assert seen[-1] == "results.json" and "plots/latency_vs_T.png" in seen
+        assert seen[-1] == "results.json" and "plots/throughput_vs_batch.png" in seen
         os.kill(child.pid, signal.SIGKILL)
     finally:
         child.kill()
@@ -269,7 +277,7 @@ def test_sigkill_mid_write_leaves_previous_report(tmp_path):
     after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert after == before and "# first" in (out / "summary.md").read_text()
     # the next complete render replaces it
-    render_report(synthetic_records(), out, meta={"title": "third"})
+    render_report([], out, meta={"title": "third"})
     assert "# third" in (out / "summary.md").read_text()
 
 
