@@ -238,6 +238,8 @@ def run(*, new: int = 256, prompt_len: int = 32, runners: tuple[str, ...] = ("to
             ref_tokens = r["tokens"]
         ag = token_agreement([ref_tokens], [r["tokens"]])
         hb = weight_bytes_per_token(arts[prec] / "decode.onnx")
+        if runner.endswith(":bf16") and prec == "fp32":
+            hb //= 2  # OpenVINO's bf16 hint stores the fp32 weights as bf16 at compile time
         kv_bytes = 12 * 2 * 768 * (prompt_len + new) * 4  # the decode graph reads the whole cache (capacity C)
         roof_tps = bw / (hb + kv_bytes)
         r |= {"runner": runner, "precision": prec, "agreement": ag.agreement,
@@ -250,6 +252,8 @@ def run(*, new: int = 256, prompt_len: int = 32, runners: tuple[str, ...] = ("to
         log(f"  ttft {r['ttft_s'] * 1e3:.1f} ms, step p50 {r['step_p50_s'] * 1e3:.2f} ms, "
             f"{r['tokens_per_s']:.1f} tok/s end to end ({r['vs_hf']:.2f}x HF), agreement {ag.agreement:.3f}, "
             f"{r['pct_of_roofline']:.0f}% of roofline ({hb / 1e6:.0f} MB weights/token)")
+
+    result["teacher_forced"] = teacher_forced(arts, hf_model, prompt + ref_tokens, log) if ref_tokens else {}
 
     if recompute:
         # the fastest true-fp32 runner (not a compute-precision variant such as ov:bf16)
@@ -271,6 +275,39 @@ def run(*, new: int = 256, prompt_len: int = 32, runners: tuple[str, ...] = ("to
     result["load_average_end"] = list(_loadavg())
     result["summary"] = summarize(result)
     return result
+
+
+def teacher_forced(arts: dict[str, Path], hf_model: Any, seq: list[int], log: Any) -> dict[str, Any]:
+    """Why reduced precisions diverge: on the fp32 reference sequence (teacher forcing, so one early flip does
+    not derail the rest), the top-1 / top-2 logit margin of the fp32 model and, per precision (ort `model`
+    graph), how often the argmax still agrees and how far the logits move."""
+    import torch
+
+    from xdeploy.deploy.registry import open_runner
+
+    ids = np.asarray([seq], np.int64)
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    with torch.inference_mode():
+        ref = hf_model(torch.from_numpy(ids)).logits[0].float().numpy()  # (T, V)
+    top2 = np.sort(ref, -1)[:, -2:]
+    margin = top2[:, 1] - top2[:, 0]
+    out: dict[str, Any] = {"margin_p10": float(np.percentile(margin, 10)),
+                           "margin_median": float(np.median(margin)), "positions": int(len(seq))}
+    log(f"fp32 reference top-1 minus top-2 logit margin: median {out['margin_median']:.4f}, "
+        f"p10 {out['margin_p10']:.4f} (logit std {ref.std():.3f})")
+    for prec, art in arts.items():
+        try:
+            with open_runner("ort", art) as r:
+                got = r.infer(feeds)["logits"][0]
+        except XDeployError as e:
+            out[prec] = {"error": str(e)}
+            continue
+        d = np.abs(got - ref)
+        out[prec] = {"top1_agreement": float((got.argmax(-1) == ref.argmax(-1)).mean()),
+                     "abs_err_median": float(np.median(d)), "abs_err_p99": float(np.percentile(d, 99))}
+        log(f"  ort {prec}: teacher-forced top-1 agreement {out[prec]['top1_agreement']:.3f}, "
+            f"|logit error| median {out[prec]['abs_err_median']:.4f}, p99 {out[prec]['abs_err_p99']:.4f}")
+    return out
 
 
 def transformer_parity(root: Path, runners: tuple[str, ...], log: Any, new: int = 128) -> dict[str, Any]:
@@ -342,6 +379,12 @@ def render(result: dict[str, Any]) -> str:
         if "error" not in r:
             prof = ", ".join(f"{k}: {v * 1e3:.2f}" for k, v in r["by_context_s"].items())
             lines.append(f"  {r['runner']} {r['precision']}: {prof}")
+    tf = result.get("teacher_forced") or {}
+    if tf:
+        lines.append(f"\nteacher-forced on the fp32 reference sequence: top-1 minus top-2 logit margin median "
+                     f"{tf['margin_median']:.4f} (p10 {tf['margin_p10']:.4f}); ort per precision: " + ", ".join(
+                         f"{p}: top-1 agreement {v['top1_agreement']:.3f}, |err| median {v['abs_err_median']:.4f}"
+                         for p, v in tf.items() if isinstance(v, dict) and "top1_agreement" in v))
     if "recompute" in result:
         rc = result["recompute"]
         lines.append(f"\nrecompute-everything ({rc['runner']} fp32): {rc['tokens_per_s']:.2f} tokens/s end to end; "
