@@ -232,7 +232,8 @@ def bench_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progres
     # per child: warm-up, then at least min_iters calls and until max_seconds of timed calls (max_iters caps fast
     # models); the child's start-up (imports, load) costs more than the timing itself in the default job
     timing = {"warmup": 2, "min_iters": 3, "max_iters": 20, "max_seconds": 0.3} if cfg.smoke else \
-        {"warmup": 3, "min_iters": 10, "max_iters": 200, "max_seconds": 0.5 if not cfg.full else 3.0}
+        {"warmup": 3, "min_iters": 10, "max_iters": 200, "max_seconds": 0.5} if not cfg.full else \
+        {"warmup": 2, "min_iters": 5, "max_iters": 200, "max_seconds": 2.0}  # base presets: up to seconds per call
     recs: list[dict[str, Any]] = []
     with prog.step("bench", f"{model} {preset}"):
         for prec, path in paths.items():
