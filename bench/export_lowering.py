@@ -112,7 +112,7 @@ def run(model: str = "bert", preset: str | None = "base", batch: int = 1, seq: i
         st = summarize(s)
         rows.append({"variant": n, "p50_ms": st.p50 * 1e3, "p10_ms": float(np.percentile(s, 10)) * 1e3,
                      "p90_ms": st.p90 * 1e3, "vs_" + base: st.p50 / med0, "n": st.n} | parity[n])
-    return {"model": model, "preset": preset, "batch": batch, "seq": seq, "rounds": rounds, "block": block,
+    return {"model": model, "preset": preset, "sizes": sizes, "rounds": rounds, "block": block,
             "threads": threads,
             "rows": rows, "machine": _machine()}
 
@@ -137,7 +137,8 @@ def _machine() -> dict[str, Any]:
 
 def render(result: dict[str, Any]) -> str:
     base = next(k for k in result["rows"][0] if k.startswith("vs_"))
-    lines = [f"{result['model']} {result['preset']} b{result['batch']} s{result['seq']}, {result['rounds']} rounds x "
+    sizes = " ".join(f"{k}={v}" for k, v in result["sizes"].items())
+    lines = [f"{result['model']} {result['preset']} ({sizes}), {result['rounds']} rounds x "
              f"{result['block']} calls interleaved; {result['machine']['cpu']}, {result['machine']['cores']} cores, "
              f"onnxruntime {result['machine']['onnxruntime']}, torch {result['machine']['torch']}",
              f"| variant | p50 ms | p10 ms | p90 ms | {base.replace('_', ' ')} | cosine vs ref |",
