@@ -116,14 +116,17 @@ def upper_range(ts: Sequence[int], points: int = 3) -> list[int]:
 # ------------------------------------------------------------------------------------------ profiler ----
 
 def classify(op: str, shapes: Sequence[Sequence[int]]) -> str:
-    """Attention = attention ops, Softmax and the MatMuls on 4-D (B, h, T, ·) tensors (q kᵀ, p v)."""
+    """attention: attention ops, Softmax, and every node on 4-D (B, h, T, ·) head tensors — q kᵀ and p v
+    MatMuls, the mask-bias Add and scaling Mul over (B, h, T, S) scores, head transposes; matmul: the other
+    MatMul/Gemm/Conv (projections, feed-forward, patch embedding); normalization: LayerNorm variants."""
+    four_d = any(len(s) == 4 for s in shapes)
     if op in ATTENTION_OPS:
         return "attention"
     if op in MATMUL_OPS:
-        return "attention" if any(len(s) == 4 for s in shapes) and op in ("MatMul", "FusedMatMul") else "matmul"
+        return "attention" if four_d and op in ("MatMul", "FusedMatMul") else "matmul"
     if op in NORM_OPS:
         return "normalization"
-    return "other"
+    return "attention" if four_d else "other"
 
 
 def _shapes(arg: Any) -> list[list[int]]:

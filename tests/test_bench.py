@@ -243,6 +243,8 @@ def test_scale_analytic_model():
     assert classify("MatMul", [[1, 12, 64, 32], [1, 12, 32, 64]]) == "attention"
     assert classify("MatMul", [[1, 64, 384], [384, 384]]) == "matmul"
     assert classify("LayerNormalization", []) == "normalization" and classify("Attention", []) == "attention"
+    assert classify("Add", [[1, 12, 64, 64], [1, 1, 1, 64]]) == "attention"  # mask bias on the scores
+    assert classify("Add", [[1, 64, 384], [384]]) == "other" and classify("Conv", [[1, 3, 32, 32]]) == "matmul"
 
 
 def test_scale_command_end_to_end(cache, tmp_path):
