@@ -164,16 +164,15 @@ def test_transformer_greedy_and_sampling_parity_across_runners(seq2seq):
     ref_s = generate(seq2seq, src, sampled, runner="torch", use_cache=False)
     # random post-LN weights make greedy output repetitive; high-temperature sampling exercises many tokens
     assert len({t for row in ref_s.tokens for t in row}) > 10
+    bc = GenerationConfig(max_new_tokens=6, num_beams=3, eos_token_id=-1)
+    rb = generate(seq2seq, src, bc, runner="torch", use_cache=False)
     for runner in _runners():
         with Generator(seq2seq, runner) as g:
             assert g.generate(src, greedy).tokens == ref_g.tokens, runner
             assert g.generate(src, sampled).tokens == ref_s.tokens, runner
-            beam = g.generate(src, GenerationConfig(max_new_tokens=6, num_beams=3, eos_token_id=-1))
-        rb = generate(seq2seq, src, GenerationConfig(max_new_tokens=6, num_beams=3, eos_token_id=-1),
-                      runner="torch", use_cache=False)
+            beam = g.generate(src, bc)
         assert beam.tokens == rb.tokens and np.allclose(beam.scores, rb.scores, atol=1e-4), runner
     # a padded source row generates what it generates alone (beam scores: a sharp check of the logits)
-    bc = GenerationConfig(max_new_tokens=6, num_beams=3, eos_token_id=-1)
     alone = generate(seq2seq, [src[1]], bc, runner="ort")
     both = generate(seq2seq, src, bc, runner="ort")
     assert alone.tokens[0] == both.tokens[1] and alone.scores[0] == pytest.approx(both.scores[1], abs=1e-5)
