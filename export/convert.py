@@ -68,6 +68,7 @@ def convert_artifact(src: str | Path, out: str | Path, precision: str, *, optimi
             conversion[graph.name] = info
             set_metadata(proto, meta | {"precision": precision, "optimized": optimize})
             save_onnx(proto, tmp / m["graphs"][graph.name]["file"])
+        prec.check_requested_nodes(precision, options, conversion)
         m |= {"precision": precision, "optimized": optimize, "conversion": conversion,
               "derived_from": {"path": str(art.path.resolve()), "files": dict(art.manifest["files"])},
               "versions": library_versions(), "export_seconds": round(time.perf_counter() - t0, 3)}

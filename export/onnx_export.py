@@ -167,6 +167,7 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
                                             "outputs": ",".join(t.name for t in graph.outputs)})
                 files[graph.name] = f"{graph.name}.onnx"
                 save_onnx(proto, tmp / files[graph.name])
+        prec.check_requested_nodes(precision, precision_options, conversion)
         if tokenizer_files:
             (tmp / "tokenizer").mkdir()
             for f in tokenizer_files:

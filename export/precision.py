@@ -178,13 +178,14 @@ def _float_nodes(proto: onnx.ModelProto) -> dict[str, str]:
 def to_fp16_amp(proto: onnx.ModelProto, feeds: Mapping[str, np.ndarray], tol: Tolerance,
                 options: PrecisionOptions = PrecisionOptions()) -> tuple[onnx.ModelProto, dict[str, Any]]:
     """fp16 with the op block list, then keep diverging nodes fp32 until the graph is within `tol`."""
-    unknown = sorted(set(options.fp16_block_nodes) - {n.name for n in proto.graph.node})
-    if unknown:
-        raise XDeployError(f"fp16 block list names nodes the graph does not have: {unknown[:3]}")
+    # Node names are per artifact, not per graph: names another graph of the artifact has are skipped here
+    # (check_requested_nodes rejects names no graph has).
+    names = {n.name for n in proto.graph.node}
+    requested = [n for n in options.fp16_block_nodes if n in names]
     float_nodes = _float_nodes(proto)
     by_op = [n for n, op in float_nodes.items() if op in options.fp16_block_ops]
     amp: list[dict[str, Any]] = []
-    block_nodes = list(options.fp16_block_nodes)
+    block_nodes = list(requested)
     producer = {o: n for n in proto.graph.node for o in n.output}
     by_name = {n.name: n for n in proto.graph.node}
     consumers: dict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
@@ -213,7 +214,7 @@ def to_fp16_amp(proto: onnx.ModelProto, feeds: Mapping[str, np.ndarray], tol: To
                        if i in producer and producer[i].name in float_nodes and producer[i].name not in blocked]
             record = {"node": d.node, "op_type": d.op_type, "max_abs": d.max_abs, "cosine": d.cosine,
                       "kept_fp32": add}
-            if not add or len(block_nodes) + len(add) > len(options.fp16_block_nodes) + options.amp_max_nodes:
+            if not add or len(block_nodes) + len(add) > len(requested) + options.amp_max_nodes:
                 unresolved = record
                 break
             amp.append(record)
@@ -224,12 +225,13 @@ def to_fp16_amp(proto: onnx.ModelProto, feeds: Mapping[str, np.ndarray], tol: To
         "precision": "fp16", "io_dtype": "float32", "block_ops": list(options.fp16_block_ops),
         "kept_fp32": [{"node": n, "op_type": float_nodes.get(n, "?"),
                        "reason": "op_block_list" if n in by_op else ("node_block_list" if n in
-                                                                     options.fp16_block_nodes else "amp")}
+                                                                     requested else "amp")}
                       for n in kept],
         "amp": {"enabled": options.amp, "providers": list(options.amp_providers),
                 "tolerance": {"atol": tol.atol, "rtol": tol.rtol, "cosine": tol.cosine},
                 "iterations": amp, "unresolved": unresolved},
         "fp16_nodes": sum(1 for n in float_nodes if n not in kept),
+        "requested_nodes_found": requested,
     }
     return out, info
 
@@ -243,9 +245,7 @@ def to_int8(proto: onnx.ModelProto, options: PrecisionOptions = PrecisionOptions
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     names = {n.name for n in proto.graph.node}
-    unknown = sorted(set(options.int8_exclude) - names)
-    if unknown:
-        raise XDeployError(f"int8 exclude list names nodes the graph does not have: {unknown[:3]}")
+    exclude = [n for n in options.int8_exclude if n in names]  # per artifact, as for fp16_block_nodes
     p = onnx.ModelProto()
     p.CopyFrom(proto)
     del p.graph.value_info[:]
@@ -267,7 +267,7 @@ def to_int8(proto: onnx.ModelProto, options: PrecisionOptions = PrecisionOptions
                               all_tensors_to_one_file=True, external_data_location="pre.onnx.data")
             quantize_dynamic(str(pre), str(dst), op_types_to_quantize=list(options.int8_op_types),
                              per_channel=options.int8_per_channel, weight_type=QuantType.QInt8,
-                             nodes_to_exclude=list(options.int8_exclude), use_external_data_format=large)
+                             nodes_to_exclude=exclude, use_external_data_format=large)
         except XDeployError:
             raise
         except Exception as e:
@@ -277,6 +277,19 @@ def to_int8(proto: onnx.ModelProto, options: PrecisionOptions = PrecisionOptions
     return q, {
         "precision": "int8", "io_dtype": "float32", "method": "dynamic", "weight_type": "int8",
         "per_channel": options.int8_per_channel, "op_types": list(options.int8_op_types),
-        "excluded": list(options.int8_exclude), "kept_fp32": list(options.int8_exclude),
+        "excluded": exclude, "kept_fp32": exclude, "requested_nodes_found": exclude,
         "quantized_ops": {k: ops[k] for k in ("MatMulInteger", "ConvInteger", "DynamicQuantizeLinear") if ops[k]},
     }
+
+
+def check_requested_nodes(precision: str, options: PrecisionOptions | None, conversion: Mapping[str, Any]) -> None:
+    """Reject node names (fp16 block list / int8 exclude list) that no graph of the artifact has."""
+    if options is None or precision == "fp32":
+        return
+    asked = options.fp16_block_nodes if precision == "fp16" else options.int8_exclude
+    found = {n for info in conversion.values() for n in info.get("requested_nodes_found", [])}
+    missing = [n for n in asked if n not in found]
+    if missing:
+        what = "fp16 block list" if precision == "fp16" else "int8 exclude list"
+        raise XDeployError(f"{what} names nodes no graph has: {', '.join(missing[:3])}; expected node names "
+                           "from the fp32 graphs (e.g. onnx.load(...).graph.node[i].name)")

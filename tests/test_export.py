@@ -142,8 +142,9 @@ def test_int8_exclude_keeps_nodes_fp32(fp32, tmp_path):
     q = onnx.load(str(load_artifact(out).onnx_path()))
     assert matmuls[0] in {n.name for n in q.graph.node if n.op_type == "MatMul"}
     assert matmuls[1] not in {n.name for n in q.graph.node if n.op_type == "MatMul"}
-    with pytest.raises(XDeployError, match="nodes the graph does not have"):
+    with pytest.raises(XDeployError, match="int8 exclude list names nodes no graph has: nope"):
         convert_artifact(src.path, tmp_path / "r", "int8", options=PrecisionOptions(int8_exclude=("nope",)))
+    assert not (tmp_path / "r").exists()
 
 
 # What the onnxruntime fusions do on dynamo-exported graphs (measured; see export/optimize.py).
@@ -238,8 +239,8 @@ def test_automatic_mixed_precision_keeps_diverging_nodes_fp32():
     assert const["c9e4"] == onnx.TensorProto.FLOAT and const["c300"] == onnx.TensorProto.FLOAT16
     _, off = to_fp16_amp(proto, feeds, tol, PrecisionOptions(amp=False, fp16_block_nodes=("add",)))
     assert [(k["node"], k["reason"]) for k in off["kept_fp32"]] == [("add", "node_block_list")]
-    with pytest.raises(XDeployError, match="fp16 block list names nodes the graph does not have"):
-        to_fp16_amp(proto, feeds, tol, PrecisionOptions(fp16_block_nodes=("nope",)))
+    _, skip = to_fp16_amp(proto, feeds, tol, PrecisionOptions(amp=False, fp16_block_nodes=("nope",)))
+    assert skip["requested_nodes_found"] == []  # names of other graphs are skipped; convert rejects unknowns
 
 
 def test_cli_export_fp16_directly_and_convert(tmp_path, capsys):
@@ -304,3 +305,17 @@ def test_external_data_path(fp32, tmp_path, monkeypatch):
     assert {"model.onnx.data", "decode.onnx.data"} <= set(art.manifest["files"])
     assert (out / "model.onnx").stat().st_size < (out / "model.onnx.data").stat().st_size
     _check_against_torch(out, shapes=SHAPES[:2])
+
+
+def test_fp16_block_nodes_are_per_artifact(fp32, tmp_path):
+    """A node name applies to whichever graphs have it (node_MatMul_21 exists only in gpt's decode graph)."""
+    src = load_artifact(fp32("gpt"))
+    decode_only = sorted({n.name for n in onnx.load(str(src.onnx_path("decode"))).graph.node if n.op_type == "MatMul"}
+                         - {n.name for n in onnx.load(str(src.onnx_path())).graph.node})[0]
+    out = convert_artifact(src.path, tmp_path / "h", "fp16",
+                           options=PrecisionOptions(fp16_block_nodes=(decode_only,), amp=False))
+    conv = load_artifact(out).manifest["conversion"]
+    assert {"node": decode_only, "op_type": "MatMul", "reason": "node_block_list"} in conv["decode"]["kept_fp32"]
+    assert decode_only not in {k["node"] for k in conv["model"]["kept_fp32"]}
+    with pytest.raises(XDeployError, match="fp16 block list names nodes no graph has: nope"):
+        convert_artifact(src.path, tmp_path / "x", "fp16", options=PrecisionOptions(fp16_block_nodes=("nope",)))
