@@ -124,28 +124,32 @@ def _sentence(rng: random.Random, topic: str) -> str:
     return s + rng.choice([".", ".", ".", "!", "..."])
 
 
+def _one(rng: random.Random, topics: list[str]) -> str:
+    topic = rng.choice(topics)
+    r = rng.random()
+    if r < 0.30:
+        subj, verb, obj, mod = (rng.choice(x) for x in TOPICS[topic])
+        return rng.choice([f"what is {obj}?", f"how does {subj} affect {obj}?", f"{obj} {mod}",
+                           f"why {subj} {verb} {obj}?", f"{subj} {obj} {rng.randint(2, 2025)}",
+                           f"{rng.choice(QUESTION_STARTS)} {obj}?"])
+    if r < 0.75:
+        return _sentence(rng, topic)
+    if r < 0.95:
+        k = rng.choice([2, 2, 3, 3, 4, 5, 8, 14])
+        return " ".join(_sentence(rng, rng.choice([topic, topic, rng.choice(topics)])) for _ in range(k))
+    return rng.choice(FOREIGN) + " " + _sentence(rng, topic)
+
+
 def make_sentences(n: int, seed: int = 0) -> list[str]:
-    """n varied sentences (deterministic for a seed): ~30% short queries, ~45% single sentences, ~20% paragraphs
-    of 2-8 sentences (a few longer than 256 tokens), ~5% non-English."""
+    """n distinct varied sentences (deterministic for a seed): ~30% short queries, ~45% single sentences, ~20%
+    paragraphs of 2-14 sentences (a few longer than 256 tokens), ~5% with non-English text. Distinct, because a
+    duplicated corpus sentence would make the retrieval check's nearest neighbour a tie."""
     rng = random.Random(seed)
     topics = sorted(TOPICS)
-    out = []
-    for _ in range(n):
-        topic = rng.choice(topics)
-        r = rng.random()
-        if r < 0.30:
-            subj, verb, obj, mod = (rng.choice(x) for x in TOPICS[topic])
-            out.append(rng.choice([f"what is {obj}?", f"how does {subj} affect {obj}?", f"{obj} {mod}",
-                                   f"why {subj} {verb} {obj}?", f"{subj} {obj} {rng.randint(2, 2025)}",
-                                   f"{rng.choice(QUESTION_STARTS)} {obj}?"]))
-        elif r < 0.75:
-            out.append(_sentence(rng, topic))
-        elif r < 0.95:
-            k = rng.choice([2, 2, 3, 3, 4, 5, 8, 14])
-            out.append(" ".join(_sentence(rng, rng.choice([topic, topic, rng.choice(topics)])) for _ in range(k)))
-        else:
-            out.append(rng.choice(FOREIGN) + " " + _sentence(rng, topic))
-    return out
+    out: dict[str, None] = {}  # insertion-ordered set
+    while len(out) < n:
+        out.setdefault(_one(rng, topics))
+    return list(out)
 
 
 def make_queries(corpus: list[str], n: int, seed: int = 1) -> list[str]:
