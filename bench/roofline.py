@@ -52,6 +52,7 @@ class Trial:
     path: str  # e.g. "torch.matmul n=2048 threads=2"
     value: float  # FLOP/s or bytes/s
     seconds: float  # best call time
+    threads: int = 0  # threads the trial used (0: not applicable)
 
 
 def _best_time(call: Callable[[], Any], budget: float) -> float:
@@ -174,7 +175,7 @@ def gemm_trials(precisions: tuple[str, ...] = GEMM_PRECISIONS, *, sizes: tuple[i
                         if log:
                             log(f"  {name} {prec}: unavailable ({str(e).splitlines()[0][:80]})")
                         break
-                    trial = Trial("gemm", prec, f"{name} n={n} threads={th}", 2.0 * n**3 / t, t)
+                    trial = Trial("gemm", prec, f"{name} n={n} threads={th}", 2.0 * n**3 / t, t, th)
                     out.append(trial)
                     if log:
                         log(f"  {prec:5s} {trial.path:48s} {trial.value / 1e9:8.1f} GFLOP/s")
@@ -226,14 +227,17 @@ def measure_roofline(*, quick: bool = False, log: Callable[[str], None] | None =
 def summarize(trials: list[Trial], *, quick: bool) -> dict[str, Any]:
     """Best trial per GEMM precision and per memory kind, with one roofline record each."""
     fp = fingerprint()
-    result: dict[str, Any] = {"gemm": {}, "memory_read": None, "memory_copy": None, "quick": quick,
-                              "machine": _machine_key(fp), "records": []}
+    result: dict[str, Any] = {"gemm": {}, "gemm_by_threads": {}, "memory_read": None, "memory_copy": None,
+                              "quick": quick, "machine": _machine_key(fp), "records": []}
     note = "quick" if quick else None
     for prec in GEMM_PRECISIONS:
         ts = [t for t in trials if t.measure == "gemm" and t.precision == prec]
         if ts:
             best = max(ts, key=lambda t: t.value)
             result["gemm"][prec] = {"value": best.value, "path": best.path}
+            for th in sorted({t.threads for t in ts}):
+                b = max((t for t in ts if t.threads == th), key=lambda t: t.value)
+                result["gemm_by_threads"].setdefault(str(th), {})[prec] = {"value": b.value, "path": b.path}
             result["records"].append(make_record(
                 "roofline", fp, measure="gemm", precision=prec, path=best.path, value=best.value, unit="FLOP/s",
                 trials=[{"path": t.path, "value": t.value} for t in ts], note=note))
@@ -267,21 +271,26 @@ def load(path: Path | None = None) -> dict[str, Any] | None:
 
 
 def load_peaks(path: Path | None = None) -> dict[str, float]:
-    """{precision: peak FLOP/s} from the cache ({} when no roofline was measured on this machine)."""
+    """{precision: peak FLOP/s} from the cache ({} when no roofline was measured on this machine), plus
+    "{precision}@{threads}": the best trial at that thread count (a 1-thread run is judged against the
+    1-thread peak, not the 2-core one)."""
     data = load(path)
     if not data:
         return {}
-    return {k: float(v["value"]) for k, v in data.get("gemm", {}).items()}
+    peaks = {k: float(v["value"]) for k, v in data.get("gemm", {}).items()}
+    for th, by_prec in (data.get("gemm_by_threads") or {}).items():
+        peaks |= {f"{k}@{th}": float(v["value"]) for k, v in by_prec.items()}
+    return peaks
 
 
-def peak_for(peaks: dict[str, float], precision: str) -> float | None:
-    """The peak a run at `precision` is judged against. fp16 on a CPU without native fp16 GEMM runs its
+def peak_for(peaks: dict[str, float], precision: str, threads: int | None = None) -> float | None:
+    """The peak a run at `precision` on `threads` threads is judged against: the best trial at that thread
+    count when one was measured, else the overall best. fp16 on a CPU without native fp16 GEMM runs its
     matmuls in fp32 (ORT/OpenVINO upcast), so it is judged against the fp32 peak."""
-    if precision in peaks:
-        return peaks[precision]
-    if precision == "fp16":
-        return peaks.get("fp32")
-    return None
+    prec = "fp32" if precision == "fp16" and "fp16" not in peaks else precision
+    if threads and f"{prec}@{threads}" in peaks:
+        return peaks[f"{prec}@{threads}"]
+    return peaks.get(prec)
 
 
 def get_roofline(*, refresh: bool = False, quick: bool = False,

@@ -189,7 +189,7 @@ def latency_record(art: Any, job: BenchJob, result: dict[str, Any], mem: MemoryS
     st, info = result["stats"], result["info"]
     flops = float(get_family(art.model).flops(art.config, sizes))
     achieved = flops / st["p50"] if st["p50"] > 0 else 0.0
-    peak = peak_for(dict(peaks), info["precision"])
+    peak = peak_for(dict(peaks), info["precision"], int(info["threads"]))
     tokens = tokens_per_call(art, sizes)
     return make_record(
         "latency", result["fingerprint"], model=art.model, preset=art.manifest.get("preset"), graph=job.graph,

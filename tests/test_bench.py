@@ -155,7 +155,12 @@ def peaks(cache):
     assert all(t.value > 1e8 for t in mem) and any(t.path.startswith("read") for t in mem)
     data = roofline.summarize(trials + mem, quick=True)
     roofline.save(data)
-    assert roofline.load_peaks() == {p: v["value"] for p, v in data["gemm"].items()}
+    loaded = roofline.load_peaks()
+    assert {p: loaded[p] for p in data["gemm"]} == {p: v["value"] for p, v in data["gemm"].items()}
+    assert loaded["fp32@1"] == loaded["fp32"]  # only 1-thread trials here
+    assert roofline.peak_for({"fp32": 2.0, "fp32@1": 1.0}, "fp16", 1) == 1.0  # fp16 GEMMs run in fp32 here
+    assert roofline.peak_for({"fp32": 2.0, "fp32@1": 1.0}, "fp32", 2) == 2.0
+    assert roofline.peak_for({"fp32": 2.0}, "bf16") is None
     return data
 
 
@@ -196,7 +201,8 @@ def test_bench_command_end_to_end(peaks, tmp_path):
         assert r["parity_passed"] is True and 2 <= r["iterations"] <= 3 and r["threads"] == 1
         assert r["tokens_per_s"] == pytest.approx(r["batch"] * 8 / r["latency_s"]["p50"])
         assert r["achieved_flops"] == pytest.approx(r["flops"] / r["latency_s"]["p50"])
-        assert r["pct_of_peak"] == pytest.approx(100 * r["achieved_flops"] / peaks["gemm"]["fp32"]["value"])
+        peak_1thread = peaks["gemm_by_threads"]["1"]["fp32"]["value"]  # --threads 1: the 1-thread peak
+        assert r["pct_of_peak"] == pytest.approx(100 * r["achieved_flops"] / peak_1thread)
         m = r["memory"]
         assert m["weights_bytes"] > 0 and m["peak_rss_bytes"] > m["weights_bytes"] and m["device_bytes"] is None
         assert r["fingerprint"]["isa"] and r["fingerprint"]["threads"]["affinity_cpus"] >= 1
