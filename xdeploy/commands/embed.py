@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="float32 [n, d] .npy, or one JSON array per line; default: JSON lines on stdout")
     p.add_argument("--runner", default="ort", help="runner spec: ort, ov, ov:bf16, torch, ... (default ort)")
     p.add_argument("--batch-size", type=int, default=32, help="sentences per model call (default 32)")
-    p.add_argument("--pad-to", type=int, default=8, help="pad each batch's length to a multiple of this (default 8)")
+    p.add_argument("--pad-to", type=int, default=1, help="pad each batch's length to a multiple of this (default 1)")
     p.add_argument("--max-length", type=int, help="tokens per sentence (default: the artifact's pooling max_length)")
     p.add_argument("--truncation", choices=("right", "error"), default="right",
                    help="longer sentences: cut to max-length (default, counted) or refuse")

@@ -6,7 +6,7 @@
 // Token ids come from the caller (the artifact's tokenizer/tokenizer.json, e.g. via HF tokenizers), special
 // tokens included and already truncated to max_length(). Pooling (mean / cls / max) and L2 normalization follow
 // the manifest's "pooling" record exactly like the Python Embedder; artifacts without one use CLS, unnormalized.
-// Batches are length-sorted and padded to a multiple of 8, as in Python, so both run the same shapes.
+// Batches are length-sorted and padded as in Python (same defaults), so both run the same shapes.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +27,7 @@ struct Options {
   std::string provider = "auto";  // auto | cpu | cuda | tensorrt  (auto: tensorrt > cuda > cpu, if the library has it)
   int threads = 0;                // intra-op threads, 0 = ONNX Runtime's default (all cores)
   int batch_size = 32;            // sentences per model call (capped by the artifact's batch axis)
-  int pad_to = 8;                 // pad each batch's length to a multiple of this
+  int pad_to = 1;                 // pad each batch's length to a multiple of this (1: to its longest, as Python)
 };
 
 struct Pooling {
