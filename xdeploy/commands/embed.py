@@ -62,9 +62,11 @@ def run(args: argparse.Namespace) -> int:
     out = args.out
     if out != "-" and not out.endswith((".npy", ".jsonl")):
         raise XDeployError(f"--out {out}: expected a file name ending in .npy or .jsonl, or - for stdout")
-    texts = decode_lines(read_lines(args.input), "stdin" if args.input == "-" else args.input)
+    # Load the artifact before reading the input: a wrong artifact path is reported as such, and a user
+    # piping a large file learns about it before the file is read.
     with Embedder(args.artifact, args.runner, batch_size=args.batch_size, pad_to=args.pad_to,
                   max_length=args.max_length, truncation=args.truncation, threads=args.threads) as emb:
+        texts = decode_lines(read_lines(args.input), "stdin" if args.input == "-" else args.input)
         t0 = time.perf_counter()
         vecs, stats = emb.embed_with_stats(texts)
         seconds = time.perf_counter() - t0
