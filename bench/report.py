@@ -256,7 +256,7 @@ def plot_throughput(lat: list[Mapping[str, Any]], path: Path) -> bool:
         return False
     plt = _plt()
     rows, cols = _grid(len(panels))
-    fig, axes = plt.subplots(rows, cols, figsize=(6.2 * cols, 4.4 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(7.4 * cols, 4.4 * rows), squeeze=False)
     for ax, ((model, graph, seq), rs) in zip(axes.flat, sorted(panels.items(), key=lambda kv: str(kv[0]))):
         for (runner, ap), g in sorted(_by(rs, "runner", "artifact_precision").items()):
             g = sorted(g, key=lambda r: r["batch"])
@@ -265,9 +265,12 @@ def plot_throughput(lat: list[Mapping[str, Any]], path: Path) -> bool:
         _plain_log2_x(ax, [r["batch"] for r in rs])
         ax.set_xlabel("batch size")
         ax.set_ylabel("throughput (sequences/s)")
-        ax.set_title(f"{model} {graph}" + (f", seq {seq}" if seq else "") + ": throughput vs batch")
+        ax.set_title(f"{_model_label(model, rs[0].get('preset'))} {graph}" + (f", seq {seq}" if seq else "")
+                     + ": throughput vs batch")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7.5, title="runner artifact-precision", title_fontsize=7.5)
+        # outside the axes: inside it hides lines whatever the placement
+        ax.legend(fontsize=7.5, title="runner artifact", title_fontsize=7.5, loc="center left",
+                  bbox_to_anchor=(1.01, 0.5))
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
     _save(fig, path)
