@@ -30,7 +30,7 @@ cpp: install
 	cmake -S deploy/cpp -B deploy/cpp/build -DCMAKE_BUILD_TYPE=Release
 	cmake --build deploy/cpp/build -j2
 
-# Lean serving env for `xdeploy serve` (deploy/serve.py): PyTriton's Python stub fails under Python 3.11 and works
+# Lean serving env for `xdeploy serve` (serve/server.py): PyTriton's Python stub fails under Python 3.11 and works
 # under 3.13, and the server needs no torch. Pinned in requirements-serve.txt; xdeploy installed --no-deps on top.
 PYTHON_SERVE ?= $(shell for p in python3.13 $$(pyenv root 2>/dev/null)/versions/3.13*/bin/python3.13; do \
 	$$p -c 'import sys' >/dev/null 2>&1 && { command -v $$p || echo $$p; } && break; done)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from xdeploy.errors import XDeployError
+from xdeploy.core.errors import XDeployError
 
 STAT_FIELDS = ("p50", "p90", "p99", "mean", "std", "min", "max")
 

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from xdeploy.errors import XDeployError
+from xdeploy.core.errors import XDeployError
 
 
 def _status_kib(field: str) -> float | None:

@@ -25,12 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from xdeploy.errors import XDeployError
-from xdeploy.fsutil import atomic_write_json
+from xdeploy.core.errors import XDeployError
+from xdeploy.core.fingerprint import fingerprint
+from xdeploy.core.fsutil import atomic_write_json
+from xdeploy.core.records import make_record
 
-from .fingerprint import fingerprint
 from .latency import measure
-from .records import make_record
 
 GEMM_PRECISIONS = ("fp32", "bf16", "int8")
 CACHE_FILE = "roofline.json"
@@ -315,7 +315,7 @@ def main() -> int:
 def render(data: dict[str, Any], console: Any) -> None:
     from rich.table import Table
 
-    from .fingerprint import summary
+    from xdeploy.core.fingerprint import summary
 
     t = Table(title="machine roofline (best of several paths; min call time)",
               caption=summary(data["records"][0]["fingerprint"]) if data.get("records") else None)

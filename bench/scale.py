@@ -37,11 +37,11 @@ from typing import Any
 
 import numpy as np
 
-from xdeploy.errors import XDeployError, one_of
+from xdeploy.core.errors import XDeployError, one_of
+from xdeploy.core.fingerprint import fingerprint
+from xdeploy.core.records import make_record
 
-from .fingerprint import fingerprint
 from .memory import Probe, run_isolated
-from .records import make_record
 from .suite import BenchJob, _mem_dict, cached_artifact, run_job
 
 
@@ -371,7 +371,7 @@ def summarize(records: Sequence[Mapping[str, Any]], points: int = 3) -> list[dic
 def render(records: Sequence[Mapping[str, Any]], console: Any) -> None:
     from rich.table import Table
 
-    from .fingerprint import summary
+    from xdeploy.core.fingerprint import summary
 
     scale = [r for r in records if r["kind"] == "scale" and r["model"] != "vit"]
     if scale:

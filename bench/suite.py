@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from xdeploy.errors import XDeployError
+from xdeploy.core.errors import XDeployError
+from xdeploy.core.fingerprint import fingerprint
+from xdeploy.core.records import make_record
 
-from .fingerprint import fingerprint
 from .memory import MemoryStats, Probe, run_isolated
-from .records import make_record
 
 SEQ_AXES = ("seq", "src_seq")  # token axes: both set to the requested --seq (transformer: source and target)
 
@@ -205,10 +205,9 @@ def latency_record(art: Any, job: BenchJob, result: dict[str, Any], mem: MemoryS
 
 def check_parity(art: Any, job: BenchJob, outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray],
                  precision: str) -> tuple[bool, str]:
-    """Every output within the tolerance of its precision (bench/parity.py's verdict) vs PyTorch fp32."""
+    """Every output within the tolerance of its precision (verify/parity.py's verdict) vs PyTorch fp32."""
     from xdeploy.models.spec import make_feeds
-
-    from .parity import InputCase, check_outputs, tolerance_precision
+    from xdeploy.verify.parity import InputCase, check_outputs, tolerance_precision
 
     g = art.graph(job.graph)
     feeds = make_feeds(g, dict(job.sizes), seed=job.seed)
@@ -317,7 +316,7 @@ def latency_table(records: Sequence[Mapping[str, Any]], *, baseline: str | None 
     """A rich table of latency records; speed-up vs the baseline runner's p50 at the same (model, batch, seq)."""
     from rich.table import Table
 
-    from .fingerprint import summary
+    from xdeploy.core.fingerprint import summary
 
     base = {(r["model"], r["batch"], r["seq"]): r["latency_s"]["p50"] for r in records
             if baseline and r["runner"] == baseline}

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from xdeploy.errors import XDeployError
+from xdeploy.core.errors import XDeployError
 from xdeploy.export.artifact import Artifact
 from xdeploy.models.spec import Axis, Graph
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from xdeploy.errors import XDeployError, one_of
+from xdeploy.core.errors import XDeployError, one_of
 from xdeploy.export.artifact import Artifact, load_artifact
 
 from .base import Runner

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from xdeploy.errors import XDeployError
+from xdeploy.core.errors import XDeployError
 from xdeploy.export.artifact import Artifact, load_artifact
 
 from .base import Runner

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from xdeploy.errors import XDeployError
+from xdeploy.core.errors import XDeployError
 from xdeploy.export.tensorrt import default_cache_root, format_shapes, profile_shapes
 from xdeploy.models.spec import Axis, Graph
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from xdeploy.errors import XDeployError
+from xdeploy.core.errors import XDeployError
 
 from .base import Runner, RunnerInfo, validate_feeds
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from xdeploy.errors import XDeployError, one_of
+from xdeploy.core.errors import XDeployError, one_of
 
 from .base import Runner, RunnerInfo, validate_feeds
 

@@ -9,7 +9,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from xdeploy.errors import XDeployError, one_of
+from xdeploy.core.errors import XDeployError, one_of
 from xdeploy.export.artifact import Artifact, load_artifact
 
 from .base import Runner

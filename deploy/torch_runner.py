@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from xdeploy.errors import XDeployError
+from xdeploy.core.errors import XDeployError
 from xdeploy.models.checkpoint import load_state
 from xdeploy.models.registry import get_family
 

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from xdeploy.errors import XDeployError
+from xdeploy.core.errors import XDeployError
+from xdeploy.core.fsutil import atomic_write_bytes
 from xdeploy.export.artifact import Artifact
 from xdeploy.export.tensorrt import (
     BuildPlan,
@@ -33,7 +34,6 @@ from xdeploy.export.tensorrt import (
     timing_cache_path,
     trtexec_command,
 )
-from xdeploy.fsutil import atomic_write_bytes
 
 from .base import Runner, RunnerInfo, validate_feeds
 

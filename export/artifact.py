@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from xdeploy.errors import XDeployError
-from xdeploy.fsutil import sha256_file
+from xdeploy.core.errors import XDeployError
+from xdeploy.core.fsutil import sha256_file
 from xdeploy.models.spec import DEFAULT_TOLERANCES, Axis, ExportSpec, Graph, TensorSpec, Tolerance
 
 FORMAT = "xdeploy-artifact"

@@ -16,8 +16,8 @@ from typing import Any
 
 import onnx
 
-from xdeploy.errors import XDeployError
-from xdeploy.fsutil import atomic_dir, atomic_write_json
+from xdeploy.core.errors import XDeployError
+from xdeploy.core.fsutil import atomic_dir, atomic_write_json
 from xdeploy.models.spec import ExportSpec, Graph
 
 from . import precision as prec

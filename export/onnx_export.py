@@ -20,15 +20,15 @@ from safetensors.torch import save_file
 from torch import nn
 
 import xdeploy
-from xdeploy.errors import XDeployError
-from xdeploy.fsutil import atomic_dir, atomic_write_json, sha256_file
+from xdeploy.core.errors import XDeployError
+from xdeploy.core.fsutil import atomic_dir, atomic_write_json, sha256_file
 from xdeploy.models import registry
 from xdeploy.models.spec import ExportSpec, Graph
 
 from .artifact import FORMAT, MANIFEST, SCHEMA_VERSION, spec_to_json, write_manifest_files
 
 SUPPORTED_OPSETS = (18, 23)  # 18: attention as MatMul/Softmax; 23: the native ONNX Attention op
-DEFAULT_OPSET = 23  # by measurement (python -m xdeploy.bench.export_lowering; docs/export.md)
+DEFAULT_OPSET = 23  # by measurement (python -m xdeploy.studies.export_lowering; docs/export.md)
 DEFAULT_OPTIMIZE = False  # by measurement, and fused com.microsoft ops would tie the artifact to onnxruntime
 TWO_GB = 2**31
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import onnx
 
-from xdeploy.errors import XDeployError
+from xdeploy.core.errors import XDeployError
 
 MS_DOMAIN = "com.microsoft"
 # onnxruntime.transformers.optimizer model types: which fusion patterns (and attention layouts) to try.

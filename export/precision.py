@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from xdeploy.errors import XDeployError, one_of
+from xdeploy.core.errors import XDeployError, one_of
 from xdeploy.models.spec import ExportSpec, Graph, Tolerance, make_feeds
 
 EXPORT_PRECISIONS = ("fp32", "fp16", "int8")
@@ -195,7 +195,7 @@ def to_fp16_amp(proto: onnx.ModelProto, feeds: Mapping[str, np.ndarray], tol: To
     out = to_fp16(proto, block_ops=options.fp16_block_ops, block_nodes=block_nodes)
     unresolved = None
     if options.amp:
-        from xdeploy.bench.layerwise import find_divergence
+        from xdeploy.verify.layerwise import find_divergence
 
         while True:
             d = find_divergence(proto, out, dict(feeds), tol, providers=list(options.amp_providers))

@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from xdeploy.errors import XDeployError
-from xdeploy.fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
+from xdeploy.core.errors import XDeployError
+from xdeploy.core.fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
 from xdeploy.models.spec import Axis, Graph
 
 Shape = tuple[int, ...]

@@ -16,8 +16,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
-from xdeploy.errors import XDeployError
-from xdeploy.fsutil import sha256_file
+from xdeploy.core.errors import XDeployError
+from xdeploy.core.fsutil import sha256_file
 
 from .registry import MODELS, check_finite
 

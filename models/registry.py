@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from xdeploy.errors import XDeployError, one_of
+from xdeploy.core.errors import XDeployError, one_of
 
 from . import bert, gpt, transformer, vit
 from .attention import ATTENTION_IMPLS

@@ -11,8 +11,8 @@ import onnx
 import pytest
 
 from xdeploy.cli import main
+from xdeploy.core.errors import XDeployError
 from xdeploy.deploy.registry import open_runner
-from xdeploy.errors import XDeployError
 from xdeploy.export.artifact import load_artifact
 from xdeploy.export.onnx_export import export
 from xdeploy.models.spec import make_feeds

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from xdeploy.bench.latency import LatencyStats, measure, summarize
-from xdeploy.errors import XDeployError
+from xdeploy.core.errors import XDeployError
 
 
 def test_summarize_percentile_math():
@@ -70,7 +70,7 @@ def test_isolated_child_errors_are_reported():
 
 
 def test_fingerprint_has_cpu_isa_versions_threads():
-    from xdeploy.bench.fingerprint import fingerprint
+    from xdeploy.core.fingerprint import fingerprint
 
     fp = fingerprint()
     assert fp["cpu_model"] and fp["logical_cpus"] >= 1 and fp["threads"]["affinity_cpus"] >= 1
@@ -81,8 +81,8 @@ def test_fingerprint_has_cpu_isa_versions_threads():
 
 
 def _latency_record():
-    from xdeploy.bench.fingerprint import fingerprint
-    from xdeploy.bench.records import make_record
+    from xdeploy.core.fingerprint import fingerprint
+    from xdeploy.core.records import make_record
 
     return make_record(
         "latency", fingerprint(), model="bert", preset="tiny", graph="model", runner="ort", device="cpu",
@@ -99,7 +99,7 @@ def test_records_validate_and_invalid_ones_are_rejected(tmp_path):
     import copy
     import json
 
-    from xdeploy.bench.records import read_records, validate_record, write_records
+    from xdeploy.core.records import read_records, validate_record, write_records
 
     rec = _latency_record()
     write_records(tmp_path / "r.jsonl", [rec, rec])
@@ -173,15 +173,15 @@ def test_roofline_command_reads_cache(peaks, tmp_path):
                  str(tmp_path / "r.jsonl")]) == 0
     out = json.loads((tmp_path / "r.json").read_text())
     assert out["gemm"]["fp32"]["value"] == peaks["gemm"]["fp32"]["value"] and out["memory_read"]["value"] > 0
-    from xdeploy.bench.records import read_records
+    from xdeploy.core.records import read_records
     assert {r["measure"] for r in read_records(tmp_path / "r.jsonl")} == {"gemm", "memory_read", "memory_copy"}
 
 
 def test_bench_command_end_to_end(peaks, tmp_path):
     import json
 
-    from xdeploy.bench.records import read_records
     from xdeploy.cli import main
+    from xdeploy.core.records import read_records
 
     args = ["bench", "bert", "--preset", "tiny", "--runners", "torch,ort", "--batch", "2", "--seq", "8,4096",
             "--warmup", "1", "--min-iters", "2", "--max-iters", "3", "--threads", "1", "--parity",
@@ -256,8 +256,8 @@ def test_scale_analytic_model():
 def test_scale_command_end_to_end(cache, tmp_path):
     import json
 
-    from xdeploy.bench.records import read_records
     from xdeploy.cli import main
+    from xdeploy.core.records import read_records
 
     args = ["scale", "bert", "--preset", "tiny", "--max-t", "128", "--lowerings", "ort-o23,torch-sdpa",
             "--vit-patches", "", "--budget", "120", "--threads", "1", "--json", str(tmp_path / "s.json"),

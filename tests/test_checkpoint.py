@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from xdeploy.errors import XDeployError
+from xdeploy.core.errors import XDeployError
 from xdeploy.models.checkpoint import load_checkpoint
 
 transformers = pytest.importorskip("transformers")

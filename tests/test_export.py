@@ -13,16 +13,16 @@ import numpy as np
 import onnx
 import pytest
 
-from xdeploy.bench.parity import compare
 from xdeploy.cli import main
+from xdeploy.core.errors import XDeployError
 from xdeploy.deploy.registry import open_runner
-from xdeploy.errors import XDeployError
 from xdeploy.export import onnx_export
 from xdeploy.export.artifact import load_artifact
 from xdeploy.export.convert import convert_artifact
 from xdeploy.export.onnx_export import export
 from xdeploy.export.precision import PrecisionOptions, to_fp16, to_fp16_amp
 from xdeploy.models.spec import Tolerance, make_feeds
+from xdeploy.verify.metrics import compare
 
 MODELS = ("bert", "gpt", "transformer", "vit")
 SHAPES = ((1, 1), (3, 16), (4, 33))  # (batch, every other axis); the export example uses 2, 5, 7, 11...

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from xdeploy.cli import main
+from xdeploy.core.errors import XDeployError
 from xdeploy.deploy.generate import (
     GenerationConfig,
     Generator,
@@ -21,7 +22,6 @@ from xdeploy.deploy.generate import (
     token_agreement,
 )
 from xdeploy.deploy.registry import RUNNERS, open_runner
-from xdeploy.errors import XDeployError
 from xdeploy.export.artifact import load_artifact
 from xdeploy.export.onnx_export import export
 from xdeploy.models.spec import make_feeds
@@ -265,7 +265,7 @@ def test_cli_generate_json_and_errors(hf, tmp_path, capsys):
 
 
 def test_decode_bench_weight_bytes_and_context_profile(hf):
-    from xdeploy.bench.decode_bench import context_profile, weight_bytes_per_token
+    from xdeploy.studies.decode_bench import context_profile, weight_bytes_per_token
 
     model, art = hf
     params = sum(p.numel() for p in model.parameters())  # tied LM head counted once

@@ -10,12 +10,12 @@ import pytest
 from onnxruntime.transformers.float16 import convert_float_to_float16
 from planted import attention_query, corrupt_weight, scale_up
 
-from xdeploy.bench.layerwise import _Probe, ancestors, comparable_tensors, find_divergence
-from xdeploy.bench.parity import compare
-from xdeploy.errors import XDeployError
+from xdeploy.core.errors import XDeployError
 from xdeploy.export.artifact import load_artifact
 from xdeploy.export.onnx_export import export
 from xdeploy.models.spec import DEFAULT_TOLERANCES, Tolerance, make_feeds
+from xdeploy.verify.layerwise import _Probe, ancestors, comparable_tensors, find_divergence
+from xdeploy.verify.metrics import compare
 
 
 @pytest.fixture(scope="module")

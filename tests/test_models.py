@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from xdeploy.errors import XDeployError
+from xdeploy.core.errors import XDeployError
 from xdeploy.models.registry import MODELS, build, get_config, param_count
 from xdeploy.models.spec import make_feeds
 

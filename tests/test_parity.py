@@ -12,7 +12,14 @@ import pytest
 from onnxruntime.transformers.float16 import convert_float_to_float16
 from planted import attention_query, corrupt_weight, scale_up
 
-from xdeploy.bench.parity import (
+from xdeploy.cli import main
+from xdeploy.core.errors import XDeployError
+from xdeploy.core.fsutil import atomic_write_json
+from xdeploy.export.artifact import MANIFEST, load_artifact, write_manifest_files
+from xdeploy.export.onnx_export import export
+from xdeploy.export.precision import EXPORT_PRECISIONS
+from xdeploy.models.spec import DEFAULT_TOLERANCES, Tolerance
+from xdeploy.verify.parity import (
     check_artifact,
     compare,
     drop_empty_rows,
@@ -22,13 +29,6 @@ from xdeploy.bench.parity import (
     parse_tolerance_overrides,
     tolerance_precision,
 )
-from xdeploy.cli import main
-from xdeploy.errors import XDeployError
-from xdeploy.export.artifact import MANIFEST, load_artifact, write_manifest_files
-from xdeploy.export.onnx_export import export
-from xdeploy.export.precision import EXPORT_PRECISIONS
-from xdeploy.fsutil import atomic_write_json
-from xdeploy.models.spec import DEFAULT_TOLERANCES, Tolerance
 
 FP32, FP16 = DEFAULT_TOLERANCES["fp32"], DEFAULT_TOLERANCES["fp16"]
 

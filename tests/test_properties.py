@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from xdeploy.core.errors import XDeployError
 from xdeploy.deploy.base import validate_feeds
-from xdeploy.errors import XDeployError
 from xdeploy.export.artifact import MANIFEST, load_artifact
 from xdeploy.export.onnx_export import export
 from xdeploy.models.spec import Axis, Graph, TensorSpec

@@ -14,10 +14,10 @@ from pathlib import Path
 import onnx
 import pytest
 
-from xdeploy.errors import XDeployError
+from xdeploy.core.errors import XDeployError
+from xdeploy.core.fsutil import atomic_write_json
 from xdeploy.export.artifact import MANIFEST, load_artifact, write_manifest_files
 from xdeploy.export.onnx_export import export
-from xdeploy.fsutil import atomic_write_json
 
 
 @pytest.fixture(scope="module")

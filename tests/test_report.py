@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from xdeploy.bench.compare import compare_records, compare_runs
-from xdeploy.bench.fingerprint import fingerprint
-from xdeploy.bench.records import KINDS, make_record
-from xdeploy.bench.report import PLOTS, fitted_exponent, load_results, render_report, speedups
 from xdeploy.cli import main
-from xdeploy.errors import XDeployError
+from xdeploy.core.errors import XDeployError
+from xdeploy.core.fingerprint import fingerprint
+from xdeploy.core.records import KINDS, make_record
+from xdeploy.reports.compare import compare_records, compare_runs
+from xdeploy.reports.render import PLOTS, fitted_exponent, load_results, render_report, speedups
 
 MEM = {"weights_bytes": 50e6, "load_peak_bytes": 80e6, "activations_bytes": 10e6, "peak_rss_bytes": 300e6,
        "device_bytes": None}
@@ -245,7 +245,7 @@ KILL_CHILD = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {tests!r})
     from test_report import synthetic_records
-    from xdeploy.bench.report import render_report
+    from xdeploy.reports.render import render_report
 
     def progress(name):
         print(name, flush=True)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from xdeploy.core.errors import XDeployError
 from xdeploy.deploy.registry import RUNNERS, open_runner, runner_class
-from xdeploy.errors import XDeployError
 from xdeploy.export.artifact import load_artifact
 from xdeploy.export.onnx_export import export
 from xdeploy.export.precision import EXPORT_PRECISIONS
@@ -221,7 +221,7 @@ def test_runner_compare_benchmark_runs_and_reports(tmp_path, capsys):
     """Smoke run of the comparison benchmark on the tiny preset (structure only: timings are not asserted)."""
     import json
 
-    from xdeploy.bench import runner_compare
+    from xdeploy.studies import runner_compare
 
     out = tmp_path / "rc.json"
     assert runner_compare.main(["--preset", "tiny", "--seq", "16", "--precisions", "fp32", "--rounds", "1",

@@ -20,9 +20,9 @@ import tritonclient.http as th
 from tiny_text import tiny_text_artifact
 from tritonclient.utils import InferenceServerException
 
+from xdeploy.core.errors import XDeployError
 from xdeploy.deploy.embedder import Embedder
-from xdeploy.deploy.serve import ServeOptions, ServerProcess, free_port, serve_python
-from xdeploy.errors import XDeployError
+from xdeploy.serve.server import ServeOptions, ServerProcess, free_port, serve_python
 
 SENTENCES = ["A man is playing a guitar.", "", "emoji 🎉🚀 and CJK 日本語のテキスト", "x",
              "The quick brown fox jumps over the lazy dog. " * 20,  # > 64 tokens: truncated like the Embedder
@@ -125,9 +125,9 @@ def test_non_loopback_host_is_refused_before_starting(art):
 
 
 def test_loadtest_over_http_and_grpc(server, tmp_path, capsys):
-    from xdeploy.bench.records import read_records, validate_record
     from xdeploy.cli import main
-    from xdeploy.deploy.loadtest import LoadOptions, loadtest
+    from xdeploy.core.records import read_records, validate_record
+    from xdeploy.serve.loadtest import LoadOptions, loadtest
 
     recs = loadtest(f"grpc://localhost:{server.options.grpc_port}",
                     LoadOptions(concurrency=(1, 3), requests=12, time_limit=20, batch=3, warmup=2))
@@ -152,7 +152,7 @@ def test_loadtest_over_http_and_grpc(server, tmp_path, capsys):
 
 
 def test_loadtest_of_an_artifact_starts_and_stops_its_own_server(art):
-    from xdeploy.deploy.loadtest import LoadOptions, loadtest
+    from xdeploy.serve.loadtest import LoadOptions, loadtest
 
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     base, level = loadtest(art, LoadOptions(concurrency=(2,), requests=8, batch=2, warmup=1, time_limit=30))

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from fake_tensorrt import make_fake_tensorrt
 
+from xdeploy.core.errors import XDeployError
 from xdeploy.deploy.ort_gpu_runner import check_available, provider_list
 from xdeploy.deploy.trt_runner import build_engine
-from xdeploy.errors import XDeployError
 from xdeploy.export.tensorrt import (
     BuildPlan,
     EngineKey,
@@ -232,9 +232,9 @@ def bert_art(tmp_path_factory):
 def test_engine_setup_from_a_real_artifact_and_fake_build(bert_art, tmp_path):
     """From manifest to engine directory: key from the ONNX file's sha256, profile from the axes, trtexec.sh
     written next to the engine, cache hit on reopen, new directory when the GPU differs (FAKE tensorrt)."""
+    from xdeploy.core.fsutil import sha256_file
     from xdeploy.deploy.trt_runner import engine_setup
     from xdeploy.export.artifact import load_artifact
-    from xdeploy.fsutil import sha256_file
 
     art = load_artifact(bert_art)
     kw = dict(trt_version="10.13.0", has_fp16_flag=True, gpu_name="NVIDIA L4", compute_capability="8.9",

@@ -17,12 +17,12 @@ from tiny_text import tiny_text_artifact
 from tritonclient.grpc import model_config_pb2 as pb
 
 from xdeploy.cli import main
+from xdeploy.core.errors import XDeployError
+from xdeploy.core.fsutil import sha256_file
 from xdeploy.deploy.embedder import Embedder
 from xdeploy.deploy.registry import open_runner
-from xdeploy.deploy.triton import TritonOptions, parse_pbtxt, write_repository
-from xdeploy.errors import XDeployError
 from xdeploy.export.artifact import load_artifact
-from xdeploy.fsutil import sha256_file
+from xdeploy.serve.triton import TritonOptions, parse_pbtxt, write_repository
 
 TYPES = {"int64": pb.TYPE_INT64, "float32": pb.TYPE_FP32}
 
@@ -210,7 +210,7 @@ def test_generated_ensemble_runs_on_a_real_triton_server(text_art, tmp_path):
     import tritonclient.http as th
     from tritonclient.utils import InferenceServerException
 
-    from xdeploy.deploy.serve import ServerProcess, serve_python
+    from xdeploy.serve.server import ServerProcess, serve_python
 
     try:
         serve_python()

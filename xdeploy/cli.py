@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from xdeploy.errors import XDeployError
+from xdeploy.core.errors import XDeployError
 
 COMMANDS: dict[str, str] = {
     "models": "list models, presets, parameter counts and FLOPs",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from xdeploy.fsutil import atomic_write_json
+from xdeploy.core.fsutil import atomic_write_json
 
 
 def add_json_option(p: argparse.ArgumentParser) -> None:

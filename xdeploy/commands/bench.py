@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from xdeploy.commands import add_json_option, write_json
-from xdeploy.errors import XDeployError
+from xdeploy.core.errors import XDeployError
 
 
 def _ints(text: str) -> list[int]:
@@ -56,9 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from xdeploy.bench.records import write_records
     from xdeploy.bench.roofline import get_roofline, load_peaks
     from xdeploy.bench.suite import best_text, best_vs_baseline, latency_table, run_bench
+    from xdeploy.core.records import write_records
 
     if args.threads < 0:
         raise XDeployError(f"--threads must be >= 0, got {args.threads}")

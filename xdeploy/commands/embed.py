@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from xdeploy.commands import add_json_option, write_json
-from xdeploy.errors import XDeployError
+from xdeploy.core.errors import XDeployError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -56,8 +56,8 @@ def decode_lines(lines: list[bytes], source: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from xdeploy.core.fsutil import atomic_write_bytes, atomic_write_text
     from xdeploy.deploy.embedder import Embedder
-    from xdeploy.fsutil import atomic_write_bytes, atomic_write_text
 
     out = args.out
     if out != "-" and not out.endswith((".npy", ".jsonl")):

@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from xdeploy.commands import add_json_option, write_json
-from xdeploy.errors import XDeployError
+from xdeploy.core.errors import XDeployError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

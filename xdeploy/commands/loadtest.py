@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from xdeploy.commands import add_json_option, write_json
-from xdeploy.errors import XDeployError
+from xdeploy.core.errors import XDeployError
 
 
 def _levels(s: str) -> tuple[int, ...]:
@@ -57,7 +57,7 @@ def render(records: Sequence[dict[str, Any]]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from xdeploy.deploy.loadtest import LoadOptions, loadtest
+    from xdeploy.serve.loadtest import LoadOptions, loadtest
 
     o = LoadOptions(concurrency=_levels(args.concurrency), requests=args.requests, time_limit=args.time_limit,
                     batch=args.batch, protocol=args.protocol, model=args.model, warmup=args.warmup,
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     render(records)
     write_json(args.json, {"records": records})
     if args.records:
-        from xdeploy.bench.records import write_records
+        from xdeploy.core.records import write_records
 
         write_records(args.records, records)
     return 1 if all(r["errors"] == r["requests"] for r in records) else 0

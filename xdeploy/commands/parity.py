@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from xdeploy.commands import add_json_option, write_json
-from xdeploy.errors import ParityError, XDeployError
+from xdeploy.core.errors import ParityError, XDeployError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,8 +39,8 @@ def _split(text: str | None) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from xdeploy.bench.parity import DEFAULT_SHAPES, check_artifact, parse_shapes, parse_tolerance_overrides
     from xdeploy.export.artifact import load_artifact
+    from xdeploy.verify.parity import DEFAULT_SHAPES, check_artifact, parse_shapes, parse_tolerance_overrides
 
     runners = _split(args.runners)
     if not runners:

@@ -34,9 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _read_inputs(paths: list[str]) -> list[dict]:
     from pathlib import Path
 
-    from xdeploy.bench.records import read_records
-    from xdeploy.bench.report import load_results
-    from xdeploy.errors import XDeployError
+    from xdeploy.core.errors import XDeployError
+    from xdeploy.core.records import read_records
+    from xdeploy.reports.render import load_results
 
     records: list[dict] = []
     for path in paths:
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console()
     if args.action == "render":
-        from xdeploy.bench.report import render_report
+        from xdeploy.reports.render import render_report
 
         records = _read_inputs(args.inputs)
         out = render_report(records, args.out, meta={"title": args.title or "xdeploy report",
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         write_json(args.json, {"out": str(out), "records": len(records)})
         return 0
 
-    from xdeploy.bench.compare import compare_runs, render_table
+    from xdeploy.reports.compare import compare_runs, render_table
 
     c = compare_runs(args.run_a, args.run_b, threshold=args.threshold)
     shown = c if args.all else type(c)(tuple(r for r in c.rows if r.status != "ok"), c.threshold)

@@ -19,8 +19,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from xdeploy.bench.records import write_records
     from xdeploy.bench.roofline import cache_dir, get_roofline, render
+    from xdeploy.core.records import write_records
 
     console = Console()
     data = get_roofline(refresh=not args.cached, quick=args.quick, log=console.print)

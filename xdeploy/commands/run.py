@@ -8,7 +8,7 @@ from xdeploy.commands import add_json_option, write_json
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from xdeploy.bench.run import FULL_PRESETS, MODELS, QUICK_PRESETS
+    from xdeploy.pipeline import FULL_PRESETS, MODELS, QUICK_PRESETS
 
     p.add_argument("--full", action="store_true",
                    help="base presets (" + ", ".join(f"{m} {v}" for m, v in FULL_PRESETS.items()) + ") and longer "
@@ -39,8 +39,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from xdeploy.bench.run import RunConfig, plan, run_job
-    from xdeploy.errors import ParityError
+    from xdeploy.core.errors import ParityError
+    from xdeploy.pipeline import RunConfig, plan, run_job
 
     cfg = RunConfig(out=args.out, artifacts=args.artifacts, models=_split(args.models), full=args.full,
                     smoke=args.smoke, precisions=_split(args.precisions), runners=_split(args.runners),
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
 def _print_summary(console, result) -> None:  # noqa: ANN001
     from rich.table import Table
 
-    from xdeploy.bench.report import _fmt_s, speedups
+    from xdeploy.reports.render import _fmt_s, speedups
 
     recs = list(result.records)
     par = [r for r in recs if r["kind"] == "parity"]

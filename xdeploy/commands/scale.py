@@ -39,9 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from xdeploy.bench.records import write_records
     from xdeploy.bench.scale import render, run_scale, summarize
-    from xdeploy.errors import XDeployError
+    from xdeploy.core.errors import XDeployError
+    from xdeploy.core.records import write_records
 
     if args.batch < 1 or (args.layers is not None and args.layers < 1) or args.threads < 0:
         raise XDeployError("--batch and --layers must be >= 1 and --threads >= 0")

@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from xdeploy.deploy.serve import ServeOptions, ServerProcess, describe, repository_model_name
+    from xdeploy.serve.server import ServeOptions, ServerProcess, describe, repository_model_name
 
     name = args.model_name or (repository_model_name(args.artifact) if args.repository else "embedder")
     opts = ServeOptions(host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,

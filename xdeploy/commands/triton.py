@@ -6,8 +6,8 @@ import argparse
 import dataclasses
 
 from xdeploy.commands import add_json_option, write_json
-from xdeploy.deploy.triton import ACCELERATORS, GRAPH_BACKENDS, KINDS, TritonOptions
-from xdeploy.errors import XDeployError
+from xdeploy.core.errors import XDeployError
+from xdeploy.serve.triton import ACCELERATORS, GRAPH_BACKENDS, KINDS, TritonOptions
 
 
 def _sizes(s: str) -> tuple[int, ...]:
@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from xdeploy.deploy.triton import write_repository
+    from xdeploy.serve.triton import write_repository
 
     opts = TritonOptions(max_batch_size=args.max_batch_size, instances=args.instances, kind=args.kind,
                          accelerator=args.accelerator, max_queue_delay_us=args.max_queue_delay_us,

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from xdeploy.bench.report import load_results
-from xdeploy.errors import XDeployError
+from xdeploy.core.errors import XDeployError
+from xdeploy.reports.render import load_results
 
 DEFAULT_THRESHOLD = 0.10
 
@@ -153,7 +153,7 @@ def render_table(c: Comparison, title: str = "") -> Any:
     """A rich Table of the comparison (regressions in red, improvements in green)."""
     from rich.table import Table
 
-    from xdeploy.bench.report import _fmt_s
+    from xdeploy.reports.render import _fmt_s
 
     t = Table(title=title or f"report compare (threshold {100 * c.threshold:.0f}%, noise = p90-p50 of A + B)")
     for col, just in (("kind", "left"), ("configuration", "left"), ("metric", "left"), ("A", "right"),

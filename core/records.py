@@ -16,8 +16,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from xdeploy.errors import XDeployError
-from xdeploy.fsutil import atomic_write_text
+from xdeploy.core.errors import XDeployError
+from xdeploy.core.fsutil import atomic_write_text
 
 SCHEMA = "xdeploy-bench"
 VERSION = 1

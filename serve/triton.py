@@ -1,6 +1,6 @@
 """Triton Inference Server model repositories from an artifact.
 
-    from xdeploy.deploy.triton import TritonOptions, write_repository
+    from xdeploy.serve.triton import TritonOptions, write_repository
     rec = write_repository("artifacts/minilm", "triton-repo", TritonOptions(max_batch_size=32, instances=2))
 
 What is written (atomically: a temporary directory renamed into place), for a model named N:
@@ -17,8 +17,8 @@ What is written (atomically: a temporary directory renamed into place), for a mo
 
 config.pbtxt files are built as Triton's own ModelConfig protobuf (from tritonclient) and printed in protobuf
 text format, so a field Triton does not know cannot be written. The Python-backend models are self-contained
-(numpy + tokenizers; no xdeploy on the server): their sources are deploy/triton_tokenizer_model.py and
-deploy/triton_pooling_model.py.
+(numpy + tokenizers; no xdeploy on the server): their sources are serve/triton_tokenizer_model.py and
+serve/triton_pooling_model.py.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xdeploy.errors import XDeployError, one_of
+from xdeploy.core.errors import XDeployError, one_of
+from xdeploy.core.fsutil import atomic_dir, atomic_write_json, atomic_write_text
 from xdeploy.export.artifact import Artifact, load_artifact
-from xdeploy.fsutil import atomic_dir, atomic_write_json, atomic_write_text
 from xdeploy.models.spec import Graph, TensorSpec
 
 KINDS = ("cpu", "gpu")
@@ -179,7 +179,7 @@ def onnx_model_config(art: Artifact, name: str, o: TritonOptions) -> Any:
     if o.engine:
         cfg.platform, cfg.default_model_filename = "tensorrt_plan", "model.plan"
     elif o.graph_backend == "python":
-        cfg.backend = "python"  # deploy/triton_onnx_model.py runs model.onnx with onnxruntime
+        cfg.backend = "python"  # serve/triton_onnx_model.py runs model.onnx with onnxruntime
     else:
         cfg.platform, cfg.default_model_filename = "onnxruntime_onnx", "model.onnx"
     for t, coll in [(t, cfg.input) for t in g.inputs] + [(t, cfg.output) for t in g.outputs]:
@@ -226,7 +226,7 @@ def _hidden(art: Artifact) -> TensorSpec:
 
 def text_model_configs(art: Artifact, name: str, o: TritonOptions) -> dict[str, Any]:
     """tokenizer (python) -> N_onnx -> pooling (python), wrapped in an ensemble named `name`."""
-    from .embedder import artifact_pooling
+    from xdeploy.deploy.embedder import artifact_pooling
 
     pb = _pb()
     g = art.graph()

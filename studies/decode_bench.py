@@ -1,8 +1,8 @@
 """Decode benchmark: KV-cache generation on gpt small (GPT-2 124M), batch 1, against Hugging Face `generate`.
 
-    python -m xdeploy.bench.decode_bench                    # full run (~10-15 min on 2 cores)
-    python -m xdeploy.bench.decode_bench --quick            # fewer tokens, no recompute run, no transformer
-    python -m xdeploy.bench.decode_bench --json out.json
+    python -m xdeploy.studies.decode_bench                    # full run (~10-15 min on 2 cores)
+    python -m xdeploy.studies.decode_bench --quick            # fewer tokens, no recompute run, no transformer
+    python -m xdeploy.studies.decode_bench --json out.json
 
 What it measures, all in one process, side by side:
   * Weights: a random GPT-2 small from `transformers.GPT2Config()` (HF's own init, seed 0), saved as safetensors
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from xdeploy.errors import XDeployError
+from xdeploy.core.errors import XDeployError
 
 ROOT = Path("artifacts/decode-bench")
 CONTEXT_BUCKETS = (32, 64, 128, 192, 256, 320)
@@ -430,7 +430,7 @@ def _cores() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m xdeploy.bench.decode_bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m xdeploy.studies.decode_bench", description=__doc__.splitlines()[0])
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--runners", default="torch,ort,ov,ov:bf16")
@@ -452,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     print(render(res))
     if a.json:
-        from xdeploy.fsutil import atomic_write_json
+        from xdeploy.core.fsutil import atomic_write_json
 
         atomic_write_json(a.json, res)
     return 0

@@ -1,6 +1,6 @@
 """Bounded load test of a Triton embedding server, from loopback only.
 
-    from xdeploy.deploy.loadtest import LoadOptions, loadtest
+    from xdeploy.serve.loadtest import LoadOptions, loadtest
     records = loadtest("http://127.0.0.1:8000", LoadOptions(concurrency=(1, 4, 16), requests=200))
     records = loadtest("artifacts/minilm")          # starts a server (xdeploy serve), tests it, stops it
 
@@ -10,7 +10,7 @@ whichever comes first: every loop stops by itself. Each request is timed alone (
 p50/p90/p99 are per-request latencies under that load; requests/s and sentences/s count successful requests
 over the level's wall time. Before the levels, `warmup` requests are sent and not counted.
 
-Records are `kind: "loadtest"` bench records (xdeploy.bench.records): floats in seconds, validated.
+Records are `kind: "loadtest"` bench records (xdeploy.core.records): floats in seconds, validated.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from xdeploy.errors import XDeployError
+from xdeploy.core.errors import XDeployError
 
-from .serve import LOOPBACK, ServeOptions, ServerProcess, free_port
+from .server import LOOPBACK, ServeOptions, ServerProcess, free_port
 
 PROTOCOLS = ("http", "grpc")
 _TEXT = ("the model serves sentence embeddings over http and grpc with dynamic batching on two cpu cores while "
@@ -159,11 +159,10 @@ def loadtest(target: str | Path, options: LoadOptions | None = None, *, log: str
 
 def _baseline(artifact: str, o: LoadOptions) -> dict[str, Any]:
     """The same request stream, one at a time, on an in-process Embedder: what the server adds is the difference."""
-    from xdeploy.bench.fingerprint import fingerprint
     from xdeploy.bench.latency import summarize
-    from xdeploy.bench.records import make_record
-
-    from .embedder import Embedder
+    from xdeploy.core.fingerprint import fingerprint
+    from xdeploy.core.records import make_record
+    from xdeploy.deploy.embedder import Embedder
 
     texts = corpus(512)
     lat: list[float] = []
@@ -190,9 +189,9 @@ def _baseline(artifact: str, o: LoadOptions) -> dict[str, Any]:
 
 
 def _run(protocol: str, target: str, o: LoadOptions, server: ServerProcess | None) -> list[dict[str, Any]]:
-    from xdeploy.bench.fingerprint import fingerprint
     from xdeploy.bench.latency import summarize
-    from xdeploy.bench.records import make_record
+    from xdeploy.core.fingerprint import fingerprint
+    from xdeploy.core.records import make_record
 
     texts = corpus(512)
     mod, client = _client(protocol, target, o.timeout)

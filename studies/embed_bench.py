@@ -1,6 +1,6 @@
 """Sentence-embedding throughput and accuracy: our Embedder vs sentence-transformers (PyTorch) on all-MiniLM-L6-v2.
 
-    python -m xdeploy.bench.embed_bench [--sentences 2000] [--repeats 3] [--engines ort,ov,ov:bf16,ort@int8]
+    python -m xdeploy.studies.embed_bench [--sentences 2000] [--repeats 3] [--engines ort,ov,ov:bf16,ort@int8]
 
 Same machine, same sentences, one process, engines timed round-robin (each repeat times every engine once, so
 drift on a shared machine hits all of them alike). Each timed run embeds the whole sentence set at batch 32.
@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from xdeploy.errors import XDeployError
+from xdeploy.core.errors import XDeployError
 
 TOPICS: dict[str, tuple[list[str], list[str], list[str], list[str]]] = {
     # topic: (subjects, verbs, objects, modifiers)
@@ -386,7 +386,7 @@ def render(record: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m xdeploy.bench.embed_bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m xdeploy.studies.embed_bench", description=__doc__.splitlines()[0])
     p.add_argument("--sentences", type=int, default=2000)
     p.add_argument("--queries", type=int, default=500)
     p.add_argument("--repeats", type=int, default=3)
@@ -411,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     print(render(record))
     if args.json:
-        from xdeploy.fsutil import atomic_write_json
+        from xdeploy.core.fsutil import atomic_write_json
 
         atomic_write_json(args.json, record)
     return 0

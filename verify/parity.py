@@ -1,12 +1,5 @@
-"""Numerical parity: metrics and verdicts for one candidate tensor against its reference.
-
-Kept apart from the backends: everything here takes numpy arrays, so the CLI, the layerwise divergence
-finder (bench/layerwise.py) and the fp16 mixed-precision step share one definition of "close enough".
-
-The verdict follows `Tolerance` (models/spec.py): a tensor passes when every compared element is within
-atol + rtol*|ref|, OR its cosine similarity to the reference is >= tol.cosine. On top of that, a candidate
-must not be NaN/Inf where the reference is finite: a non-finite value fails regardless of the other metrics.
-"""
+"""Numerical parity of a whole artifact: input cases, per-output checks against the PyTorch fp32 reference and
+the layerwise follow-up on a failure. The tensor metrics are verify/metrics.py."""
 
 from __future__ import annotations
 
@@ -17,85 +10,7 @@ from typing import Any
 import numpy as np
 
 from xdeploy.models.spec import Tolerance
-
-# Reference magnitudes at or above this are "infinite-like" (e.g. finfo(float32).min used as a mask value):
-# a candidate that saturates them (fp16 max 65504 or ±inf, same sign) matches rather than fails.
-HUGE = 1e30
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """How one candidate tensor compares with the reference (floats; rendered only for display).
-
-    max_rel is taken over elements with |ref| > atol (relative error of near-zeros is meaningless; atol judges
-    them). `within` is the fraction of compared elements inside atol + rtol*|ref|; `nonfinite` counts NaN/Inf in
-    the candidate where the reference is finite (over the whole tensor, padded positions included)."""
-
-    max_abs: float
-    max_rel: float
-    mean_abs: float
-    cosine: float
-    within: float
-    nonfinite: int
-    compared: int  # elements compared (finite in both, meaningful positions)
-    passed: bool
-    reason: str  # "" when passed; otherwise a short phrase ("2 NaN/Inf", "cosine 0.97 < 0.999")
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    """Cosine similarity of two flattened float64 arrays; 1.0 when both are all zero, 0.0 when only one is."""
-    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
-    if na == 0.0 and nb == 0.0:
-        return 1.0
-    if na == 0.0 or nb == 0.0:
-        return 0.0
-    return float(np.dot(a.ravel(), b.ravel()) / (na * nb))
-
-
-def compare(ref: np.ndarray, cand: np.ndarray, tol: Tolerance, *, mask: np.ndarray | None = None) -> Comparison:
-    """Compare `cand` with `ref` (same shape; any float dtype, computed in float64).
-
-    `mask` (bool, broadcastable to the shape) selects the meaningful positions whose values are compared;
-    non-finite candidate values are counted everywhere, since even garbage positions must stay finite."""
-    if ref.shape != cand.shape:
-        raise ValueError(f"shape mismatch: reference {ref.shape} vs candidate {cand.shape}")
-    r = np.asarray(ref, dtype=np.float64)
-    c = np.asarray(cand, dtype=np.float64)
-    r_inf = ~np.isfinite(r) | (np.abs(r) >= HUGE)
-    c_fin = np.isfinite(c)
-    # Where the reference is NaN/±inf/huge the candidate must be the same kind: NaN for NaN, a saturated value
-    # (>= fp16 max) of the same sign for ±inf/huge.
-    with np.errstate(invalid="ignore"):
-        sat_ok = np.where(np.isnan(r), np.isnan(c), (np.sign(c) == np.sign(r)) & (~c_fin | (np.abs(c) >= 65504.0)))
-    bad_special = r_inf & ~sat_ok
-    nonfinite = int(np.count_nonzero(~r_inf & ~c_fin) + np.count_nonzero(bad_special))
-
-    sel = ~r_inf & c_fin
-    if mask is not None:
-        sel &= np.broadcast_to(np.asarray(mask, dtype=bool), r.shape)
-    rs, cs = r[sel], c[sel]
-    n = int(rs.size)
-    if n:
-        d = np.abs(cs - rs)
-        max_abs, mean_abs = float(d.max()), float(d.mean())
-        big = np.abs(rs) > tol.atol
-        max_rel = float((d[big] / np.abs(rs[big])).max()) if big.any() else 0.0
-        within = float(np.count_nonzero(d <= tol.atol + tol.rtol * np.abs(rs)) / n)
-        cos = cosine(rs, cs)
-    else:
-        max_abs = max_rel = mean_abs = 0.0
-        within, cos = 1.0, 1.0
-
-    if nonfinite:
-        passed, reason = False, f"{nonfinite} NaN/Inf"
-    elif within == 1.0 or cos >= tol.cosine:
-        passed, reason = True, ""
-    else:
-        passed = False
-        reason = f"max_abs {max_abs:.3g} > atol+rtol*|ref| and cosine {cos:.6f} < {tol.cosine}"
-    return Comparison(max_abs=max_abs, max_rel=max_rel, mean_abs=mean_abs, cosine=cos, within=within,
-                      nonfinite=nonfinite, compared=n, passed=passed, reason=reason)
-
+from xdeploy.verify.metrics import HUGE, Comparison, compare, cosine  # noqa: F401  (re-exported)
 
 # ------------------------------------------------------------------------------------------ input sets ----
 
@@ -123,7 +38,7 @@ class InputCase:
 
 def parse_shapes(text: str) -> list[tuple[int, int | None]]:
     """'1x1,4x64,2xmax' -> [(1, 1), (4, 64), (2, None)]; None = the exported maximum."""
-    from xdeploy.errors import XDeployError
+    from xdeploy.core.errors import XDeployError
 
     out: list[tuple[int, int | None]] = []
     for item in filter(None, (s.strip() for s in text.split(","))):
@@ -186,7 +101,7 @@ def _text_case(artifact: Any, g: Any, texts: Sequence[str]) -> InputCase | None:
     """Real tokenized text for a graph fed by (ids, mask[, zeros]) over (batch, seq); None for other graphs."""
     from tokenizers import Tokenizer
 
-    from xdeploy.errors import XDeployError
+    from xdeploy.core.errors import XDeployError
 
     ids_t = [t for t in g.inputs if t.kind == "ids"]
     if len(ids_t) != 1 or any(t.kind not in ("ids", "mask", "zeros") or len(t.dims) != 2 or t.dims[0] != "batch"
@@ -276,7 +191,7 @@ def tolerance_precision(artifact_precision: str, runner_precision: str) -> str:
 
 def parse_tolerance_overrides(items: Sequence[str]) -> dict[str, dict[str, float]]:
     """['logits:atol=1e-3,cosine=0.99', 'rtol=0.02'] -> {'logits': {...}, '*': {'rtol': 0.02}}."""
-    from xdeploy.errors import XDeployError
+    from xdeploy.core.errors import XDeployError
 
     out: dict[str, dict[str, float]] = {}
     for item in items:
@@ -421,8 +336,8 @@ def check_artifact(artifact: Any, runners: Sequence[str], *, shapes: Sequence[tu
     layerwise: "never", "on-failure" (per graph with a failing check) or "always". `reference_onnx(graph)`
     returns the fp32 ONNX to compare the artifact's graph with (path or ModelProto); default: re-exported
     from the artifact's reference weights."""
+    from xdeploy.core.errors import XDeployError
     from xdeploy.deploy.registry import open_runner
-    from xdeploy.errors import XDeployError
 
     if layerwise not in ("never", "on-failure", "always"):
         raise XDeployError(f"layerwise mode {layerwise!r}; expected never, on-failure or always")
@@ -473,7 +388,7 @@ def _layerwise(artifact: Any, g: Any, cases: list[InputCase], failed: list[tuple
 
     The candidate runs where it failed when that is OpenVINO (`ov`, `ov:bf16`: same ONNX, that runtime's
     compute), otherwise in onnxruntime on the CPU (a graph-level defect shows there too)."""
-    from xdeploy.bench.layerwise import RUNTIMES, find_divergence
+    from xdeploy.verify.layerwise import RUNTIMES, find_divergence
 
     graph_failures = [(c, chk) for c, chk in failed if not chk.runner.startswith("torch")]
     if graph_failures:

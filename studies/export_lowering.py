@@ -1,6 +1,6 @@
 """Attention lowering and offline optimization, measured side by side in one run (onnxruntime CPU vs eager):
 
-    python -m xdeploy.bench.export_lowering --model bert --preset base --batch 1 --seq 128 [--json FILE]
+    python -m xdeploy.studies.export_lowering --model bert --preset base --batch 1 --seq 128 [--json FILE]
 
 Variants (one process, same feeds, timed in short blocks interleaved round-robin so drift and other load on
 the machine hit every variant alike; each block starts with an untimed call):
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from xdeploy.bench.latency import summarize
-from xdeploy.errors import XDeployError
+from xdeploy.core.errors import XDeployError
 
 
 def build_variants(model: str, preset: str | None, workdir: Path, *, opsets: Sequence[int] = (18, 23),
@@ -55,10 +55,10 @@ def run(model: str = "bert", preset: str | None = "base", batch: int = 1, seq: i
         block: int = 3, warmup: int = 3, threads: int = 0, opsets: Sequence[int] = (18, 23),
         precisions: Sequence[str] = ("fp16", "int8"), torch_eager: bool = True,
         log: Callable[[str], None] = print) -> dict[str, Any]:
-    from xdeploy.bench.parity import compare
     from xdeploy.deploy.registry import open_runner
     from xdeploy.export.artifact import load_artifact
     from xdeploy.models.spec import make_feeds
+    from xdeploy.verify.metrics import compare
 
     if rounds < 1 or block < 1 or warmup < 0:
         raise XDeployError(f"need rounds >= 1, block >= 1 and warmup >= 0; got rounds={rounds}, block={block}, "
@@ -150,9 +150,9 @@ def render(result: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from xdeploy.commands import write_json
+    from xdeploy.core.fsutil import atomic_write_json
 
-    p = argparse.ArgumentParser(prog="python -m xdeploy.bench.export_lowering", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m xdeploy.studies.export_lowering", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="bert")
     p.add_argument("--preset", default="base")
     p.add_argument("--batch", type=int, default=1)
@@ -172,7 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}")
         return 2
     print(render(res))
-    write_json(a.json, res)
+    if a.json:
+        atomic_write_json(a.json, res)
     return 0
 
 

@@ -1,7 +1,7 @@
 """Runner comparison on one model and shape: PyTorch eager fp32 vs ONNX Runtime vs OpenVINO, side by side.
 
-    python -m xdeploy.bench.runner_compare                       # BERT-base, batch 1, seq 128
-    python -m xdeploy.bench.runner_compare --model bert --preset tiny --rounds 5 --json out.json
+    python -m xdeploy.studies.runner_compare                       # BERT-base, batch 1, seq 128
+    python -m xdeploy.studies.runner_compare --model bert --preset tiny --rounds 5 --json out.json
 
 All candidates live in one process and are timed *interleaved*: each round gives every candidate
 `--per-round` calls in turn, so a load spike on a shared machine hits all of them alike instead of one.
@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from xdeploy.bench.latency import LatencyStats, summarize
-from xdeploy.commands import write_json
-from xdeploy.errors import XDeployError
+from xdeploy.core.errors import XDeployError
+from xdeploy.core.fsutil import atomic_write_json
 from xdeploy.export.artifact import Artifact, load_artifact
 
 TARGETS = {"ort": 2.0, "ov:bf16": 4.0}  # candidate label -> minimum speed-up over torch eager fp32
@@ -181,7 +181,7 @@ def render(report: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m xdeploy.bench.runner_compare", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m xdeploy.studies.runner_compare", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="bert")
     p.add_argument("--preset", default="base")
     p.add_argument("--batch", type=int, default=1)
@@ -202,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"runner_compare: error: {e}", file=sys.stderr)
         return e.exit_code
     render(report)
-    write_json(a.json, report)
+    if a.json:
+        atomic_write_json(a.json, report)
     return 0
 
 

@@ -13,7 +13,7 @@ Why a second Python: PyTriton's Python-backend stub fails under this machine's P
 (`'_thread.RLock' object has no attribute '_recursion_count'`) and works under 3.13, and the server needs no
 torch. So the server runs in a lean environment (`make serve-env` -> .venv-serve: Python 3.13, onnxruntime,
 tokenizers, numpy, nvidia-pytriton, xdeploy installed --no-deps); `xdeploy serve` in the main environment
-launches `python -m xdeploy.deploy.serve` there. `serve_python()` says which interpreter is used.
+launches `python -m xdeploy.serve.server` there. `serve_python()` says which interpreter is used.
 
 Shutdown: SIGINT or SIGTERM -> Triton.stop() (tritonserver gets SIGTERM, in-flight requests finish, the
 workspace is removed) -> exit 0. The launcher puts the server in its own process group and kills the group if
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from xdeploy.errors import XDeployError
+from xdeploy.core.errors import XDeployError
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 READY_MARK = "XDEPLOY-SERVE-READY"
@@ -109,7 +109,7 @@ def run_server(artifact: str | Path, options: ServeOptions, *, ready: threading.
     from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
     from pytriton.triton import Triton, TritonConfig
 
-    from .embedder import Embedder
+    from xdeploy.deploy.embedder import Embedder
 
     check_host(options.host, options.allow_remote)
     emb = Embedder(artifact, runner=options.runner, batch_size=min(options.max_batch_size, 32),
@@ -204,7 +204,7 @@ def run_repository(repo: str | Path, options: ServeOptions, *, stop: threading.E
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m xdeploy.deploy.serve")
+    p = argparse.ArgumentParser(prog="python -m xdeploy.serve.server")
     p.add_argument("artifact")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--http-port", type=int, default=8000)
@@ -286,7 +286,7 @@ class ServerProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         env.pop("PYTHONPATH", None)  # the serving env has its own site-packages
         # own session/process group: stop() can reach tritonserver and the Python-backend stubs under it
-        self.proc = subprocess.Popen([self.python, "-m", "xdeploy.deploy.serve", str(self.artifact),
+        self.proc = subprocess.Popen([self.python, "-m", "xdeploy.serve.server", str(self.artifact),
                                       *self.options.args(), *(["--repository"] if self.repository else [])],
                                      stdout=out, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)

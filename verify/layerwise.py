@@ -43,9 +43,9 @@ from typing import Any
 import numpy as np
 import onnx
 
-from xdeploy.bench.parity import compare
-from xdeploy.errors import XDeployError
+from xdeploy.core.errors import XDeployError
 from xdeploy.models.spec import Tolerance
+from xdeploy.verify.metrics import compare
 
 FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
                onnx.TensorProto.DOUBLE}
@@ -195,7 +195,7 @@ def find_divergence(reference: onnx.ModelProto | str | Path, candidate: onnx.Mod
     `candidate_runtime` "ov:bf16" runs the candidate in OpenVINO with bf16 compute (the `ov:bf16` runner), e.g.
     the fp32 graph itself as candidate; the reference always runs in onnxruntime."""
     if candidate_runtime not in RUNTIMES:
-        from xdeploy.errors import one_of
+        from xdeploy.core.errors import one_of
 
         raise one_of("layerwise runtime", candidate_runtime, RUNTIMES)
     if batch < 2:

@@ -1,13 +1,13 @@
 """The main job: every model -> export fp32/fp16/int8 -> parity -> bench -> scale -> decode -> report.
 
-    from xdeploy.bench.run import RunConfig, run_job
+    from xdeploy.pipeline import RunConfig, run_job
     result = run_job(RunConfig(out="reports/latest"))        # `xdeploy run`, `make demo`
     result.parity_passed, result.out / "summary.md"
 
 This module only orchestrates: exporting is export/onnx_export.py + export/convert.py, parity is
-bench/parity.py, latency/memory records come from the benchmarks' API, attention scaling from bench/scale.py,
-decoding from deploy/generate.py, the roofline from bench/roofline.py, and rendering from bench/report.py.
-Every phase turns its results into records (bench/records.py kinds, or the report's "parity"/"decode" kinds)
+verify/parity.py, latency/memory records come from the benchmarks' API, attention scaling from bench/scale.py,
+decoding from deploy/generate.py, the roofline from bench/roofline.py, and rendering from reports/render.py.
+Every phase turns its results into records (core/records.py kinds, or the report's "parity"/"decode" kinds)
 so the report and `report compare` see one flat list.
 
 Presets: the default job uses small presets chosen by measurement to finish in <= 10 minutes on 2 cores
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from xdeploy.errors import XDeployError, one_of
+from xdeploy.core.errors import XDeployError, one_of
 
 MODELS = ("bert", "gpt", "vit", "transformer")
 QUICK_PRESETS = {"bert": "minilm", "gpt": "tiny", "vit": "tiny", "transformer": "tiny"}
@@ -80,7 +80,7 @@ class RunConfig:
 
         for r in self.runners:
             parse_spec(r)
-        from xdeploy.bench.parity import parse_tolerance_overrides
+        from xdeploy.verify.parity import parse_tolerance_overrides
 
         parse_tolerance_overrides(self.tolerances)
 
@@ -144,7 +144,7 @@ def _scale_models(cfg: RunConfig) -> list[str]:
 # -------------------------------------------------------------------------------------------- phases ----
 
 def _fp() -> dict[str, Any]:
-    from xdeploy.bench.fingerprint import fingerprint
+    from xdeploy.core.fingerprint import fingerprint
 
     return fingerprint()
 
@@ -187,7 +187,7 @@ def parity_records(report: Any, model: str, preset: str) -> list[dict[str, Any]]
 
         failed = [c for c in cs if not c.passed]
         top1 = worst([c.top1 for c in cs], min)
-        # where the ONNX graph first leaves tolerance (bench/layerwise.py), found for failing graphs only
+        # where the ONNX graph first leaves tolerance (verify/layerwise.py), found for failing graphs only
         where = next((_divergence_text(f) for f in report.layerwise if f.graph == graph and failed), None)
         out.append({"kind": "parity", "model": model, "preset": preset, "graph": graph, "runner": runner,
                     "artifact_precision": ap, "output": output, "tolerance_precision": cs[0].precision,
@@ -210,8 +210,8 @@ def _divergence_text(finding: Any) -> str:
 
 
 def parity_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progress) -> list[dict[str, Any]]:
-    from xdeploy.bench.parity import check_artifact, parse_tolerance_overrides
     from xdeploy.export.artifact import load_artifact
+    from xdeploy.verify.parity import check_artifact, parse_tolerance_overrides
 
     preset = cfg.preset(model)
     overrides = parse_tolerance_overrides(cfg.tolerances) or None
@@ -343,7 +343,7 @@ def run_job(cfg: RunConfig, *, progress: Callable[[str, int], None] | None = Non
     for model in _scale_models(cfg) if cfg.runs("scale") else []:
         attempt(f"scale {model}", lambda: scale_all(cfg, model, prog))  # noqa: B023
 
-    from xdeploy.bench.report import render_report
+    from xdeploy.reports.render import render_report
 
     errors += prog.notes
     failures = tuple(f"{r['model']} {r.get('preset')} {r['artifact_precision']} {r['runner']} "

@@ -1,6 +1,6 @@
 """The report renderer: benchmark records -> a report directory a person can read and a machine can diff.
 
-    from xdeploy.bench.report import render_report
+    from xdeploy.reports.render import render_report
     render_report(records, "reports/latest", meta={"command": "xdeploy run", "presets": "quick"})
 
 writes, atomically (a temp dir renamed into place, so a crash leaves the previous report intact):
@@ -13,7 +13,7 @@ writes, atomically (a temp dir renamed into place, so a crash leaves the previou
     plots/*.png     latency vs T (log-log, fitted slope per runner), peak memory vs T, throughput vs batch,
                     decode per-token latency vs context length, speed vs error per precision
 
-Records are dicts with a "kind". Kinds of bench/records.py ("latency", "roofline", "scale") are validated by
+Records are dicts with a "kind". Kinds of core/records.py ("latency", "roofline", "scale") are validated by
 `validate_record`; the report adds "parity" (one per graph output checked) and "decode" (one per generation
 run), whose fields are documented in `REPORT_KINDS` and docs/report.md. Records of any other kind are kept in
 results.json/csv and listed in the summary. Numbers stay floats until `_fmt_*` renders them.
@@ -32,10 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from xdeploy.bench.records import KINDS as BENCH_KINDS
-from xdeploy.bench.records import validate_record
-from xdeploy.errors import XDeployError
-from xdeploy.fsutil import atomic_dir
+from xdeploy.core.errors import XDeployError
+from xdeploy.core.fsutil import atomic_dir
+from xdeploy.core.records import KINDS as BENCH_KINDS
+from xdeploy.core.records import validate_record
 
 REPORT_SCHEMA = "xdeploy-report"
 REPORT_VERSION = 1

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from xdeploy.errors import XDeployError
+from xdeploy.core.errors import XDeployError
 
 
 def _umask() -> int:

@@ -1,0 +1,3 @@
+"""Rendering records into reports (render.py) and comparing two runs (compare.py).
+
+reports/reference/ holds the committed reference report; `xdeploy run` writes reports/latest/."""

@@ -1,0 +1,95 @@
+"""Parity metrics: the verdict for one candidate tensor against its reference.
+
+Kept apart from the backends: everything here takes numpy arrays, so the CLI, the layerwise divergence
+finder (verify/layerwise.py) and the fp16 mixed-precision step share one definition of "close enough".
+
+The verdict follows `Tolerance` (models/spec.py): a tensor passes when every compared element is within
+atol + rtol*|ref|, OR its cosine similarity to the reference is >= tol.cosine. On top of that, a candidate
+must not be NaN/Inf where the reference is finite: a non-finite value fails regardless of the other metrics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from xdeploy.models.spec import Tolerance
+
+# Reference magnitudes at or above this are "infinite-like" (e.g. finfo(float32).min used as a mask value):
+# a candidate that saturates them (fp16 max 65504 or ±inf, same sign) matches rather than fails.
+HUGE = 1e30
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """How one candidate tensor compares with the reference (floats; rendered only for display).
+
+    max_rel is taken over elements with |ref| > atol (relative error of near-zeros is meaningless; atol judges
+    them). `within` is the fraction of compared elements inside atol + rtol*|ref|; `nonfinite` counts NaN/Inf in
+    the candidate where the reference is finite (over the whole tensor, padded positions included)."""
+
+    max_abs: float
+    max_rel: float
+    mean_abs: float
+    cosine: float
+    within: float
+    nonfinite: int
+    compared: int  # elements compared (finite in both, meaningful positions)
+    passed: bool
+    reason: str  # "" when passed; otherwise a short phrase ("2 NaN/Inf", "cosine 0.97 < 0.999")
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """Cosine similarity of two flattened float64 arrays; 1.0 when both are all zero, 0.0 when only one is."""
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    if na == 0.0 and nb == 0.0:
+        return 1.0
+    if na == 0.0 or nb == 0.0:
+        return 0.0
+    return float(np.dot(a.ravel(), b.ravel()) / (na * nb))
+
+
+def compare(ref: np.ndarray, cand: np.ndarray, tol: Tolerance, *, mask: np.ndarray | None = None) -> Comparison:
+    """Compare `cand` with `ref` (same shape; any float dtype, computed in float64).
+
+    `mask` (bool, broadcastable to the shape) selects the meaningful positions whose values are compared;
+    non-finite candidate values are counted everywhere, since even garbage positions must stay finite."""
+    if ref.shape != cand.shape:
+        raise ValueError(f"shape mismatch: reference {ref.shape} vs candidate {cand.shape}")
+    r = np.asarray(ref, dtype=np.float64)
+    c = np.asarray(cand, dtype=np.float64)
+    r_inf = ~np.isfinite(r) | (np.abs(r) >= HUGE)
+    c_fin = np.isfinite(c)
+    # Where the reference is NaN/±inf/huge the candidate must be the same kind: NaN for NaN, a saturated value
+    # (>= fp16 max) of the same sign for ±inf/huge.
+    with np.errstate(invalid="ignore"):
+        sat_ok = np.where(np.isnan(r), np.isnan(c), (np.sign(c) == np.sign(r)) & (~c_fin | (np.abs(c) >= 65504.0)))
+    bad_special = r_inf & ~sat_ok
+    nonfinite = int(np.count_nonzero(~r_inf & ~c_fin) + np.count_nonzero(bad_special))
+
+    sel = ~r_inf & c_fin
+    if mask is not None:
+        sel &= np.broadcast_to(np.asarray(mask, dtype=bool), r.shape)
+    rs, cs = r[sel], c[sel]
+    n = int(rs.size)
+    if n:
+        d = np.abs(cs - rs)
+        max_abs, mean_abs = float(d.max()), float(d.mean())
+        big = np.abs(rs) > tol.atol
+        max_rel = float((d[big] / np.abs(rs[big])).max()) if big.any() else 0.0
+        within = float(np.count_nonzero(d <= tol.atol + tol.rtol * np.abs(rs)) / n)
+        cos = cosine(rs, cs)
+    else:
+        max_abs = max_rel = mean_abs = 0.0
+        within, cos = 1.0, 1.0
+
+    if nonfinite:
+        passed, reason = False, f"{nonfinite} NaN/Inf"
+    elif within == 1.0 or cos >= tol.cosine:
+        passed, reason = True, ""
+    else:
+        passed = False
+        reason = f"max_abs {max_abs:.3g} > atol+rtol*|ref| and cosine {cos:.6f} < {tol.cosine}"
+    return Comparison(max_abs=max_abs, max_rel=max_rel, mean_abs=mean_abs, cosine=cos, within=within,
+                      nonfinite=nonfinite, compared=n, passed=passed, reason=reason)
