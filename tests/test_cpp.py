@@ -150,3 +150,21 @@ def test_cpp_bad_artifacts_and_ids(binary, minilm, tmp_path):
                                                                                         "unknown option")]:
         r = run_cpp(binary, minilm, [[101, 102]], *args)
         assert r.returncode == 2 and msg in r.stderr, (args, r.stderr)
+
+
+def test_cpp_auto_provider_falls_back_and_says_why(binary, tmp_path):
+    """`auto` tries TensorRT, then CUDA, then the CPU, keeping the first whose provider appends and whose session
+    opens (ORT lists TensorRT even without libnvinfer). On this CPU wheel both GPU providers fail to append, so
+    this runs the real fallback path; an explicit GPU provider stays a one-line error."""
+    from xdeploy.export.onnx_export import export
+
+    art = export("bert", preset="tiny", out=tmp_path / "tiny")
+    r = run_cpp(binary, art, [[1, 5, 9, 2]])
+    assert r.returncode == 0, r.stderr
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        pytest.skip("a GPU build of onnxruntime: the fallback reasons differ")
+    line = r.stderr.strip().splitlines()[-1]
+    assert re.search(r"on cpu \(auto: tensorrt unavailable \(.+\); cuda unavailable \(.+\)\)$", line), line
+    r = run_cpp(binary, art, [[1, 5, 9, 2]], "--provider", "cuda")
+    assert r.returncode != 0 and "provider \"cuda\" is not in this ONNX Runtime library" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <cstdlib>
 #include <numeric>
 #include <set>
 #include <sstream>
@@ -75,7 +76,9 @@ struct Embedder::Impl {
   int max_length = 0, seq_max = 0, dim = 0, batch_max = 0, vocab = 0;
   std::string model_file;  // graph file, relative to dir (checked to lie inside it)
   std::vector<std::string> inputs;  // graph input names in order, subset of input_ids/attention_mask/token_type_ids
-  std::string provider;
+  std::string provider, provider_note;  // the provider in use; why "auto" skipped the ones before it
+  json axes;                               // the manifest's axes (TensorRT profile shapes)
+  std::string graph_sha, precision;        // model graph sha256 (engine cache key), artifact precision
   std::unique_ptr<Ort::Session> session;
   std::mutex mu;  // Ort::Session::Run is thread-safe, but one embed() at a time keeps memory bounded
 
@@ -121,6 +124,11 @@ struct Embedder::Impl {
         found = true;
       }
       if (!found) throw Error("artifact " + dir.string() + " is not a text encoder: no last_hidden_state output");
+      axes = m.at("axes");
+      precision = m.value("precision", "fp32");
+      if (m.contains("files") && m.at("files").is_object() && m.at("files").contains(file) &&
+          m.at("files").at(file).is_string())
+        graph_sha = m.at("files").at(file).get<std::string>();
       batch_max = m.at("axes").at("batch").at("max").get<int>();
       seq_max = m.at("axes").at("seq").at("max").get<int>();
       max_length = seq_max;
@@ -141,60 +149,120 @@ struct Embedder::Impl {
     }
   }
 
-  std::string choose_provider(Ort::SessionOptions& so) {
-    const auto avail = Ort::GetAvailableProviders();
-    std::string want = opt.provider;
-    if (want == "auto") {
-      want = has(avail, "TensorrtExecutionProvider") ? "tensorrt" : has(avail, "CUDAExecutionProvider") ? "cuda"
-                                                                                                          : "cpu";
-    }
-    const std::map<std::string, std::string> names = {{"cpu", "CPUExecutionProvider"},
-                                                      {"cuda", "CUDAExecutionProvider"},
-                                                      {"tensorrt", "TensorrtExecutionProvider"}};
-    auto it = names.find(want);
-    if (it == names.end()) throw Error("unknown provider \"" + want + "\"; expected one of: auto, cpu, cuda, tensorrt");
-    if (!has(avail, it->second)) {
-      std::string list;
-      for (const auto& a : avail) list += (list.empty() ? "" : ", ") + a;
-      throw Error("provider \"" + want + "\" is not in this ONNX Runtime library (it has: " + list + ")");
-    }
-    const OrtApi& api = Ort::GetApi();
-    if (want == "cuda") {
-      OrtCUDAProviderOptionsV2* cuda = nullptr;
-      Ort::ThrowOnError(api.CreateCUDAProviderOptions(&cuda));
-      std::unique_ptr<OrtCUDAProviderOptionsV2, decltype(api.ReleaseCUDAProviderOptions)> hold(
-          cuda, api.ReleaseCUDAProviderOptions);
-      so.AppendExecutionProvider_CUDA_V2(*cuda);
-    } else if (want == "tensorrt") {
-      // TensorRT falls back to CUDA for nodes it cannot take, then to the CPU
-      OrtTensorRTProviderOptionsV2* trt = nullptr;
-      Ort::ThrowOnError(api.CreateTensorRTProviderOptions(&trt));
-      std::unique_ptr<OrtTensorRTProviderOptionsV2, decltype(api.ReleaseTensorRTProviderOptions)> hold(
-          trt, api.ReleaseTensorRTProviderOptions);
-      so.AppendExecutionProvider_TensorRT_V2(*trt);
-      if (has(avail, "CUDAExecutionProvider")) {
-        OrtCUDAProviderOptionsV2* cuda = nullptr;
-        Ort::ThrowOnError(api.CreateCUDAProviderOptions(&cuda));
-        std::unique_ptr<OrtCUDAProviderOptionsV2, decltype(api.ReleaseCUDAProviderOptions)> hold2(
-            cuda, api.ReleaseCUDAProviderOptions);
-        so.AppendExecutionProvider_CUDA_V2(*cuda);
+  // TensorRT EP options: one optimization profile from the manifest's axes (every input is [batch, seq]) and
+  // an engine + timing cache keyed by the graph's sha256, so a new shape does not rebuild an engine and a
+  // changed model never loads a stale one. Q/DQ int8 artifacts need trt_int8_enable (no calibration table:
+  // TensorRT takes the scales from the Q/DQ nodes); fp32 stays fp32 (no trt_fp16_enable).
+  std::map<std::string, std::string> tensorrt_options() const {
+    const fs::path mpath = dir / "manifest.json";
+    if (graph_sha.size() < 16) bad(mpath, "files[\"" + model_file + "\"] must hold the graph's sha256 (engine cache key)");
+    auto shapes = [&](const char* which) {
+      std::string s;
+      try {
+        for (const auto& n : inputs)
+          s += (s.empty() ? "" : ",") + n + ":" + std::to_string(axes.at("batch").at(which).get<int>()) + "x" +
+               std::to_string(axes.at("seq").at(which).get<int>());
+      } catch (const json::exception&) {
+        bad(mpath, std::string("axes batch/seq need integer min, opt and max (") + which + ")");
       }
+      return s;
+    };
+    fs::path cache = opt.trt_cache_dir;
+    if (cache.empty()) {
+      const char* xdg = std::getenv("XDG_CACHE_HOME");
+      const char* home = std::getenv("HOME");
+      cache = xdg && *xdg ? fs::path(xdg) : fs::path(home ? home : ".") / ".cache";
+      cache = cache / "xdeploy" / "ort-trt-cpp";
     }
-    return want;
+    cache /= "model-" + graph_sha.substr(0, 16);
+    std::error_code ec;
+    fs::create_directories(cache, ec);  // the TensorRT EP creates one directory level only
+    if (ec) throw Error("cannot create the TensorRT engine cache directory " + cache.string() + ": " + ec.message());
+    return {{"device_id", "0"},
+            {"trt_engine_cache_enable", "1"},
+            {"trt_engine_cache_path", cache.string()},
+            {"trt_timing_cache_enable", "1"},
+            {"trt_timing_cache_path", cache.string()},
+            {"trt_int8_enable", precision == "int8" ? "1" : "0"},
+            {"trt_profile_min_shapes", shapes("min")},
+            {"trt_profile_opt_shapes", shapes("opt")},
+            {"trt_profile_max_shapes", shapes("max")}};
   }
 
-  void open_session() {
+  // Append one provider to `so`; throws Ort::Exception when this library cannot (e.g. a build without it, or a
+  // provider library whose dependencies such as libnvinfer are missing).
+  void append_provider(Ort::SessionOptions& so, const std::string& want) const {
+    const OrtApi& api = Ort::GetApi();
+    if (want == "cuda" || want == "tensorrt") {
+      if (want == "tensorrt") {
+        OrtTensorRTProviderOptionsV2* trt = nullptr;
+        Ort::ThrowOnError(api.CreateTensorRTProviderOptions(&trt));
+        std::unique_ptr<OrtTensorRTProviderOptionsV2, decltype(api.ReleaseTensorRTProviderOptions)> hold(
+            trt, api.ReleaseTensorRTProviderOptions);
+        std::vector<std::string> keys, values;
+        for (const auto& [k, v] : tensorrt_options()) keys.push_back(k), values.push_back(v);
+        std::vector<const char*> kp, vp;
+        for (size_t i = 0; i < keys.size(); ++i) kp.push_back(keys[i].c_str()), vp.push_back(values[i].c_str());
+        Ort::ThrowOnError(api.UpdateTensorRTProviderOptions(trt, kp.data(), vp.data(), kp.size()));
+        so.AppendExecutionProvider_TensorRT_V2(*trt);
+      }
+      // CUDA: the provider itself, or after TensorRT for the nodes TensorRT does not take
+      OrtCUDAProviderOptionsV2* cuda = nullptr;
+      Ort::ThrowOnError(api.CreateCUDAProviderOptions(&cuda));
+      std::unique_ptr<OrtCUDAProviderOptionsV2, decltype(api.ReleaseCUDAProviderOptions)> hold2(
+          cuda, api.ReleaseCUDAProviderOptions);
+      so.AppendExecutionProvider_CUDA_V2(*cuda);
+    }
+  }
+
+  Ort::SessionOptions session_options() const {
     Ort::SessionOptions so;
     so.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_ALL);
     so.SetIntraOpNumThreads(opt.threads);
     so.SetInterOpNumThreads(1);
     so.SetLogSeverityLevel(3);
-    provider = choose_provider(so);
+    return so;
+  }
+
+  // "auto" tries TensorRT, then CUDA, then the CPU, and keeps the first one whose provider can be appended and
+  // whose session opens: ORT lists TensorrtExecutionProvider even where libnvinfer is missing, and a CUDA build
+  // lists CUDA on machines without a GPU, so being listed proves nothing. provider() says which was chosen and
+  // provider_note() why the ones before it were skipped. An explicit provider that fails is an error.
+  void open_session() {
+    const std::map<std::string, std::string> names = {{"cpu", "CPUExecutionProvider"},
+                                                      {"cuda", "CUDAExecutionProvider"},
+                                                      {"tensorrt", "TensorrtExecutionProvider"}};
+    const auto avail = Ort::GetAvailableProviders();
+    std::vector<std::string> candidates;
+    if (opt.provider == "auto") {
+      candidates = {"tensorrt", "cuda", "cpu"};
+    } else {
+      auto it = names.find(opt.provider);
+      if (it == names.end())
+        throw Error("unknown provider \"" + opt.provider + "\"; expected one of: auto, cpu, cuda, tensorrt");
+      if (!has(avail, it->second)) {
+        std::string list;
+        for (const auto& a : avail) list += (list.empty() ? "" : ", ") + a;
+        throw Error("provider \"" + opt.provider + "\" is not in this ONNX Runtime library (it has: " + list + ")");
+      }
+      candidates = {opt.provider};
+    }
     const fs::path model = dir / model_file;
-    try {
-      session = std::make_unique<Ort::Session>(env(), model.c_str(), so);
-    } catch (const Ort::Exception& e) {
-      throw Error("onnxruntime cannot load " + model.string() + ": " + first_line(e.what()));
+    for (const auto& want : candidates) {
+      Ort::SessionOptions so = session_options();
+      try {
+        append_provider(so, want);
+        session = std::make_unique<Ort::Session>(env(), model.c_str(), so);
+        provider = want;
+        break;
+      } catch (const std::exception& e) {  // Ort::Exception from onnxruntime, Error from tensorrt_options()
+        const std::string why = first_line(e.what());
+        if (want == "cpu" || candidates.size() == 1) {
+          if (want == "cpu") throw Error("onnxruntime cannot load " + model.string() + ": " + why);
+          throw Error("provider \"" + want + "\" failed to start: " + why);
+        }
+        provider_note += (provider_note.empty() ? "" : "; ") + want + " unavailable (" + why + ")";
+      }
     }
     // The ONNX file must take exactly the inputs the manifest declares (a swapped model.onnx would not).
     Ort::AllocatorWithDefaultOptions alloc;
@@ -324,5 +392,6 @@ int Embedder::dim() const { return impl_->dim; }
 int Embedder::max_length() const { return impl_->max_length; }
 const Pooling& Embedder::pooling() const { return impl_->pooling; }
 const std::string& Embedder::provider() const { return impl_->provider; }
+const std::string& Embedder::provider_note() const { return impl_->provider_note; }
 
 }  // namespace xdeploy

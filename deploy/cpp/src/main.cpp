@@ -92,7 +92,8 @@ int run(int argc, char** argv) {
   }
   std::fwrite(out.data(), 1, out.size(), stdout);
   std::cerr << "xdeploy-embed: " << vecs.size() << " sentences -> " << emb.dim() << "-d (" << emb.pooling().mode
-            << " pooling" << (emb.pooling().normalize ? ", L2-normalized" : "") << ") on " << emb.provider() << "\n";
+            << " pooling" << (emb.pooling().normalize ? ", L2-normalized" : "") << ") on " << emb.provider()
+            << (emb.provider_note().empty() ? "" : " (auto: " + emb.provider_note() + ")") << "\n";
   return 0;
 }
 

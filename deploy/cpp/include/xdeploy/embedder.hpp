@@ -24,10 +24,11 @@ class Error : public std::runtime_error {
 };
 
 struct Options {
-  std::string provider = "auto";  // auto | cpu | cuda | tensorrt  (auto: tensorrt > cuda > cpu, if the library has it)
+  std::string provider = "auto";  // auto | cpu | cuda | tensorrt  (auto: the first of tensorrt > cuda > cpu that starts)
   int threads = 0;                // intra-op threads, 0 = ONNX Runtime's default (all cores)
   int batch_size = 32;            // sentences per model call (capped by the artifact's batch axis)
   int pad_to = 1;                 // pad each batch's length to a multiple of this (1: to its longest, as Python)
+  std::string trt_cache_dir;      // TensorRT engine/timing cache root ("": $XDG_CACHE_HOME/xdeploy/ort-trt-cpp)
 };
 
 struct Pooling {
@@ -58,6 +59,7 @@ class Embedder {
   int max_length() const;
   const Pooling& pooling() const;
   const std::string& provider() const;  // the execution provider actually used
+  const std::string& provider_note() const;  // why "auto" fell back past TensorRT / CUDA ("" if it did not)
 
  private:
   struct Impl;
