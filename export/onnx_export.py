@@ -1,4 +1,7 @@
-"""PyTorch -> ONNX with the dynamo exporter, one artifact directory per export (see artifact.py)."""
+"""PyTorch -> ONNX with the dynamo exporter, one artifact directory per export (see artifact.py).
+
+`export()` is three steps: resolve the source (a preset or a checkpoint -> a torch module), export its graphs
+(torch.onnx, then convert.convert_graph: optimize, precision), write the artifact (writer.py)."""
 
 from __future__ import annotations
 
@@ -6,31 +9,26 @@ import contextlib
 import dataclasses
 import io
 import logging
-import platform
-import shutil
-import time
 import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import onnx
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import save_file
 from torch import nn
 
-import xdeploy
 from xdeploy.core.errors import XDeployError
-from xdeploy.core.fsutil import atomic_dir, atomic_write_json, sha256_file
 from xdeploy.models import registry
-from xdeploy.models.spec import ExportSpec, Graph
+from xdeploy.models.spec import ExportSpec, Graph, ModelFamily
 
-from .artifact import FORMAT, MANIFEST, SCHEMA_VERSION, spec_to_json, write_manifest_files
+from .artifact import spec_to_json
+from .writer import write_artifact
 
 SUPPORTED_OPSETS = (18, 23)  # 18: attention as MatMul/Softmax; 23: the native ONNX Attention op
 DEFAULT_OPSET = 23  # by measurement (python -m xdeploy.studies.export_lowering; docs/export.md)
 DEFAULT_OPTIMIZE = False  # by measurement, and fused com.microsoft ops would tie the artifact to onnxruntime
-TWO_GB = 2**31
 
 
 class _GraphModule(nn.Module):
@@ -74,34 +72,55 @@ def export_graph(model: nn.Module, graph: Graph, spec: ExportSpec, opset: int) -
     return program.model_proto
 
 
-def set_metadata(proto: onnx.ModelProto, fields: dict[str, Any]) -> None:
-    """Mirror key manifest fields into metadata_props, for runtimes that only see the .onnx file."""
-    del proto.metadata_props[:]
-    for k, v in fields.items():
-        proto.metadata_props.add(key=f"xdeploy.{k}", value=str(v))
-    proto.producer_name, proto.producer_version = "xdeploy", xdeploy.__version__
+@dataclass(frozen=True)
+class Source:
+    """What an export starts from: the family, its config, the torch module and where it came from."""
+
+    family: ModelFamily
+    config: Any
+    module: nn.Module
+    preset: str | None
+    source: dict[str, Any]  # manifest["source"]: kind preset|hf|..., and the preset/seed or checkpoint digest
+    tokenizer_files: tuple[Path, ...] = ()
+    pooling: Any = None
 
 
-def save_onnx(proto: onnx.ModelProto, path: Path) -> None:
-    """Check fully (with shape inference) and save; weights go to <name>.data when the model exceeds 2 GB."""
-    large = proto.ByteSize() >= TWO_GB
-    try:
-        if not large:
-            onnx.checker.check_model(proto, full_check=True)
-    except onnx.checker.ValidationError as e:
-        raise XDeployError(f"exported graph {path.name} failed the ONNX checker: {str(e).splitlines()[0]}") from e
-    onnx.save_model(proto, str(path), save_as_external_data=large, all_tensors_to_one_file=True,
-                    location=f"{path.name}.data" if large else None)
-    if large:
-        onnx.checker.check_model(str(path), full_check=True)
+def resolve_source(model: str, *, preset: str | None = None, checkpoint: str | Path | None = None,
+                   attn_impl: str | None = None, seed: int = 0,
+                   config_overrides: dict[str, Any] | None = None) -> Source:
+    """A checkpoint (safetensors + config) or a preset with seeded random weights -> the module to export."""
+    family = registry.get_family(model)
+    if checkpoint is not None:
+        from xdeploy.models.checkpoint import load_checkpoint
+
+        ck = load_checkpoint(checkpoint)
+        if ck.model != family.name:
+            raise XDeployError(f"checkpoint {checkpoint} holds a {ck.model} model, not {family.name}")
+        cfg = ck.config if attn_impl is None else dataclasses.replace(ck.config, attn_impl=attn_impl)
+        module = family.build(cfg).eval()
+        module.load_state_dict(ck.module.state_dict())
+        return Source(family, cfg, module, preset,
+                      {"kind": ck.kind, "checkpoint": str(Path(checkpoint).resolve()), "sha256": ck.sha256},
+                      tuple(ck.tokenizer_files), ck.pooling)
+    preset = preset or next(iter(family.presets))
+    cfg = registry.get_config(family.name, preset, attn_impl=attn_impl, **(config_overrides or {}))
+    module = registry.build(family.name, cfg, seed=seed)
+    return Source(family, cfg, module, preset, {"kind": "preset", "preset": preset, "seed": seed})
 
 
-def library_versions() -> dict[str, str]:
-    import numpy
-    import onnxruntime
+def export_graphs(src: Source, spec: ExportSpec, *, opset: int, precision: str, optimize: bool, opt_level: int,
+                  precision_options: Any) -> Iterator[tuple[Graph, onnx.ModelProto, dict[str, Any]]]:
+    """Each graph of `spec` exported, optimized and converted to `precision`, with its conversion record
+    (one at a time, so a large model's graphs are not all held in memory)."""
+    from . import convert  # convert.convert_graph is looked up per call (tests interrupt it there)
 
-    return {"xdeploy": xdeploy.__version__, "python": platform.python_version(), "torch": torch.__version__,
-            "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__, "numpy": numpy.__version__}
+    with torch.no_grad():
+        for graph in spec.graphs:
+            proto = export_graph(src.module, graph, spec, opset)
+            proto, info = convert.convert_graph(
+                proto, precision, graph=graph, spec=spec, model=src.family.name, config=src.config,
+                optimize=optimize, opt_level=opt_level, options=precision_options)
+            yield graph, proto, info
 
 
 def export(model: str, *, preset: str | None = None, checkpoint: str | Path | None = None, out: str | Path,
@@ -116,71 +135,28 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
     `optimize` applies onnxruntime's offline optimizations and transformer fusions (export/optimize.py) before
     the precision conversion (export/precision.py; `precision_options` is a `PrecisionOptions`)."""
     from . import precision as prec
-    from .convert import convert_graph
 
     if opset not in SUPPORTED_OPSETS:
         raise XDeployError(f"unsupported opset {opset}; expected one of: {', '.join(map(str, SUPPORTED_OPSETS))}")
     prec.check_precision(precision)
-    family = registry.get_family(model)
-    tokenizer_files: list[Path] = []
-    pooling = None
-    if checkpoint is not None:
-        from xdeploy.models.checkpoint import load_checkpoint
-
-        ck = load_checkpoint(checkpoint)
-        if ck.model != family.name:
-            raise XDeployError(f"checkpoint {checkpoint} holds a {ck.model} model, not {family.name}")
-        cfg = ck.config if attn_impl is None else dataclasses.replace(ck.config, attn_impl=attn_impl)
-        module = family.build(cfg).eval()
-        module.load_state_dict(ck.module.state_dict())
-        tokenizer_files, pooling = ck.tokenizer_files, ck.pooling
-        source = {"kind": ck.kind, "checkpoint": str(Path(checkpoint).resolve()), "sha256": ck.sha256}
-    else:
-        preset = preset or next(iter(family.presets))
-        cfg = registry.get_config(family.name, preset, attn_impl=attn_impl, **(config_overrides or {}))
-        module = registry.build(family.name, cfg, seed=seed)
-        source = {"kind": "preset", "preset": preset, "seed": seed}
-    spec = family.spec(cfg)
-    out = Path(out)
-    t0 = time.perf_counter()
-    with atomic_dir(out, force=force) as tmp:
-        (tmp / "reference").mkdir()
-        state = {k: v.contiguous() for k, v in module.state_dict().items()}
-        try:
-            save_file(state, str(tmp / "reference" / "model.safetensors"))
-        except SafetensorError as e:  # e.g. a full disk: not an OSError, so say it here
-            raise XDeployError(f"cannot write {out}: {e}") from None
-        source["weights_sha256"] = sha256_file(tmp / "reference" / "model.safetensors")
-        files: dict[str, str] = {}
-        conversion: dict[str, Any] = {}
-        meta = {"model": family.name, "preset": preset or "", "precision": precision, "opset": opset,
-                "optimized": optimize,
-                "schema_version": SCHEMA_VERSION, "source_sha256": source.get("sha256", source["weights_sha256"])}
-        with torch.no_grad():
-            for graph in spec.graphs:
-                proto = export_graph(module, graph, spec, opset)
-                proto, info = convert_graph(proto, precision, graph=graph, spec=spec, model=family.name, config=cfg,
-                                            optimize=optimize, opt_level=opt_level, options=precision_options)
-                conversion[graph.name] = info
-                set_metadata(proto, meta | {"graph": graph.name,
-                                            "inputs": ",".join(t.name for t in graph.inputs),
-                                            "outputs": ",".join(t.name for t in graph.outputs)})
-                files[graph.name] = f"{graph.name}.onnx"
-                save_onnx(proto, tmp / files[graph.name])
-        prec.check_requested_nodes(precision, precision_options, conversion)
-        if tokenizer_files:
-            (tmp / "tokenizer").mkdir()
-            for f in tokenizer_files:
-                shutil.copy2(f, tmp / "tokenizer" / f.name)
-        graphs, axes, tols = spec_to_json(spec, files)
-        manifest: dict[str, Any] = {
-            "format": FORMAT, "schema_version": SCHEMA_VERSION, "model": family.name, "preset": preset,
-            "source": source, "config": dataclasses.asdict(cfg), "precision": precision, "opset": opset,
-            "attn_impl": cfg.attn_impl, "optimized": optimize, "graphs": graphs, "axes": axes, "tolerances": tols,
-            "conversion": conversion,
-            "pooling": dataclasses.asdict(pooling) if pooling else None,
-            "versions": library_versions(), "export_seconds": round(time.perf_counter() - t0, 3),
-        }
-        write_manifest_files(tmp, manifest)
-        atomic_write_json(tmp / MANIFEST, manifest)
-    return out
+    src = resolve_source(model, preset=preset, checkpoint=checkpoint, attn_impl=attn_impl, seed=seed,
+                         config_overrides=config_overrides)
+    spec = src.family.spec(src.config)
+    graphs, axes, tols = spec_to_json(spec, {g.name: f"{g.name}.onnx" for g in spec.graphs})
+    manifest: dict[str, Any] = {
+        "model": src.family.name, "preset": src.preset, "source": dict(src.source),
+        "config": dataclasses.asdict(src.config),
+        "precision": precision, "opset": opset, "attn_impl": src.config.attn_impl, "optimized": optimize,
+        "graphs": graphs, "axes": axes, "tolerances": tols, "conversion": {},
+        "pooling": dataclasses.asdict(src.pooling) if src.pooling else None,
+    }
+    with write_artifact(out, manifest, force=force) as w:
+        w.manifest["source"]["weights_sha256"] = w.save_weights(src.module.state_dict())
+        for graph, proto, info in export_graphs(src, spec, opset=opset, precision=precision, optimize=optimize,
+                                                opt_level=opt_level, precision_options=precision_options):
+            w.manifest["conversion"][graph.name] = info
+            w.add_graph(graph.name, proto)
+        prec.check_requested_nodes(precision, precision_options, w.manifest["conversion"])
+        for f in src.tokenizer_files:
+            w.add_file(f"tokenizer/{f.name}", f)
+    return Path(out)

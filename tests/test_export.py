@@ -16,7 +16,7 @@ import pytest
 from xdeploy.cli import main
 from xdeploy.core.errors import XDeployError
 from xdeploy.deploy.registry import open_runner
-from xdeploy.export import onnx_export
+from xdeploy.export import writer
 from xdeploy.export.artifact import load_artifact
 from xdeploy.export.convert import convert_artifact
 from xdeploy.export.onnx_export import export
@@ -299,7 +299,7 @@ def test_interrupted_export_leaves_nothing(fp32, tmp_path, monkeypatch):
 
 def test_external_data_path(fp32, tmp_path, monkeypatch):
     """Graphs over the 2 GB limit are saved with external data: lower the limit to exercise that path."""
-    monkeypatch.setattr(onnx_export, "TWO_GB", 10_000)
+    monkeypatch.setattr(writer, "TWO_GB", 10_000)
     out = convert_artifact(fp32("gpt"), tmp_path / "big", "fp32")
     art = load_artifact(out)
     assert {"model.onnx.data", "decode.onnx.data"} <= set(art.manifest["files"])
@@ -319,3 +319,59 @@ def test_fp16_block_nodes_are_per_artifact(fp32, tmp_path):
     assert decode_only not in {k["node"] for k in conv["model"]["kept_fp32"]}
     with pytest.raises(XDeployError, match="fp16 block list names nodes no graph has: nope"):
         convert_artifact(src.path, tmp_path / "x", "fp16", options=PrecisionOptions(fp16_block_nodes=("nope",)))
+
+
+def test_writer_extra_file_and_section_survive_load_and_convert(fp32, tmp_path):
+    """What another feature adds through the writer (a file + its manifest section) is digest-checked by
+    load_artifact and carried over by convert; core keys and clashing sections are refused."""
+    src = load_artifact(fp32("vit"))
+    manifest = {k: v for k, v in src.manifest.items() if k not in ("files", "versions", "export_seconds")}
+    with writer.write_artifact(tmp_path / "extra", manifest) as w:
+        for rel in src.manifest["files"]:
+            if not rel.endswith(".onnx"):
+                w.add_file(rel, src.path / rel)
+        w.add_graph("model", onnx.load(str(src.onnx_path())))
+        w.add_file("calibration/info.json", '{"samples": 4}')
+        w.add_section("calibration", {"file": "calibration/info.json"}, versions=("numpy",))
+        with pytest.raises(ValueError, match="'precision' is a core field"):
+            w.add_section("precision", "int8")
+        with pytest.raises(ValueError, match="already written"):
+            w.add_section("calibration", {})
+        with pytest.raises(XDeployError, match="inside the artifact"):
+            w.add_file("../escape.txt", "x")
+    art = load_artifact(tmp_path / "extra")
+    assert art.manifest["calibration"] == {"file": "calibration/info.json"}
+    assert "calibration/info.json" in art.manifest["files"] and "numpy" in art.manifest["versions"]
+    (art.path / "calibration/info.json").write_text('{"samples": 5}')
+    with pytest.raises(XDeployError, match="sha256 of calibration/info.json does not match"):
+        load_artifact(art.path)
+    (art.path / "calibration/info.json").write_text('{"samples": 4}')
+
+    out = load_artifact(convert_artifact(art.path, tmp_path / "fp16", "fp16"))
+    assert out.manifest["calibration"] == art.manifest["calibration"]
+    assert (out.path / "calibration/info.json").read_text() == '{"samples": 4}'
+    assert out.manifest["derived_from"]["files"] == art.manifest["files"]
+
+
+def test_writer_refuses_undeclared_or_missing_graphs(fp32, tmp_path):
+    src = load_artifact(fp32("vit"))
+    manifest = {k: v for k, v in src.manifest.items() if k != "files"}
+    with pytest.raises(ValueError, match="graphs declared but not written: \\['model'\\]"):
+        with writer.write_artifact(tmp_path / "a", manifest):
+            pass
+    with pytest.raises(ValueError, match="graph 'decode' is not declared"):
+        with writer.write_artifact(tmp_path / "b", manifest) as w:
+            w.add_graph("decode", onnx.load(str(src.onnx_path())))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_export_and_convert_write_the_same_metadata(fp32, derived):
+    """metadata_props come from one place: a converted graph's equal an exported one's but for precision."""
+    for model in ("gpt",):
+        a, b = load_artifact(fp32(model)), load_artifact(derived(model, "fp16"))
+        for g in a.spec.graphs:
+            ma = {p.key: p.value for p in onnx.load(str(a.onnx_path(g.name)), load_external_data=False).metadata_props}
+            mb = {p.key: p.value for p in onnx.load(str(b.onnx_path(g.name)), load_external_data=False).metadata_props}
+            assert ma | {"xdeploy.precision": "fp16"} == mb
+            assert ma["xdeploy.graph"] == g.name and ma["xdeploy.inputs"] == ",".join(t.name for t in g.inputs)
+            assert ma["xdeploy.source_sha256"] == a.manifest["source"]["weights_sha256"]
