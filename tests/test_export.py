@@ -356,12 +356,12 @@ def test_writer_extra_file_and_section_survive_load_and_convert(fp32, tmp_path):
 def test_writer_refuses_undeclared_or_missing_graphs(fp32, tmp_path):
     src = load_artifact(fp32("vit"))
     manifest = {k: v for k, v in src.manifest.items() if k != "files"}
-    with pytest.raises(ValueError, match="graphs declared but not written: \\['model'\\]"):
-        with writer.write_artifact(tmp_path / "a", manifest):
-            pass
-    with pytest.raises(ValueError, match="graph 'decode' is not declared"):
-        with writer.write_artifact(tmp_path / "b", manifest) as w:
-            w.add_graph("decode", onnx.load(str(src.onnx_path())))
+    with (pytest.raises(ValueError, match="graphs declared but not written: \\['model'\\]"),
+          writer.write_artifact(tmp_path / "a", manifest)):
+        pass
+    with (pytest.raises(ValueError, match="graph 'decode' is not declared"),
+          writer.write_artifact(tmp_path / "b", manifest) as w):
+        w.add_graph("decode", onnx.load(str(src.onnx_path())))
     assert list(tmp_path.iterdir()) == []
 
 
