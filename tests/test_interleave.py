@@ -1,0 +1,109 @@
+"""Interleaved, paired timing (bench/interleave.py): the statistics on synthetic rounds, the stability verdict,
+the bounded re-measurement, and the rotation of real rounds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from xdeploy.bench import interleave as il
+from xdeploy.core.errors import XDeployError
+
+QUIET = il.Load(wall_s=1.0, loadavg_1m=0.1, other_cores=0.0, own_cores=1.0, cores=2)
+BUSY = il.Load(wall_s=1.0, loadavg_1m=3.0, other_cores=1.0, own_cores=1.0, cores=2)
+
+
+def _attempt(rounds: dict[str, np.ndarray], load: il.Load = QUIET) -> il.Attempt:
+    return il.Attempt(rounds={k: list(map(float, v)) for k, v in rounds.items()},
+                      calls={k: list(map(float, v)) for k, v in rounds.items()},
+                      calls_per_round=dict.fromkeys(rounds, 1), load=load)
+
+
+def test_median_ci_order_statistics() -> None:
+    x = np.arange(1.0, 11.0)  # n = 10: P(B <= 1) = 1.1% <= 2.5% < P(B <= 2) = 5.5%  ->  [x_(2), x_(9)]
+    assert il.median_ci(x) == (5.5, 2.0, 9.0)
+    assert il.median_ci([3.0, 1.0, 2.0]) == (2.0, 1.0, 3.0)  # too few values for 95%: (min, max)
+    med, lo, hi = il.median_ci(np.random.default_rng(0).normal(1.0, 0.1, 200))
+    assert lo < med < hi and hi - lo < 0.06  # ~ 2 * 1.96 * 1.25 * 0.1 / sqrt(200) = 0.035
+    with pytest.raises(XDeployError):
+        il.median_ci([])
+
+
+@pytest.mark.parametrize("share", [0.1, 0.2, 0.3])
+def test_burst_in_baseline_rounds_moves_paired_median_at_most_by_its_share(share: float) -> None:
+    rng = np.random.default_rng(1)
+    n = 40
+    base = 0.010 * (1 + rng.normal(0, 0.02, n))  # 10 ms baseline, 2 ms candidate: true speed-up 5x
+    cand = 0.002 * (1 + rng.normal(0, 0.02, n))
+    clean = base / cand
+    burst = base.copy()
+    hit = rng.choice(n, int(share * n), replace=False)
+    burst[hit] *= 10.0  # another process took the core for those rounds: 10x slower baseline
+    sp = il.paired_speedup(burst, cand)
+    # a burst in a share f of the rounds can move the median at most to the (0.5 + f) quantile of the clean ratios
+    assert np.quantile(clean, 0.5 - share) <= sp.median <= np.quantile(clean, 0.5 + share)
+    assert abs(sp.median / np.median(clean) - 1) < 0.05
+    # whereas one mean divided by another (a figure per runner, taken apart) is off by ~ 1 + 9f
+    assert burst.mean() / cand.mean() > 5.0 * (1 + 8 * share)
+
+
+def test_always_noisy_series_is_flagged_and_steady_one_is_not() -> None:
+    rng = np.random.default_rng(2)
+    n = 30
+    steady = 0.004 * (1 + rng.normal(0, 0.02, n))
+    noisy = 0.004 * rng.lognormal(0.0, 0.6, n)  # IQR / median ~ 0.8
+    ok = il.judge(_attempt({"torch": steady * 3, "ort": steady}), baseline="torch")
+    assert ok.stable and ok.cause is None and ok.reasons == ()
+    assert ok.speedups["ort"].low <= 3.0 <= ok.speedups["ort"].high
+    bad = il.judge(_attempt({"torch": steady * 3, "ort": noisy}), baseline="torch")
+    assert not bad.stable and bad.cause == "noise"
+    assert any(r.startswith("ort: round times IQR") for r in bad.reasons)
+    assert il.speedup_text(bad.stability("ort")) == "unstable (noise)"
+    loaded = il.judge(_attempt({"torch": steady * 3, "ort": noisy}, BUSY), baseline="torch")
+    assert loaded.cause == "load" and il.speedup_text(loaded.stability("ort")) == "unstable (load)"
+    assert il.speedup_text(ok.stability("ort")).endswith(")") and "x (" in il.speedup_text(ok.stability("ort"))
+
+
+def test_wide_ratio_interval_is_flagged_even_when_each_series_is_steady() -> None:
+    # Each series is steady on its own, but the rounds disagree on the ratio (a bimodal speed-up): no figure.
+    rng = np.random.default_rng(3)
+    n = 20
+    base = 0.010 * (1 + rng.normal(0, 0.01, n))
+    cand = np.where(np.arange(n) % 2 == 0, 0.002, 0.0032) * (1 + rng.normal(0, 0.01, n))
+    c = il.judge(_attempt({"a": base, "b": cand}), baseline="a")
+    assert il.rel_iqr(cand) > 0.25 or c.speedups["b"].rel_ci > 0.30
+    assert not c.stable
+
+
+def test_compare_remeasures_a_bounded_number_of_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(4)
+    steady = 0.004 * (1 + rng.normal(0, 0.02, 20))
+    noisy = 0.004 * rng.lognormal(0.0, 0.6, 20)
+    plan = [_attempt({"t": noisy, "o": steady}, BUSY), _attempt({"t": steady * 2, "o": steady})]
+    seen: list[int] = []
+
+    def fake_rounds(calls: dict, **kw: object) -> il.Attempt:  # synthetic rounds: the retry loop is under test
+        seen.append(1)
+        return plan[len(seen) - 1] if len(seen) <= len(plan) else plan[0]
+
+    monkeypatch.setattr(il, "run_rounds", fake_rounds)
+    c = il.compare({"t": print, "o": print}, baseline="t", attempts=3)
+    assert c.stable and c.attempts == 2 and len(seen) == 2  # stops at the first stable attempt
+    seen.clear()
+    plan[1] = plan[0]
+    c = il.compare({"t": print, "o": print}, baseline="t", attempts=3)
+    assert not c.stable and c.attempts == 3 and len(seen) == 3 and c.cause == "load"  # bounded
+    with pytest.raises(XDeployError, match="baseline"):
+        il.compare({"t": print}, baseline="x")
+
+
+def test_rounds_are_rotated_and_blocked() -> None:
+    order: list[str] = []
+    calls = {n: (lambda n=n: order.append(n)) for n in ("a", "b", "c")}
+    att = il.run_rounds(calls, min_rounds=6, max_rounds=6, max_seconds=1e-3, min_block_s=0.0, warmup=1)
+    timed = order[3:]  # after one warm-up call each; one call per block (min_block_s=0)
+    firsts = [timed[3 * r] for r in range(6)]
+    assert firsts == ["a", "b", "c", "a", "b", "c"]
+    assert all(len(v) == 6 for v in att.rounds.values())
+    assert att.load.wall_s > 0 and att.load.cores >= 1
+    assert 1 <= il.free_cores(0.05) <= att.load.cores
