@@ -218,20 +218,21 @@ class Comparison:
     speedups: dict[str, SpeedUp]  # candidate -> speed-up over the baseline (empty without a baseline)
     load: Load
     stable: bool
-    reasons: tuple[str, ...]  # why unstable: "torch: round times IQR 41% of median > 25%", ...
+    reasons: tuple[tuple[str, str], ...]  # (candidate, why): ("torch", "torch: round times IQR 41% ... > 25%")
     cause: str | None  # "load" | "noise" | None (stable)
     attempts: int
     thresholds: Thresholds = field(default=DEFAULT_THRESHOLDS)
 
     def stability(self, name: str) -> dict[str, Any]:
-        """JSON-ready stability block for one candidate's record."""
+        """JSON-ready stability block for one candidate's record: its own verdict (its series, its speed-up
+        and the baseline's series), its dispersion, its speed-up and the machine's load."""
         s, sp = self.series[name], self.speedups.get(name)
-        return {"stable": self.stable, "cause": self.cause, "reasons": list(self.reasons),
+        mine = [why for who, why in self.reasons if who in (name, self.baseline)]
+        return {"stable": not mine, "cause": self.cause if mine else None, "reasons": mine,
                 "attempts": self.attempts, "rounds": s.rounds, "calls_per_round": s.calls_per_round,
                 "rel_iqr": s.rel_iqr, "max_over_min": s.max_over_min,
                 "speedup": None if sp is None else {"median": sp.median, "low": sp.low, "high": sp.high},
-                "baseline": self.baseline, "load": asdict(self.load),
-                "thresholds": asdict(self.thresholds)}
+                "baseline": self.baseline, "load": asdict(self.load), "thresholds": asdict(self.thresholds)}
 
 
 def _block(fn: Callable[[], Any], n: int, clock: Callable[[], int] = time.perf_counter_ns) -> list[float]:
@@ -283,10 +284,10 @@ def judge(attempt: Attempt, baseline: str | None, thresholds: Thresholds = DEFAU
     series = {n: series_stats(r, attempt.calls_per_round[n]) for n, r in attempt.rounds.items()}
     speedups = {n: paired_speedup(attempt.rounds[baseline], r) for n, r in attempt.rounds.items()
                 if baseline is not None and n != baseline}
-    reasons = [f"{n}: round times IQR {s.rel_iqr:.0%} of median > {thresholds.series_rel_iqr:.0%}"
+    reasons = [(n, f"{n}: round times IQR {s.rel_iqr:.0%} of median > {thresholds.series_rel_iqr:.0%}")
                for n, s in series.items() if s.rel_iqr > thresholds.series_rel_iqr]
-    reasons += [f"{n}: speed-up 95% interval {sp.low:.2f}-{sp.high:.2f} is {sp.rel_ci:.0%} of its median "
-                f"> {thresholds.ratio_rel_ci:.0%}" for n, sp in speedups.items()
+    reasons += [(n, f"{n}: speed-up 95% interval {sp.low:.2f}-{sp.high:.2f} is {sp.rel_ci:.0%} of its median "
+                    f"> {thresholds.ratio_rel_ci:.0%}") for n, sp in speedups.items()
                 if sp.rel_ci > thresholds.ratio_rel_ci]
     other = attempt.load.other_cores
     cause = None if not reasons else ("load" if other is not None and other > thresholds.other_cores else "noise")
@@ -323,7 +324,8 @@ def compare(calls: Mapping[str, Callable[[], Any]], *, baseline: str | None = No
         if c.stable:
             break
         if log and done < attempts:
-            log(f"unstable ({c.cause}): {'; '.join(c.reasons)}; measuring again ({done + 1}/{attempts})")
+            log(f"unstable ({c.cause}): {'; '.join(w for _, w in c.reasons)}; measuring again "
+                f"({done + 1}/{attempts})")
     assert best is not None
     return replace(best, attempts=done)
 

@@ -1,9 +1,17 @@
 """`xdeploy bench`: latency percentiles, throughput, peak memory and % of the GEMM peak, per runner and config.
 
-Each (runner, artifact, batch, seq) runs in its own fresh child process (bench/memory.py): load the runner,
-stage the inputs once with `runner.prepare(feeds)` (the zero-copy call), warm up, time with
-`latency.measure`, and report the memory phases. One child per configuration costs a model load each time,
-but a shared process would report the first configuration's high-water mark for every later one.
+Timing is interleaved (bench/interleave.py): for one (batch, seq), every compared thing - the PyTorch baseline
+and every runner x artifact precision - is loaded and prepared once in one child process and timed in
+alternating rounds, so a burst of load hits all of them alike; speed-ups are medians of paired round ratios
+with a 95% interval, and a comparison whose dispersion passes the thresholds is re-measured and, if it stays
+unstable, carries "unstable" in its record's `stability` block instead of a speed-up. Threads per runner
+default to the cores free when the run starts (`free_cores`), and PyTorch's OpenMP threads wait passively
+(OMP_WAIT_POLICY=PASSIVE, measured in docs/benchmarks.md) so a core taken by another process slows it in
+proportion instead of stalling it.
+
+Memory stays isolated: each (runner, artifact, batch, seq) also runs in its own fresh child process
+(bench/memory.py) that loads the runner, prepares, runs a few calls and reports the memory phases (a shared
+process would report the first configuration's high-water mark for every later one).
 
     from xdeploy.bench.suite import run_bench
     records = run_bench("bert", preset="tiny", runners=["torch", "ort"], batches=[1, 8], seqs=[32, 128])
@@ -17,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +62,7 @@ class BenchJob:
 
 def bench_child(probe: Probe, job: BenchJob) -> dict[str, Any]:
     """Runs in the child: imports -> load (weights) -> prepare -> warm-up + timed calls (activations)."""
+    apply_thread_env()
     from xdeploy.deploy.registry import open_runner, runner_class
     from xdeploy.export.artifact import load_artifact
     from xdeploy.models.spec import make_feeds
@@ -81,6 +91,78 @@ def run_job(job: BenchJob, *, isolate: bool = True) -> tuple[dict[str, Any], Mem
         result, _, mem = run_isolated(bench_child, job)
         return result, mem
     return bench_child(Probe(), job), None
+
+
+# PyTorch (libgomp) threads spin while waiting for work by default: with another process on a core, a
+# 2-thread torch call was 8-20x slower, passive waiting ~1x (studies/omp_policy.py, docs/benchmarks.md).
+# Set in the benchmark children before torch loads; an explicit setting in the environment wins. Recorded
+# in every record's fingerprint (env).
+THREAD_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def apply_thread_env() -> None:
+    for k, v in THREAD_ENV.items():
+        os.environ.setdefault(k, v)
+
+
+@dataclass(frozen=True)
+class CompareJob:
+    """One interleaved comparison at one (graph, sizes): candidates are (runner spec, artifact path)."""
+
+    candidates: tuple[tuple[str, str], ...]
+    sizes: tuple[tuple[str, int], ...]
+    graph: str = "model"
+    baseline: int | None = None  # index of the baseline candidate (speed-ups are relative to it)
+    threads: int = 0
+    seed: int = 0
+    warmup: int = 2
+    min_rounds: int = 8
+    max_rounds: int = 40
+    max_seconds: float = 3.0
+    min_block_s: float = 0.02
+    attempts: int = 2
+    return_outputs: bool = False
+
+
+def compare_child(probe: Probe, job: CompareJob) -> dict[str, Any]:
+    """Runs in a child: open and prepare every candidate once, then interleaved rounds (bench/interleave.py).
+    A candidate that cannot open is reported in "failures" and left out; the others are still compared."""
+    apply_thread_env()
+    from xdeploy.deploy.registry import open_runner
+    from xdeploy.export.artifact import load_artifact
+    from xdeploy.models.spec import make_feeds
+
+    from .interleave import compare
+
+    arts: dict[str, Any] = {}
+    runners: dict[str, Any] = {}
+    calls: dict[str, Any] = {}
+    feeds: dict[str, Any] = {}
+    failures: dict[str, str] = {}
+    for i, (spec, path) in enumerate(job.candidates):
+        name = str(i)
+        try:
+            art = arts.setdefault(path, load_artifact(path, verify=False))  # the parent verified it
+            feeds[name] = make_feeds(art.graph(job.graph), dict(job.sizes), seed=job.seed)
+            runners[name] = open_runner(spec, art, job.graph, threads=job.threads)
+            calls[name] = runners[name].prepare(feeds[name])
+        except Exception as e:  # one runner failing must not lose the others
+            failures[name] = (str(e).strip().splitlines() or [type(e).__name__])[-1][:200]
+    probe.mark("loaded")
+    base = str(job.baseline) if job.baseline is not None and str(job.baseline) in calls else None
+    out: dict[str, Any] = {"results": {}, "failures": failures, "fingerprint": fingerprint()}
+    if calls:
+        cmp = compare(calls, baseline=base, attempts=job.attempts, warmup=job.warmup, min_rounds=job.min_rounds,
+                      max_rounds=job.max_rounds, max_seconds=job.max_seconds, min_block_s=job.min_block_s)
+        for name, runner in runners.items():
+            out["results"][name] = {
+                "stats": cmp.latency[name].as_dict(), "info": dataclasses.asdict(runner.info()),
+                "stability": cmp.stability(name),
+                "outputs": runner.infer(feeds[name]) if job.return_outputs else None}
+    for runner in runners.values():
+        runner.close()
+    out["fingerprint"] = fingerprint()  # after the runners set their threads
+    return out
 
 
 # ------------------------------------------------------------------------------------------ artifacts ----
@@ -179,8 +261,8 @@ def _mem_dict(mem: MemoryStats | None) -> dict[str, float | None]:
 
 
 def latency_record(art: Any, job: BenchJob, result: dict[str, Any], mem: MemoryStats | None,
-                   peaks: Mapping[str, float], parity: bool | None = None, note: str | None = None
-                   ) -> dict[str, Any]:
+                   peaks: Mapping[str, float], parity: bool | None = None, note: str | None = None,
+                   stability: Mapping[str, Any] | None = None) -> dict[str, Any]:
     from xdeploy.models.registry import get_family
 
     from .roofline import peak_for
@@ -200,7 +282,7 @@ def latency_record(art: Any, job: BenchJob, result: dict[str, Any], mem: MemoryS
         iterations=int(st["n"]), timed_s=st["total_s"], items_per_s=sizes["batch"] / st["p50"],
         tokens_per_s=tokens / st["p50"] if tokens else None, flops=flops, achieved_flops=achieved,
         peak_flops=peak, pct_of_peak=100.0 * achieved / peak if peak else None, memory=_mem_dict(mem),
-        parity_passed=parity, note=note)
+        parity_passed=parity, note=note, stability=dict(stability) if stability is not None else None)
 
 
 def check_parity(art: Any, job: BenchJob, outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray],
@@ -234,20 +316,11 @@ def resolve_artifacts(target: str, *, preset: str | None, precisions: Sequence[s
 
 def run_bench(target: str, *, runners: Sequence[str], preset: str | None = None,
               precisions: Sequence[str] = ("fp32",), batches: Sequence[int] = (1,), seqs: Sequence[int] = (128,),
-              opset: int | None = None, attn_impl: str | None = None, threads: int = 0, warmup: int = 3,
-              min_iters: int = 10, max_iters: int = 200, max_seconds: float = 5.0, isolate: bool = True,
-              parity: bool = False, peaks: Mapping[str, float] | None = None, fresh: bool = False,
-              log: Callable[[str], None] | None = None, failures: list[str] | None = None
-              ) -> list[dict[str, Any]]:
-    """Benchmark every (artifact precision, runner, batch, seq); returns validated latency records.
-
-    The torch runner ignores the artifact's precision (it runs the reference weights), so it runs once, on
-    the first artifact. With `parity`, each runner's outputs are checked against PyTorch fp32 on the same
-    feeds with the tolerance of its precision (`parity_passed` in the record). A configuration that fails
-    (runtime error, child crash) is appended to `failures` and skipped; all failing raises XDeployError."""
+              opset: int | None = None, attn_impl: str | None = None, fresh: bool = False,
+              log: Callable[[str], None] | None = None, **kw: Any) -> list[dict[str, Any]]:
+    """Benchmark every (artifact precision, runner, batch, seq) of a model name or artifact directory; see
+    `bench_artifacts` for the measurement and the keyword arguments."""
     from xdeploy.deploy.registry import parse_spec
-
-    from .roofline import load_peaks
 
     if not runners:
         raise XDeployError("no runners given; expected e.g. --runners torch,ort")
@@ -256,45 +329,104 @@ def run_bench(target: str, *, runners: Sequence[str], preset: str | None = None,
     for n, v in (("batch", batches), ("seq", seqs)):
         if not v or any(x < 1 for x in v):
             raise XDeployError(f"--{n} needs positive integers, got {list(v)}")
-    peaks = load_peaks() if peaks is None else peaks
     arts = resolve_artifacts(target, preset=preset, precisions=precisions, opset=opset, attn_impl=attn_impl,
                              fresh=fresh, log=log)
-    records: list[dict[str, Any]] = []
+    return bench_artifacts(arts, runners=runners, batches=batches, seqs=seqs, log=log, **kw)
+
+
+def bench_artifacts(arts: Sequence[Any], *, runners: Sequence[str], batches: Sequence[int] = (1,),
+                    seqs: Sequence[int] = (128,), threads: int = 0, warmup: int = 3, min_iters: int = 8,
+                    max_iters: int = 40, max_seconds: float = 5.0, isolate: bool = True, parity: bool = False,
+                    peaks: Mapping[str, float] | None = None, baseline: str = "torch", attempts: int = 2,
+                    log: Callable[[str], None] | None = None, failures: list[str] | None = None
+                    ) -> list[dict[str, Any]]:
+    """Interleaved benchmark of every runner on every artifact (same model), per (batch, seq); returns
+    validated latency records.
+
+    Per (batch, seq), one comparison (`CompareJob`, in a child with isolate=True) times every (runner,
+    artifact) in rotated rounds: at least `min_iters` rounds (at most `max_iters`) and about `max_seconds`
+    in all, `attempts` tries while unstable; each record's `latency_s` is over every timed call and its
+    `stability` holds the paired speed-up over `baseline` (PyTorch runs the reference weights whatever the
+    artifact precision, so it is timed once, on the first artifact). `threads=0` uses the cores free at the
+    start (measured). With `isolate`, each (runner, artifact) also gets a memory child (a few calls). With
+    `parity`, each runner's outputs are checked against PyTorch fp32 on the same feeds with the tolerance of
+    its precision (`parity_passed`). A runner that fails (runtime error, child crash) is appended to
+    `failures` and skipped; all failing raises XDeployError."""
+    from .interleave import free_cores
+    from .roofline import load_peaks
+
+    peaks = load_peaks() if peaks is None else peaks
     failures = [] if failures is None else failures  # (runner, config) that failed: logged, not raised
-    refs: dict[tuple, dict[str, np.ndarray]] = {}
-    for i, art in enumerate(arts):
-        configs, skipped = bench_configs(art, batches, seqs)
+    if threads <= 0:
+        threads = free_cores()
+        if log:
+            log(f"threads per runner: {threads} (cores free now; --threads overrides)")
+    configs: list[dict[str, int]] = []
+    for art in arts:
+        cs, skipped = bench_configs(art, batches, seqs)
+        configs += [c for c in cs if c not in configs]
         for s in skipped:
             if log:
                 log(f"skipped {art.model} {art.precision}: {s}")
-        for spec in runners:
-            if spec.partition(":")[0] == "torch" and i > 0:
-                continue  # torch runs the reference weights whatever the artifact precision
-            for sizes in configs:
-                job = BenchJob(runner=spec, artifact=str(art.path), sizes=tuple(sizes.items()), threads=threads,
-                               warmup=warmup, min_iters=min_iters, max_iters=max_iters, max_seconds=max_seconds,
-                               return_outputs=parity)
+    records: list[dict[str, Any]] = []
+    refs: dict[tuple, dict[str, np.ndarray]] = {}
+
+    def fail(what: str, e: BaseException | str) -> None:
+        text = str(e).strip()
+        msg = text.splitlines()[-1][:200] if text else type(e).__name__
+        failures.append(f"{what}: {msg}")
+        if log:
+            log(f"[red]failed[/red] {failures[-1]}")
+
+    for sizes in configs:
+        cands: list[tuple[str, Any]] = []
+        for i, art in enumerate(arts):
+            if sizes not in bench_configs(art, batches, seqs)[0]:
+                continue
+            cands += [(spec, art) for spec in runners if not (spec.partition(":")[0] == "torch" and i > 0)]
+        if not cands:
+            continue
+        base = next((k for k, (spec, art) in enumerate(cands) if spec == baseline), None)
+        cjob = CompareJob(candidates=tuple((spec, str(art.path)) for spec, art in cands),
+                          sizes=tuple(sizes.items()), baseline=base, threads=threads, warmup=warmup,
+                          min_rounds=min_iters, max_rounds=max(max_iters, min_iters), max_seconds=max_seconds,
+                          attempts=attempts, return_outputs=parity)
+        try:
+            cres = run_isolated(compare_child, cjob)[0] if isolate else compare_child(Probe(), cjob)
+        except (XDeployError, RuntimeError) as e:
+            fail(f"comparison at {sizes}", e)
+            continue
+        for k, (spec, art) in enumerate(cands):
+            what = f"{spec} on {art.precision} {sizes}"
+            if str(k) in cres["failures"]:
+                fail(what, cres["failures"][str(k)])
+                continue
+            res = cres["results"][str(k)]
+            job = BenchJob(runner=spec, artifact=str(art.path), sizes=tuple(sizes.items()), threads=threads,
+                           warmup=1, min_iters=2, max_iters=3, max_seconds=0.05)
+            mem = None
+            if isolate:
                 try:
-                    result, mem = run_job(job, isolate=isolate)
-                except (XDeployError, RuntimeError) as e:  # one runner failing must not lose the others
-                    msg = str(e).strip().splitlines()[-1][:200] if str(e).strip() else type(e).__name__
-                    failures.append(f"{spec} on {art.precision} {sizes}: {msg}")
-                    if log:
-                        log(f"[red]failed[/red] {failures[-1]}")
+                    mem = run_job(job)[1]
+                except (XDeployError, RuntimeError) as e:
+                    fail(f"{what} (memory)", e)
                     continue
-                ok = None
-                note = None
-                if parity:
-                    key = (art.model, art.manifest.get("source", {}).get("weights_sha256"), job.sizes)
-                    if key not in refs:
-                        ref_job = dataclasses.replace(job, runner="torch", warmup=0, min_iters=1, max_iters=1)
-                        refs[key] = run_job(ref_job, isolate=False)[0]["outputs"]  # outputs only: in-process
-                    ok, why = check_parity(art, job, result["outputs"], refs[key], result["info"]["precision"])
-                    note = None if ok else f"parity failed: {why}"[:300]
-                rec = latency_record(art, job, result, mem, peaks, parity=ok, note=note)
-                records.append(rec)
-                if log:
-                    log(row_text(rec))
+            ok = None
+            note = None
+            if parity:
+                key = (art.model, art.manifest.get("source", {}).get("weights_sha256"), job.sizes)
+                if key not in refs:
+                    ref_job = dataclasses.replace(job, runner="torch", warmup=0, min_iters=1, max_iters=1,
+                                                  return_outputs=True)
+                    refs[key] = run_job(ref_job, isolate=False)[0]["outputs"]  # outputs only: in-process
+                ok, why = check_parity(art, job, res["outputs"], refs[key], res["info"]["precision"])
+                note = None if ok else f"parity failed: {why}"[:300]
+            rec = latency_record(art, job, {"stats": res["stats"], "info": res["info"],
+                                            "fingerprint": cres["fingerprint"]}, mem, peaks, parity=ok, note=note,
+                                 stability=res["stability"])
+            records.append(rec)
+            if log:
+                log(row_text(rec))
     if failures and not records:
         raise XDeployError(f"every benchmark configuration failed; first: {failures[0]}")
     return records
@@ -313,10 +445,14 @@ def _mib(x: float | None) -> str:
 
 
 def latency_table(records: Sequence[Mapping[str, Any]], *, baseline: str | None = "torch") -> Any:
-    """A rich table of latency records; speed-up vs the baseline runner's p50 at the same (model, batch, seq)."""
+    """A rich table of latency records; the speed-up is the paired one from the interleaved rounds (median and
+    95% interval), "unstable (load|noise)" where the comparison stayed unstable; records without a
+    `stability` block (older files) fall back to baseline p50 / p50."""
     from rich.table import Table
 
     from xdeploy.core.fingerprint import summary
+
+    from .interleave import speedup_text
 
     base = {(r["model"], r["batch"], r["seq"]): r["latency_s"]["p50"] for r in records
             if baseline and r["runner"] == baseline}
@@ -339,7 +475,8 @@ def latency_table(records: Sequence[Mapping[str, Any]], *, baseline: str | None 
             f"{lat['p50'] * 1e3:.2f}", f"{lat['p99'] * 1e3:.2f}", f"{lat['std'] * 1e3:.2f}", str(r["iterations"]),
             f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else f"{r['items_per_s']:.1f}/s",
             f"{r['achieved_flops'] / 1e9:.1f}", f"{r['pct_of_peak']:.0f}%" if r["pct_of_peak"] is not None else "-",
-            f"{b / lat['p50']:.2f}" if b else "-", _mib(m["weights_bytes"]), _mib(m["activations_bytes"]),
+            speedup_text(r.get("stability")) if r.get("stability") else f"{b / lat['p50']:.2f}" if b else "-",
+            _mib(m["weights_bytes"]), _mib(m["activations_bytes"]),
             {True: "pass", False: "FAIL", None: "-"}[r["parity_passed"]])
     return t
 
@@ -358,12 +495,19 @@ def best_vs_baseline(records: Sequence[Mapping[str, Any]], baseline: str = "torc
         if not base or not cands:
             continue
         best = min(cands, key=lambda r: r["latency_s"]["p50"])
-        speedup = base[0]["latency_s"]["p50"] / best["latency_s"]["p50"]
+        st = best.get("stability")
+        if st and st.get("speedup"):  # paired rounds: median ratio, None when the comparison stayed unstable
+            speedup = st["speedup"]["median"] if st["stable"] else None
+            interval = (st["speedup"]["low"], st["speedup"]["high"])
+        else:
+            speedup, interval = base[0]["latency_s"]["p50"] / best["latency_s"]["p50"], None
         out.append({"model": model, "preset": preset, "batch": batch, "seq": seq, "runner": best["runner"],
                     "artifact_precision": best["artifact_precision"], "precision": best["precision"],
                     "p50_s": best["latency_s"]["p50"], "baseline_p50_s": base[0]["latency_s"]["p50"],
-                    "speedup": speedup, "pct_of_peak": best["pct_of_peak"], "parity_passed": best["parity_passed"],
-                    "meets_speedup": speedup >= min_speedup,
+                    "speedup": speedup, "speedup_interval": interval,
+                    "unstable": None if not st or st["stable"] else st["cause"],
+                    "pct_of_peak": best["pct_of_peak"], "parity_passed": best["parity_passed"],
+                    "meets_speedup": speedup is not None and speedup >= min_speedup,
                     "meets_peak": best["pct_of_peak"] is not None and best["pct_of_peak"] >= min_pct})
     return out
 
@@ -371,8 +515,13 @@ def best_vs_baseline(records: Sequence[Mapping[str, Any]], baseline: str = "torc
 def best_text(b: Mapping[str, Any]) -> str:
     pct = "-" if b["pct_of_peak"] is None else f"{b['pct_of_peak']:.0f}%"
     parity = {True: "parity pass", None: "parity not checked"}.get(b["parity_passed"], "parity FAIL")
+    if b["speedup"] is None:
+        sp = f"speed-up unstable ({b['unstable']}) vs PyTorch eager fp32"
+    else:
+        ci = f" (95% {b['speedup_interval'][0]:.2f}-{b['speedup_interval'][1]:.2f})" if b["speedup_interval"] else ""
+        sp = (f"{b['speedup']:.2f}x{ci} PyTorch eager fp32 ({'meets' if b['meets_speedup'] else 'misses'} "
+              ">= 6x)")
     return (f"best for {b['model']} {b['preset'] or ''} b{b['batch']} s{b['seq'] or '-'}: {b['runner']} "
-            f"({b['artifact_precision']} graph, {b['precision']} compute) p50 {b['p50_s'] * 1e3:.2f} ms = "
-            f"{b['speedup']:.2f}x PyTorch eager fp32 ({'meets' if b['meets_speedup'] else 'misses'} >= 6x), "
+            f"({b['artifact_precision']} graph, {b['precision']} compute) p50 {b['p50_s'] * 1e3:.2f} ms = {sp}, "
             f"{pct} of the {b['precision']} GEMM peak ({'meets' if b['meets_peak'] else 'misses'} >= 70%), "
             f"{parity}")

@@ -43,6 +43,9 @@ KINDS: dict[str, dict[str, tuple[str, bool]]] = {
         "flops": (_NUM, False), "achieved_flops": (_NUM, False), "peak_flops": (_NUM, True),
         "pct_of_peak": (_NUM, True), "memory": (_OBJ, False),
         "parity_passed": (_BOOL, True),  # null: not checked (bench --parity checks against PyTorch fp32)
+        # interleaved, paired measurement (bench/interleave.py Comparison.stability): stable, cause, reasons,
+        # rounds, rel_iqr, max_over_min, speedup {median, low, high} vs `baseline`, load, thresholds
+        "stability": (_OBJ, True),
     },
     "roofline": {
         "measure": (_STR, False),  # "gemm" | "memory"
@@ -77,6 +80,10 @@ KINDS: dict[str, dict[str, tuple[str, bool]]] = {
 }
 
 
+# Fields added after version 1 was written: older records may lack them (read as null); new ones must have them.
+ADDED: dict[str, frozenset[str]] = {"latency": frozenset({"stability"})}
+
+
 def now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
@@ -85,6 +92,9 @@ def make_record(kind: str, fingerprint: Mapping[str, Any], **fields: Any) -> dic
     """A validated record dict of `kind` (timestamp filled in)."""
     rec = {"schema": SCHEMA, "version": VERSION, "kind": kind, "timestamp": now(),
            "fingerprint": dict(fingerprint), "note": fields.pop("note", None)} | fields
+    missing_added = ADDED.get(kind, frozenset()) - set(fields)
+    if missing_added:
+        raise XDeployError(f"invalid {kind} record: missing {sorted(missing_added)}")
     validate_record(rec)
     return rec
 
@@ -118,12 +128,12 @@ def validate_record(rec: Any) -> None:
     if kind not in KINDS:
         raise XDeployError(f"invalid record: kind {kind!r}; expected one of: {', '.join(KINDS)}")
     fields = COMMON | KINDS[kind]
-    missing = [k for k in fields if k not in rec]
+    missing = [k for k in fields if k not in rec and k not in ADDED.get(kind, ())]
     extra = [k for k in rec if k not in fields]
     if missing or extra:
         raise XDeployError(f"invalid {kind} record: missing {missing}, unexpected {extra}")
     for k, (typ, nullable) in fields.items():
-        _check(rec[k], typ, nullable, k)
+        _check(rec.get(k), typ, nullable, k)
     if "latency_s" in rec:
         lat = rec["latency_s"]
         if not isinstance(lat, dict) or set(lat) != set(LATENCY_STATS):

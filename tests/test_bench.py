@@ -90,7 +90,7 @@ def _latency_record():
         sizes={"batch": 1, "seq": 8}, latency_s=dict(p50=1e-3, p90=2e-3, p99=3e-3, mean=1.5e-3, std=1e-4,
                                                      min=9e-4, max=4e-3),
         iterations=10, timed_s=0.015, items_per_s=1000.0, tokens_per_s=8000.0, flops=1e6, achieved_flops=1e9,
-        peak_flops=None, pct_of_peak=None, parity_passed=None,
+        peak_flops=None, pct_of_peak=None, parity_passed=None, stability=None,
         memory=dict(weights_bytes=1.0, load_peak_bytes=2.0, activations_bytes=3.0, peak_rss_bytes=4.0,
                     device_bytes=None))
 
@@ -190,15 +190,24 @@ def test_bench_command_end_to_end(peaks, tmp_path):
     recs = read_records(tmp_path / "b.jsonl")
     doc = json.loads((tmp_path / "b.json").read_text())
     assert doc["records"] == recs
-    p50 = {(r["runner"], r["batch"]): r["latency_s"]["p50"] for r in recs}
+    by = {(r["runner"], r["batch"]): r for r in recs}
     assert [b["batch"] for b in doc["best"]] == [2]
-    for b in doc["best"]:  # the only candidate is ort; speed-up is measured torch p50 / ort p50
+    for b in doc["best"]:  # the only candidate is ort; speed-up = median of paired torch/ort round ratios
         assert b["runner"] == "ort"
-        assert b["speedup"] == pytest.approx(p50[("torch", b["batch"])] / p50[("ort", b["batch"])])
+        st = by[("ort", b["batch"])]["stability"]
+        sp = st["speedup"]
+        assert st["baseline"] is not None and sp["low"] <= sp["median"] <= sp["high"]
+        if st["stable"]:
+            assert b["speedup"] == pytest.approx(sp["median"]) and b["unstable"] is None
+        else:  # an unstable comparison gives no figure, only its cause
+            assert b["speedup"] is None and b["unstable"] in ("load", "noise") and st["reasons"]
     # seq 4096 exceeds bert-tiny's 128 positions: skipped, not failed
     assert sorted((r["runner"], r["batch"], r["seq"]) for r in recs) == [("ort", 2, 8), ("torch", 2, 8)]
     for r in recs:
-        assert r["parity_passed"] is True and 2 <= r["iterations"] <= 3 and r["threads"] == 1
+        st = r["stability"]  # --min-iters/--max-iters bound the interleaved rounds; each round times a block
+        assert r["parity_passed"] is True and 2 <= st["rounds"] <= 3 and r["threads"] == 1
+        assert r["iterations"] == st["rounds"] * st["calls_per_round"]  # the kept attempt's calls
+        assert r["fingerprint"]["env"].get("OMP_WAIT_POLICY") == "PASSIVE"  # set in the child before torch
         assert r["tokens_per_s"] == pytest.approx(r["batch"] * 8 / r["latency_s"]["p50"])
         assert r["achieved_flops"] == pytest.approx(r["flops"] / r["latency_s"]["p50"])
         peak_1thread = peaks["gemm_by_threads"]["1"]["fp32"]["value"]  # --threads 1: the 1-thread peak
