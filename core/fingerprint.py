@@ -20,7 +20,7 @@ from typing import Any
 ISA_PATTERN = re.compile(r"^(avx512.*|amx.*|avx_vnni.*|avx_ifma|avx_ne_convert|avx2|fma|f16c|sse4_2|sha_ni)$")
 LIBRARIES = ("torch", "onnxruntime", "onnxruntime-gpu", "openvino", "onnx", "onnxscript", "numpy", "tensorrt",
              "transformers")
-THREAD_ENV = re.compile(r"^(OMP_.*|MKL_.*|OPENBLAS_.*|GOTO_NUM_THREADS|KMP_.*|ONEDNN_.*|DNNL_.*|OV_.*|ORT_.*"
+THREAD_ENV = re.compile(r"^(OMP_.*|GOMP_.*|MKL_.*|OPENBLAS_.*|GOTO_NUM_THREADS|KMP_.*|ONEDNN_.*|DNNL_.*|OV_.*|ORT_.*"
                         r"|TORCH_NUM_THREADS|VECLIB_MAXIMUM_THREADS|NUMEXPR_.*|CUDA_VISIBLE_DEVICES)$")
 
 

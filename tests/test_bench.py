@@ -287,3 +287,25 @@ def test_scale_command_end_to_end(cache, tmp_path):
 
     with pytest.raises(XDeployError, match="unknown lowering"):
         run_scale("bert", lowerings=["nope"])
+
+
+def test_no_record_is_shown_above_its_peak(monkeypatch, tmp_path):
+    """A record faster than its cached peak proves the peak wrong: it is re-measured, and a record that still
+    exceeds it gets no % of peak (and says why) instead of a figure above 100%."""
+    from xdeploy.bench import roofline
+    from xdeploy.core.records import validate_record
+
+    monkeypatch.setenv("XDEPLOY_CACHE", str(tmp_path))
+    underestimated = roofline.Trial("gemm", "fp32", "a disturbed trial n=64 threads=1", 1e6, 1.0, 1)
+    roofline.save(roofline.summarize([underestimated], quick=True))
+    assert roofline.load_peaks()["fp32@1"] == 1e6
+    fast = dict(_latency_record(), threads=1, achieved_flops=1e8, peak_flops=1e6, pct_of_peak=1e4)
+    impossible = dict(_latency_record(), threads=1, achieved_flops=1e16, peak_flops=1e6, pct_of_peak=1e12)
+    fine = dict(_latency_record(), threads=2, achieved_flops=1e5, peak_flops=1e6, pct_of_peak=10.0)
+    out = roofline.reconcile([fast, impossible, fine], budget=0.02)
+    assert out[2] is fine  # not over its peak: untouched
+    assert out[0]["peak_flops"] > 1e8 and 0 < out[0]["pct_of_peak"] <= 100  # re-measured peak: real GEMMs
+    assert out[1]["pct_of_peak"] is None and "peak underestimated" in out[1]["note"]  # 10 PFLOP/s: not here
+    for r in out:
+        validate_record(r)
+    assert roofline.load_peaks()["fp32@1"] == out[0]["peak_flops"]  # the cache keeps the better peak
