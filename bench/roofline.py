@@ -134,13 +134,11 @@ def _a_input(prec: str, n: int, form: str = "") -> np.ndarray:
 
 
 def _ort_gemm(prec: str, n: int, threads: int, budget: float, form: str = "") -> float:
-    import onnxruntime as ort
+    from xdeploy.deploy.sessions import ort_session
 
     if prec not in ("fp32", "int8"):
         raise NotImplementedError("MLAS has no bf16 GEMM on x86")
-    so = ort.SessionOptions()
-    so.intra_op_num_threads, so.inter_op_num_threads, so.log_severity_level = threads, 1, 3
-    sess = ort.InferenceSession(_matmul_onnx(prec, n, form), so, providers=["CPUExecutionProvider"])
+    sess = ort_session(_matmul_onnx(prec, n, form), threads=threads, what=f"the {prec} GEMM")
     a = _a_input(prec, n, form)
     binding = sess.io_binding()
     binding.bind_cpu_input("A", a)
@@ -155,16 +153,16 @@ def _ort_qlinear(prec: str, n: int, threads: int, budget: float) -> float:
 def _ov_gemm(prec: str, n: int, threads: int, budget: float) -> float:
     import openvino as ov
 
+    from xdeploy.deploy.sessions import ov_compile, ov_config
+
     if prec not in ("fp32", "bf16", "int8"):
         raise NotImplementedError(prec)
-    core = ov.Core()
     form = "qdq" if prec == "int8" else ""  # FakeQuantize -> int8 MatMul (a bare MatMulInteger is decomposed)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "gemm.onnx"
         path.write_bytes(_matmul_onnx(prec, n, form))
-        cfg = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1,
-               "INFERENCE_PRECISION_HINT": "bf16" if prec == "bf16" else "f32"}
-        compiled = core.compile_model(core.read_model(str(path)), "CPU", cfg)
+        cfg = ov_config("bf16" if prec == "bf16" else "", hint="latency", threads=threads, streams=1)
+        compiled = ov_compile(ov.Core().read_model(str(path)), cfg, what=f"the {prec} GEMM")
     if prec == "bf16" and "bf" not in str(compiled.get_property("INFERENCE_PRECISION_HINT")).lower():
         raise NotImplementedError("OpenVINO did not accept bf16 on this CPU")
     if prec == "int8":

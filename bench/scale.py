@@ -140,16 +140,12 @@ def _shapes(arg: Any) -> list[list[int]]:
 def ort_op_profile(artifact: Any, sizes: Mapping[str, int], *, threads: int = 0, runs: int = 3
                    ) -> dict[str, Any]:
     """Per-op-type kernel time (seconds per call) and class shares from onnxruntime's profiler."""
-    import onnxruntime as ort
-
-    from xdeploy.deploy.ort_runner import session_options
+    from xdeploy.deploy.sessions import ort_session, ort_session_options
     from xdeploy.models.spec import make_feeds
 
-    so = session_options(threads)
     with tempfile.TemporaryDirectory(prefix="xdeploy-prof-") as tmp:
-        so.enable_profiling = True
-        so.profile_file_prefix = str(Path(tmp) / "ort")
-        sess = ort.InferenceSession(str(artifact.onnx_path()), so, providers=["CPUExecutionProvider"])
+        so = ort_session_options(threads, profile_prefix=Path(tmp) / "ort")
+        sess = ort_session(artifact.onnx_path(), options=so)
         feeds = make_feeds(artifact.graph(), dict(sizes))
         sess.run(None, feeds)  # warm-up (first-call allocations) is profiled too: dropped below by run index
         for _ in range(runs):

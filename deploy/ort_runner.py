@@ -1,4 +1,4 @@
-"""ONNX Runtime on the CPU execution provider."""
+"""ONNX Runtime on the CPU execution provider (session options: sessions.py)."""
 
 from __future__ import annotations
 
@@ -10,38 +10,16 @@ import numpy as np
 from xdeploy.core.errors import XDeployError
 
 from .base import Runner, RunnerInfo, validate_feeds
-
-OPT_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
-              "all": "ORT_ENABLE_ALL"}
-
-
-def session_options(threads: int = 0, opt_level: str = "all") -> Any:
-    import onnxruntime as ort
-
-    if opt_level not in OPT_LEVELS:
-        raise XDeployError(f"unknown optimization level {opt_level!r}; expected one of: {', '.join(OPT_LEVELS)}")
-    so = ort.SessionOptions()
-    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPT_LEVELS[opt_level])
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.log_severity_level = 3
-    return so
+from .sessions import CPU_PROVIDERS, ort_session
 
 
 class OrtRunner(Runner):
     name = "ort"
-    providers: tuple[Any, ...] = ("CPUExecutionProvider",)
+    providers: tuple[Any, ...] = CPU_PROVIDERS
 
     def _load(self) -> None:
-        import onnxruntime as ort
-
-        so = session_options(self.threads, self.options.get("opt_level", "all"))
-        try:
-            self.session = ort.InferenceSession(str(self.artifact.onnx_path(self.graph.name)), so,
-                                                providers=list(self._providers()))
-        except Exception as e:  # onnxruntime raises its own exception types for bad models
-            raise XDeployError(f"onnxruntime cannot load {self.artifact.onnx_path(self.graph.name)}: "
-                               f"{str(e).splitlines()[0]}") from None
+        self.session = ort_session(self.artifact.onnx_path(self.graph.name), threads=self.threads,
+                                   opt_level=self.options.get("opt_level", "all"), providers=self._providers())
 
     def _providers(self) -> tuple[Any, ...]:
         return self.providers

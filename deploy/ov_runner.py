@@ -4,50 +4,31 @@
     open_runner("ov:bf16", art, threads=2, hint="latency",   # bf16 compute (AVX-512 BF16 / AMX CPUs)
                 cache_dir="~/.cache/xdeploy/ov")             # compiled-model blobs reused across processes
 
-Variants set INFERENCE_PRECISION_HINT ("" and "f32" -> f32, "bf16" -> bf16). Weights stay as stored in the
-ONNX file (fp32, fp16 or int8 Q/DQ); the hint is the precision the CPU plugin computes in. Dynamic axes
-stay dynamic: the ONNX frontend keeps them and each call may use any shape inside the exported range.
+Compile options come from sessions.py (`ov_config`). Variants set INFERENCE_PRECISION_HINT ("" and "f32"
+-> f32, "bf16" -> bf16). Weights stay as stored in the ONNX file (fp32, fp16 or int8 Q/DQ); the hint is the
+precision the CPU plugin computes in. Dynamic axes stay dynamic: the ONNX frontend keeps them and each call
+may use any shape inside the exported range.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from xdeploy.core.errors import XDeployError, one_of
+from xdeploy.core.errors import XDeployError
 
 from .base import Runner, RunnerInfo, validate_feeds
+from .sessions import OV_PRECISION_HINTS, ov_compile, ov_config
 
-PRECISION_HINTS = {"": "f32", "f32": "f32", "bf16": "bf16"}  # variant -> INFERENCE_PRECISION_HINT
-PERFORMANCE_HINTS = {"latency": "LATENCY", "throughput": "THROUGHPUT"}
 _OV_TO_NAME = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
-
-
-def ov_config(variant: str = "", *, hint: str = "latency", threads: int = 0,
-              cache_dir: str | Path | None = None) -> dict[str, Any]:
-    """The compile_model properties for a variant and options (pure: no openvino import)."""
-    if variant not in PRECISION_HINTS:
-        raise one_of("ov variant", variant, [v for v in PRECISION_HINTS if v])
-    if hint not in PERFORMANCE_HINTS:
-        raise one_of("OpenVINO performance hint", hint, PERFORMANCE_HINTS)
-    if not isinstance(threads, int) or threads < 0:
-        raise XDeployError(f"threads must be an integer >= 0 (0 = all cores); got {threads!r}")
-    config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": PRECISION_HINTS[variant],
-                              "PERFORMANCE_HINT": PERFORMANCE_HINTS[hint]}
-    if threads:
-        config["INFERENCE_NUM_THREADS"] = threads
-    if cache_dir is not None:
-        config["CACHE_DIR"] = str(Path(cache_dir).expanduser())
-    return config
 
 
 class OvRunner(Runner):
     name = "ov"
-    variants = tuple(PRECISION_HINTS)
+    variants = tuple(OV_PRECISION_HINTS)
 
     def _load(self) -> None:
         try:
@@ -61,17 +42,10 @@ class OvRunner(Runner):
         config = ov_config(self.variant, hint=self.options.get("hint", "latency"), threads=self.threads,
                            cache_dir=self.options.get("cache_dir"))
         self.device = str(self.options.get("device", "CPU"))
-        if "CACHE_DIR" in config:
-            Path(config["CACHE_DIR"]).mkdir(parents=True, exist_ok=True)
         path = self.artifact.onnx_path(self.graph.name)
-        core = ov.Core()
-        try:
-            # Compiling from the path (not a read_model result) lets the cache skip reading the ONNX file
-            # entirely when a blob for this model + config exists.
-            self.compiled = core.compile_model(str(path), self.device, config)
-        except Exception as e:  # openvino raises RuntimeError subclasses with multi-line messages
-            raise XDeployError(f"OpenVINO cannot compile {path} for {self.device}: "
-                               f"{str(e).strip().splitlines()[0]}") from None
+        # Compiling from the path (not a read_model result) lets the cache skip reading the ONNX file
+        # entirely when a blob for this model + config exists.
+        self.compiled = ov_compile(path, config, self.device)
         # One infer request per thread: an OpenVINO request is not re-entrant ("Infer Request is busy"),
         # while the compiled model is thread-safe and shares its weights between requests.
         self._local = threading.local()

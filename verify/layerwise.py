@@ -113,10 +113,10 @@ class _Probe:
 
     def __init__(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray], providers: list[Any],
                  opt_level: str, runtime: str = "ort") -> None:
-        from xdeploy.deploy.ort_runner import session_options
+        from xdeploy.deploy.sessions import ort_session_options
 
         self.model, self.providers, self.runtime = model, providers, runtime
-        self.options = session_options(0, opt_level)
+        self.options = ort_session_options(0, opt_level)
         self.outputs = {o.name for o in model.graph.output}
         self.feeds = self._adapt(feeds)
 
@@ -149,28 +149,31 @@ class _Probe:
         return run()
 
     def _ort(self, names: list[str]) -> Any:
-        import onnxruntime as ort
+        from xdeploy.deploy.sessions import ort_session
 
+        what = "the graph with exposed tensors"
         if self.model.ByteSize() < TWO_GB:
-            sess = ort.InferenceSession(self.model.SerializeToString(), self.options, providers=self.providers)
+            sess = ort_session(self.model.SerializeToString(), options=self.options, providers=self.providers,
+                               what=what)
         else:
             with tempfile.TemporaryDirectory(prefix="xdeploy-layerwise-") as d:
                 path = Path(d) / "model.onnx"
                 onnx.save_model(self.model, str(path), save_as_external_data=True, location="model.onnx.data")
-                sess = ort.InferenceSession(str(path), self.options, providers=self.providers)
+                sess = ort_session(path, options=self.options, providers=self.providers, what=what)
         return lambda: dict(zip(names, sess.run(names, self.feeds)))
 
     def _ov(self, names: list[str]) -> Any:
         import openvino as ov
 
-        core = ov.Core()
+        from xdeploy.deploy.sessions import ov_compile, ov_config
+
         with tempfile.TemporaryDirectory(prefix="xdeploy-layerwise-") as d:
             path = Path(d) / "model.onnx"
             large = self.model.ByteSize() >= TWO_GB
             onnx.save_model(self.model, str(path), save_as_external_data=large, location="model.onnx.data")
-            model = core.read_model(str(path))
-        hint = "bf16" if self.runtime == "ov:bf16" else "f32"
-        compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": hint})
+            model = ov.Core().read_model(str(path))
+        # the ov / ov:bf16 runner's own compile options (precision hint, latency hint)
+        compiled = ov_compile(model, ov_config(self.runtime.partition(":")[2]), what="the graph with exposed tensors")
 
         def run() -> dict[str, np.ndarray]:
             res = compiled(self.feeds)

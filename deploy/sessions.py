@@ -1,0 +1,114 @@
+"""The one session layer: how xdeploy opens ONNX Runtime sessions and compiles OpenVINO models.
+
+Every ONNX Runtime session (the ort / ort-cuda / ort-trt runners, verify/layerwise.py's probes,
+bench/roofline.py's GEMM peaks, bench/scale.py's op profile) and every OpenVINO compile (the ov runner,
+layerwise, roofline) takes its options from here, so threads, optimization level, logging and the
+OpenVINO hints mean the same thing wherever a figure is measured:
+
+    sess = ort_session(path_or_bytes, threads=2)                 # CPU provider, all graph optimizations
+    compiled = ov_compile(path, ov_config("bf16", threads=2))    # bf16 compute, latency hint
+
+`threads` is the caller's request everywhere (0 = the runtime's default: every core); `intra_op_threads`
+is the single place that turns a request into the number a runtime gets.
+
+export/ sits below this layer and opens no session of its own (export/optimize.py hands a file to
+onnxruntime's optimizer, which manages its session internally).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from xdeploy.core.errors import XDeployError, one_of
+
+ORT_OPT_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
+                  "all": "ORT_ENABLE_ALL"}
+CPU_PROVIDERS: tuple[Any, ...] = ("CPUExecutionProvider",)
+OV_PRECISION_HINTS = {"": "f32", "f32": "f32", "bf16": "bf16"}  # ov variant -> INFERENCE_PRECISION_HINT
+OV_PERFORMANCE_HINTS = {"latency": "LATENCY", "throughput": "THROUGHPUT"}
+
+
+def intra_op_threads(threads: int) -> int:
+    """The thread count a runtime is given for a request (0 = the runtime's default, every core)."""
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0:
+        raise XDeployError(f"threads must be an integer >= 0 (0 = all cores); got {threads!r}")
+    return threads
+
+
+# ------------------------------------------------------------------------------------ onnxruntime ----
+
+def ort_session_options(threads: int = 0, opt_level: str = "all", *, profile_prefix: str | Path | None = None
+                        ) -> Any:
+    """onnxruntime.SessionOptions: `threads` intra-op threads, one inter-op thread (sequential execution),
+    warnings off, graph optimizations at `opt_level`; `profile_prefix` turns the per-op profiler on."""
+    import onnxruntime as ort
+
+    if opt_level not in ORT_OPT_LEVELS:
+        raise one_of("optimization level", opt_level, ORT_OPT_LEVELS)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, ORT_OPT_LEVELS[opt_level])
+    so.intra_op_num_threads = intra_op_threads(threads)
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    if profile_prefix is not None:
+        so.enable_profiling = True
+        so.profile_file_prefix = str(profile_prefix)
+    return so
+
+
+def ort_session(model: str | Path | bytes, *, threads: int = 0, opt_level: str = "all",
+                providers: Any = CPU_PROVIDERS, options: Any = None, what: str | None = None) -> Any:
+    """An onnxruntime.InferenceSession on a file or serialized model. `options` (from `ort_session_options`)
+    replaces threads/opt_level; a model onnxruntime refuses is one XDeployError naming `what` (or the path)."""
+    import onnxruntime as ort
+
+    so = options if options is not None else ort_session_options(threads, opt_level)
+    src = model if isinstance(model, bytes) else str(model)
+    try:
+        return ort.InferenceSession(src, so, providers=list(providers))
+    except Exception as e:  # onnxruntime raises its own exception types for bad models
+        name = what or ("the serialized model" if isinstance(model, bytes) else str(model))
+        raise XDeployError(f"onnxruntime cannot load {name}: {str(e).splitlines()[0]}") from None
+
+
+# --------------------------------------------------------------------------------------- OpenVINO ----
+
+def ov_config(variant: str = "", *, hint: str = "latency", threads: int = 0, cache_dir: str | Path | None = None,
+              streams: int | None = None) -> dict[str, Any]:
+    """The compile_model properties for an ov variant and options (pure: no openvino import).
+
+    INFERENCE_PRECISION_HINT is the precision the CPU plugin computes in ("" / "f32" -> f32, "bf16");
+    `streams` pins NUM_STREAMS (the roofline's one-stream GEMM); `cache_dir` reuses compiled blobs."""
+    if variant not in OV_PRECISION_HINTS:
+        raise one_of("ov variant", variant, [v for v in OV_PRECISION_HINTS if v])
+    if hint not in OV_PERFORMANCE_HINTS:
+        raise one_of("OpenVINO performance hint", hint, OV_PERFORMANCE_HINTS)
+    n = intra_op_threads(threads)
+    config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": OV_PRECISION_HINTS[variant],
+                              "PERFORMANCE_HINT": OV_PERFORMANCE_HINTS[hint]}
+    if n:
+        config["INFERENCE_NUM_THREADS"] = n
+    if streams is not None:
+        config["NUM_STREAMS"] = streams
+    if cache_dir is not None:
+        config["CACHE_DIR"] = str(Path(cache_dir).expanduser())
+    return config
+
+
+def ov_compile(model: str | Path | Any, config: dict[str, Any], device: str = "CPU", *,
+               what: str | None = None) -> Any:
+    """openvino compile_model on a path (lets CACHE_DIR skip reading the file) or an ov.Model; an OpenVINO
+    refusal is one XDeployError naming `what` (or the path)."""
+    try:
+        import openvino as ov
+    except ImportError:
+        raise XDeployError("OpenVINO is not installed: pip install 'xdeploy[openvino]'") from None
+    if "CACHE_DIR" in config:
+        Path(config["CACHE_DIR"]).mkdir(parents=True, exist_ok=True)
+    src = str(model) if isinstance(model, (str, Path)) else model
+    try:
+        return ov.Core().compile_model(src, device, config)
+    except Exception as e:  # openvino raises RuntimeError subclasses with multi-line messages
+        name = what or str(model)
+        raise XDeployError(f"OpenVINO cannot compile {name} for {device}: {str(e).strip().splitlines()[0]}") from None

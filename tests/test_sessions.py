@@ -1,0 +1,108 @@
+"""The session layer (deploy/sessions.py) is the only place ONNX Runtime sessions and OpenVINO compiles are
+configured, and what it configures is what the runners, layerwise, roofline and scale actually get."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from xdeploy.core.errors import XDeployError
+from xdeploy.deploy import sessions
+
+ROOT = Path(__file__).resolve().parents[1]
+# Triton's Python backend runs this file in Triton's own interpreter, where xdeploy is not installed.
+OUTSIDE_XDEPLOY = {"serve/triton_onnx_model.py"}
+SESSION_CALLS = {"InferenceSession", "SessionOptions", "compile_model"}
+
+
+def _calls(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+            if name in SESSION_CALLS:
+                found.add(name)
+    return found
+
+
+def test_sessions_are_made_only_in_the_session_layer() -> None:
+    offenders = {}
+    for folder in ("core", "models", "export", "deploy", "verify", "bench", "serve", "reports", "studies",
+                   "xdeploy"):
+        for f in (ROOT / folder).rglob("*.py"):
+            rel = f.relative_to(ROOT).as_posix()
+            if rel in OUTSIDE_XDEPLOY or rel == "deploy/sessions.py":
+                continue
+            if calls := _calls(f):
+                offenders[rel] = sorted(calls)
+    assert not offenders, f"sessions made outside deploy/sessions.py: {offenders}"
+    assert _calls(ROOT / "deploy/sessions.py") == SESSION_CALLS  # the checker sees what it looks for
+
+
+def _add_model() -> bytes:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    graph = helper.make_graph([helper.make_node("Add", ["x", "x"], ["y"])], "add", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def test_ort_session_gets_the_layer_options() -> None:
+    sess = sessions.ort_session(_add_model(), threads=2, opt_level="basic")
+    so = sess.get_session_options()
+    assert so.intra_op_num_threads == 2 and so.inter_op_num_threads == 1 and so.log_severity_level == 3
+    assert str(so.graph_optimization_level).endswith("ORT_ENABLE_BASIC")
+    assert sess.run(None, {"x": np.array([1.0, 2.0], np.float32)})[0].tolist() == [2.0, 4.0]
+    with pytest.raises(XDeployError, match="onnxruntime cannot load the serialized model"):
+        sessions.ort_session(b"not onnx")
+    with pytest.raises(XDeployError, match="unknown optimization level 'max'"):
+        sessions.ort_session_options(0, "max")
+    with pytest.raises(XDeployError, match="threads must be an integer >= 0"):
+        sessions.ort_session_options(-1)
+
+
+def test_runners_use_the_layer(tmp_path: Path) -> None:
+    """The ort runner's session and the ov runner's compiled model carry the layer's settings."""
+    from xdeploy.deploy.registry import open_runner
+    from xdeploy.export.onnx_export import export
+    from xdeploy.models.registry import MODELS
+
+    model = next(iter(MODELS))
+    art = export(model, preset=next(iter(MODELS[model].presets)), out=tmp_path / "a")
+    with open_runner("ort", art, threads=1, opt_level="extended") as r:
+        so = r.session.get_session_options()
+        assert so.intra_op_num_threads == 1 and so.inter_op_num_threads == 1
+        assert str(so.graph_optimization_level).endswith("ORT_ENABLE_EXTENDED")
+    pytest.importorskip("openvino")
+    with open_runner("ov", art, threads=1, hint="throughput") as r:
+        assert int(r.compiled.get_property("INFERENCE_NUM_THREADS")) == 1
+        assert "THROUGHPUT" in str(r.compiled.get_property("PERFORMANCE_HINT"))
+
+
+def test_ov_config_and_compile(tmp_path: Path) -> None:
+    assert sessions.ov_config("bf16", threads=3, streams=1, cache_dir=tmp_path) == {
+        "INFERENCE_PRECISION_HINT": "bf16", "PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": 3,
+        "NUM_STREAMS": 1, "CACHE_DIR": str(tmp_path)}
+    assert "INFERENCE_NUM_THREADS" not in sessions.ov_config()  # 0 = the plugin's default (every core)
+    with pytest.raises(XDeployError, match="unknown ov variant 'fp8'"):
+        sessions.ov_config("fp8")
+    with pytest.raises(XDeployError, match="unknown OpenVINO performance hint 'fast'"):
+        sessions.ov_config(hint="fast")
+    pytest.importorskip("openvino")
+    path = tmp_path / "add.onnx"
+    path.write_bytes(_add_model())
+    compiled = sessions.ov_compile(path, sessions.ov_config(threads=1, streams=1))
+    assert int(compiled.get_property("NUM_STREAMS")) == 1
+    assert compiled({"x": np.array([1.0, 2.0], np.float32)})[0].tolist() == [2.0, 4.0]
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"garbage")
+    with pytest.raises(XDeployError, match="OpenVINO cannot compile .*bad.onnx for CPU"):
+        sessions.ov_compile(bad, sessions.ov_config())
+    onnx.checker.check_model(onnx.load(str(path)))
