@@ -109,10 +109,10 @@ def apply_thread_env() -> None:
 class CompareJob:
     """One interleaved comparison at one (graph, sizes): candidates are (runner spec, artifact path)."""
 
-    candidates: tuple[tuple[str, str], ...]
+    candidates: tuple[tuple[str, str, str], ...]  # (name shown in verdicts, e.g. "ort int8"; runner spec; artifact)
     sizes: tuple[tuple[str, int], ...]
     graph: str = "model"
-    baseline: int | None = None  # index of the baseline candidate (speed-ups are relative to it)
+    baseline: str | None = None  # name of the baseline candidate (speed-ups are relative to it)
     threads: int = 0
     seed: int = 0
     warmup: int = 2
@@ -139,8 +139,7 @@ def compare_child(probe: Probe, job: CompareJob) -> dict[str, Any]:
     calls: dict[str, Any] = {}
     feeds: dict[str, Any] = {}
     failures: dict[str, str] = {}
-    for i, (spec, path) in enumerate(job.candidates):
-        name = str(i)
+    for name, spec, path in job.candidates:
         try:
             art = arts.setdefault(path, load_artifact(path, verify=False))  # the parent verified it
             feeds[name] = make_feeds(art.graph(job.graph), dict(job.sizes), seed=job.seed)
@@ -149,7 +148,7 @@ def compare_child(probe: Probe, job: CompareJob) -> dict[str, Any]:
         except Exception as e:  # one runner failing must not lose the others
             failures[name] = (str(e).strip().splitlines() or [type(e).__name__])[-1][:200]
     probe.mark("loaded")
-    base = str(job.baseline) if job.baseline is not None and str(job.baseline) in calls else None
+    base = job.baseline if job.baseline in calls else None
     out: dict[str, Any] = {"results": {}, "failures": failures, "fingerprint": fingerprint()}
     if calls:
         cmp = compare(calls, baseline=base, attempts=job.attempts, warmup=job.warmup, min_rounds=job.min_rounds,
@@ -386,8 +385,9 @@ def bench_artifacts(arts: Sequence[Any], *, runners: Sequence[str], batches: Seq
             cands += [(spec, art) for spec in runners if not (spec.partition(":")[0] == "torch" and i > 0)]
         if not cands:
             continue
-        base = next((k for k, (spec, art) in enumerate(cands) if spec == baseline), None)
-        cjob = CompareJob(candidates=tuple((spec, str(art.path)) for spec, art in cands),
+        names = [f"{spec} {art.precision}" for spec, art in cands]
+        base = next((n for n, (spec, _) in zip(names, cands) if spec == baseline), None)
+        cjob = CompareJob(candidates=tuple((n, spec, str(art.path)) for n, (spec, art) in zip(names, cands)),
                           sizes=tuple(sizes.items()), baseline=base, threads=threads, warmup=warmup,
                           min_rounds=min_iters, max_rounds=max(max_iters, min_iters), max_seconds=max_seconds,
                           attempts=attempts, return_outputs=parity)
@@ -396,12 +396,12 @@ def bench_artifacts(arts: Sequence[Any], *, runners: Sequence[str], batches: Seq
         except (XDeployError, RuntimeError) as e:
             fail(f"comparison at {sizes}", e)
             continue
-        for k, (spec, art) in enumerate(cands):
+        for name, (spec, art) in zip(names, cands):
             what = f"{spec} on {art.precision} {sizes}"
-            if str(k) in cres["failures"]:
-                fail(what, cres["failures"][str(k)])
+            if name in cres["failures"]:
+                fail(what, cres["failures"][name])
                 continue
-            res = cres["results"][str(k)]
+            res = cres["results"][name]
             job = BenchJob(runner=spec, artifact=str(art.path), sizes=tuple(sizes.items()), threads=threads,
                            warmup=1, min_iters=2, max_iters=3, max_seconds=0.05)
             mem = None

@@ -118,12 +118,77 @@ def latency_key(r: Mapping[str, Any]) -> tuple:
     return (r["model"], r.get("preset"), r["graph"], r["batch"], r.get("seq"))
 
 
+def _stability(r: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    st = r.get("stability")
+    return st if isinstance(st, dict) else None
+
+
 def speedups(records: Iterable[Mapping[str, Any]]) -> dict[int, float]:
-    """id(latency record) -> eager-fp32 p50 / its p50, for configs that have the baseline measured."""
+    """id(latency record) -> speed-up vs PyTorch eager fp32 at the same config.
+
+    Interleaved records (a `stability` block, bench/interleave.py): the median of the paired round ratios;
+    left out where that comparison stayed unstable (`unstable` says why) - never a figure from a disturbed
+    measurement. Older records without the block: eager p50 / p50."""
     lat = [r for r in records if r.get("kind") == "latency"]
     base = {latency_key(r): r["latency_s"]["p50"] for r in lat if is_eager_baseline(r)}
-    return {id(r): base[latency_key(r)] / r["latency_s"]["p50"] for r in lat
-            if latency_key(r) in base and r["latency_s"]["p50"] > 0}
+    out: dict[int, float] = {}
+    for r in lat:
+        st = _stability(r)
+        if st is not None:
+            if st["stable"] and st.get("speedup"):
+                out[id(r)] = float(st["speedup"]["median"])
+            elif st["stable"] and is_eager_baseline(r):
+                out[id(r)] = 1.0
+        elif latency_key(r) in base and r["latency_s"]["p50"] > 0:
+            out[id(r)] = base[latency_key(r)] / r["latency_s"]["p50"]
+    return out
+
+
+def unstable(records: Iterable[Mapping[str, Any]]) -> dict[int, str]:
+    """id(latency record) -> "load" | "noise": comparisons that stayed unstable after re-measuring."""
+    return {id(r): str(st.get("cause") or "noise") for r in records if r.get("kind") == "latency"
+            and (st := _stability(r)) is not None and not st["stable"]}
+
+
+def speedup_cell(r: Mapping[str, Any], sp: Mapping[int, float], unst: Mapping[int, str]) -> str:
+    """'3.41× (3.30–3.52)' (paired median, 95% interval), 'unstable (load)', or '–'."""
+    if id(r) in unst:
+        return f"unstable ({unst[id(r)]})"
+    if id(r) not in sp:
+        return "–"
+    st = _stability(r)
+    if st and st.get("speedup"):
+        return f"{sp[id(r)]:.2f}× ({st['speedup']['low']:.2f}–{st['speedup']['high']:.2f})"
+    return f"{sp[id(r)]:.2f}×"
+
+
+def stability_summary(records: Sequence[Mapping[str, Any]]) -> str | None:
+    """One line for the top of the summary: how many configurations' speed-ups were unstable, and why."""
+    lat = [r for r in records if r.get("kind") == "latency" and _stability(r) is not None]
+    dec = [r for r in records if r.get("kind") == "decode" and _stability(r) is not None]
+    if not lat and not dec:
+        return None
+    configs = _by(lat, "model", "graph", "batch", "seq") | {("decode",) + k: v for k, v in
+                                                            _by(dec, "model").items()}
+    bad = {k: v for k, v in configs.items() if any(not _stability(r)["stable"] for r in v)}
+    loads = [(_stability(r)["load"] or {}) for r in lat + dec]
+    other = max((ld.get("other_cores") or 0.0 for ld in loads), default=0.0)
+    la = max((ld.get("loadavg_1m") or 0.0 for ld in loads), default=0.0)
+    machine = (f"other processes used up to {other:.1f} cores during a measurement, 1-min load average up to "
+               f"{la:.1f}")
+    if not bad:
+        return (f"**Speed-ups: all {len(configs)} configurations stable** (interleaved rounds, paired ratios; "
+                f"{machine}).")
+    causes: dict[str, int] = {}
+    for v in bad.values():
+        c = next(_stability(r)["cause"] for r in v if not _stability(r)["stable"])
+        causes[c] = causes.get(c, 0) + 1
+    why = ", ".join(f"{n} {c}" for c, n in sorted(causes.items()))
+    names = "; ".join(" ".join(str(x) for x in k if x is not None) for k in list(bad)[:6])
+    return (f"**Speed-ups: {len(bad)} of {len(configs)} configurations unstable ({why})** — shown as "
+            f"\"unstable (cause)\" instead of a figure after re-measuring ({names}{'; …' if len(bad) > 6 else ''}); "
+            f"{machine}. \"load\": other processes used more than the threshold while the dispersion was too "
+            "high; \"noise\": the dispersion was too high on an otherwise idle machine (docs/benchmarks.md).")
 
 
 # -------------------------------------------------------------------------------------- formatting ----
@@ -418,10 +483,13 @@ def _parity_section(par: list[Mapping[str, Any]]) -> list[str]:
 def _latency_section(lat: list[Mapping[str, Any]], sp: Mapping[int, float]) -> list[str]:
     if not lat:
         return []
+    unst = unstable(lat)
     srt = sorted(lat, key=lambda r: (r["model"], r["graph"], r["batch"], r.get("seq") or 0, r["runner"],
                                      r["artifact_precision"]))
     base = {latency_key(r): r for r in srt if is_eager_baseline(r)}
-    noisy = {id(r) for r in srt if is_noisy(r) or (latency_key(r) in base and is_noisy(base[latency_key(r)]))}
+    # the p90/p50 dagger is for older records only: interleaved ones carry their own stability verdict
+    noisy = {id(r) for r in srt if _stability(r) is None and (
+        is_noisy(r) or (latency_key(r) in base and is_noisy(base[latency_key(r)])))}
     rows = []
     for r in srt:
         L = r["latency_s"]
@@ -429,7 +497,7 @@ def _latency_section(lat: list[Mapping[str, Any]], sp: Mapping[int, float]) -> l
                      r["precision"], r["batch"], r.get("seq") or "–", _fmt_s(L["p50"]), _fmt_s(L["p90"]),
                      _fmt_s(L["p99"]), _fmt_s(L["mean"]), _fmt_s(L["std"]), r["iterations"],
                      _fmt_num(r["items_per_s"], ".4g"), _fmt_rate(r.get("tokens_per_s")),
-                     (f"{sp[id(r)]:.2f}×" + ("†" if id(r) in noisy else "")) if id(r) in sp else "–",
+                     speedup_cell(r, sp, unst) + ("†" if id(r) in noisy else ""),
                      _fmt_rate(r["achieved_flops"], "FLOP/s"),
                      _fmt_num(r.get("pct_of_peak"), ".1f") + ("%" if r.get("pct_of_peak") is not None else "")))
     mem_rows = [(_model_label(r["model"], r.get("preset")), r["graph"], r["runner"], r["artifact_precision"],
@@ -443,15 +511,21 @@ def _latency_section(lat: list[Mapping[str, Any]], sp: Mapping[int, float]) -> l
         cand = [r for r in rs if id(r) in sp]
         if cand:
             b = max(cand, key=lambda r: sp[id(r)])
-            dagger = "†" if is_noisy(b) or any(is_eager_baseline(r) and is_noisy(r) for r in rs) else ""
+            dagger = "†" if id(b) in noisy else ""
             best.append((model, graph, batch, seq or "–", f"{b['runner']} {b['artifact_precision']}",
-                         _fmt_s(b["latency_s"]["p50"]), f"{sp[id(b)]:.2f}×{dagger}"))
+                         _fmt_s(b["latency_s"]["p50"]), speedup_cell(b, sp, unst) + dagger))
+        elif any(id(r) in unst for r in rs):
+            best.append((model, graph, batch, seq or "–", "–", "–",
+                         f"unstable ({next(unst[id(r)] for r in rs if id(r) in unst)})"))
     out = ["## Latency and throughput", "",
            "Per-call latency over `iterations` timed calls after warm-up (seconds rendered as ms/µs); throughput "
-           "= items (sequences/images) per second at the median; speedup = PyTorch eager fp32 p50 / p50 for the "
-           "same model, batch and sequence length; achieved FLOP/s from the model's analytic FLOPs; % of peak = "
-           "achieved / the measured GEMM roofline for that compute precision. The machine is shared (2 cores): "
-           "treat differences below the p90–p50 spread as noise.", "",
+           "= items (sequences/images) per second at the median. PyTorch eager fp32 and every runner × precision of "
+           "one (model, batch, seq) are timed interleaved, in rounds with the order rotated; speedup = median of the "
+           "paired ratios PyTorch round time / runner round time, with its 95% interval; \"unstable (load)\" "
+           "replaces a speed-up whose rounds stayed too dispersed after re-measuring (bench/interleave.py, "
+           "docs/benchmarks.md). Achieved FLOP/s from the model's analytic FLOPs; % of peak = achieved / the "
+           "measured GEMM roofline for that compute precision and thread count (never above 100%: a peak a record "
+           "beats is measured again; \"–\" where it still does).", "",
            _table(["model", "graph", "runner", "artifact", "compute", "batch", "seq", "p50", "p90", "p99", "mean",
                    "std", "iters", "items/s", "tokens/s", "speedup", "achieved", "% of peak"], rows), ""]
     if noisy:
@@ -534,14 +608,26 @@ def _decode_section(dec: list[Mapping[str, Any]]) -> list[str]:
         st = decode_stats(r)
         rows.append((_model_label(r["model"], r.get("preset")), r["runner"], r["artifact_precision"], r["mode"],
                      r["batch"], r["prompt_len"], r["new_tokens"], _fmt_s(r["ttft_s"]), _fmt_s(st["per_token_p50"]),
-                     _fmt_s(st["per_token_p90"]), f"{r['tokens_per_s']:.1f}",
+                     _fmt_s(st["per_token_p90"]), f"{r['tokens_per_s']:.1f}", _decode_speedup(r),
                      "–" if r.get("agreement") is None else f"{100 * r['agreement']:.1f}%"))
     return ["## Decoding (KV cache)", "",
             "Greedy generation; TTFT = prefill (or encoder) + first token; per-token = later decode steps; "
-            "tokens/s = new tokens / total time; agreement = greedy tokens identical to the PyTorch fp32 "
-            "reference (position by position).", "",
+            "tokens/s = new tokens / the median generation time over interleaved rounds (every runner decodes the "
+            "same prompt once per round, order rotated); vs torch = median of the paired ratios PyTorch round / "
+            "runner round with its 95% interval, or \"unstable\"; agreement = greedy tokens identical to the "
+            "PyTorch fp32 reference (position by position).", "",
             _table(["model", "runner", "artifact", "mode", "batch", "prompt", "new", "TTFT", "per-token p50",
-                    "per-token p90", "tokens/s", "agreement"], rows), ""]
+                    "per-token p90", "tokens/s", "vs torch", "agreement"], rows), ""]
+
+
+def _decode_speedup(r: Mapping[str, Any]) -> str:
+    st = _stability(r)
+    if st is None or not st.get("speedup"):
+        return "–"
+    if not st["stable"]:
+        return f"unstable ({st.get('cause') or 'noise'})"
+    sp = st["speedup"]
+    return f"{sp['median']:.2f}× ({sp['low']:.2f}–{sp['high']:.2f})"
 
 
 def _other_section(other: list[Mapping[str, Any]]) -> list[str]:
@@ -579,6 +665,9 @@ def render_summary(records: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]
         fails = [p for p in par if not p["passed"]]
         lines += [("**Parity: all checks pass.**" if not fails else
                    f"**Parity: {len(fails)} check(s) FAIL** — see the parity table."), ""]
+    stab = stability_summary(records)
+    if stab:
+        lines += [stab, ""]
     lines += _machine_section(fp)
     lines += _parity_section(par)
     lines += _latency_section(lat, sp)

@@ -16,6 +16,7 @@ Presets: the default job uses small presets chosen by measurement to finish in <
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -49,7 +50,7 @@ class RunConfig:
     smoke: bool = False
     precisions: tuple[str, ...] = PRECISIONS
     runners: tuple[str, ...] = RUNNERS
-    threads: int = 0  # 0 = every core
+    threads: int = 0  # 0 = the cores free when the job starts (measured: other processes' CPU use subtracted)
     presets: dict[str, str] = field(default_factory=dict)  # per-model override of the preset table
     tolerances: tuple[str, ...] = ()  # parity overrides, `xdeploy parity --tolerance` syntax: "[OUT:]atol=X,..."
     skip: tuple[str, ...] = ()  # optional phases not to run (SKIPPABLE); export, parity and report always run
@@ -226,25 +227,24 @@ def parity_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progre
 
 
 def bench_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progress) -> list[dict[str, Any]]:
-    """Latency, throughput and peak memory (one isolated child per configuration) via bench/suite.py: every
-    candidate runner on every artifact precision, PyTorch eager once (it runs the fp32 reference weights)."""
-    from xdeploy.bench.suite import run_bench
+    """Latency, throughput and peak memory via bench/suite.py: per (batch, seq), PyTorch eager (the fp32
+    reference weights) and every candidate runner on every artifact precision timed interleaved in one child
+    (paired speed-ups, stability verdicts), plus one isolated memory child per (runner, precision)."""
+    from xdeploy.bench.suite import bench_artifacts
+    from xdeploy.export.artifact import load_artifact
 
     preset = cfg.preset(model)
     batches = (1, 4) if cfg.smoke else (1, 8)
     seqs = (32,) if cfg.smoke else (128,)
-    # per child: warm-up, then at least min_iters calls and until max_seconds of timed calls (max_iters caps fast
-    # models); the child's start-up (imports, load) costs more than the timing itself in the default job
-    timing = {"warmup": 2, "min_iters": 3, "max_iters": 20, "max_seconds": 0.3} if cfg.smoke else \
-        {"warmup": 3, "min_iters": 10, "max_iters": 200, "max_seconds": 0.5} if not cfg.full else \
-        {"warmup": 2, "min_iters": 5, "max_iters": 200, "max_seconds": 2.0}  # base presets: up to seconds per call
-    recs: list[dict[str, Any]] = []
+    # per comparison: rotated rounds of every (runner, precision), at least min_iters and until max_seconds (at
+    # most max_iters), re-measured once while unstable; the children's start-up costs more than the timing
+    timing = {"warmup": 2, "min_iters": 3, "max_iters": 8, "max_seconds": 0.5} if cfg.smoke else \
+        {"warmup": 2, "min_iters": 8, "max_iters": 60, "max_seconds": 3.0} if not cfg.full else \
+        {"warmup": 2, "min_iters": 6, "max_iters": 60, "max_seconds": 20.0}  # base presets: up to 1 s per call
     with prog.step("bench", f"{model} {preset}"):
-        for prec, path in paths.items():
-            runners = (["torch"] if prec == "fp32" else []) + list(cfg.runners)
-            recs += run_bench(str(path), runners=runners, batches=batches, seqs=seqs, threads=cfg.threads,
-                              **timing)
-    return recs
+        arts = [load_artifact(paths[p]) for p in cfg.precisions]  # fp32 first: torch runs with it
+        return bench_artifacts(arts, runners=["torch", *cfg.runners], batches=batches, seqs=seqs,
+                               threads=cfg.threads, **timing)
 
 
 def decode_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progress) -> list[dict[str, Any]]:
@@ -258,7 +258,9 @@ def decode_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progre
     prompt_len = 8 if cfg.smoke else 32
     fp = _fp()
     recs: list[dict[str, Any]] = []
-    with prog.step("decode", f"{model} {preset}"):
+    with prog.step("decode", f"{model} {preset}"), contextlib.ExitStack() as stack:
+        from xdeploy.bench.interleave import compare
+
         arts = {p: load_artifact(path) for p, path in paths.items()}
         vocab = arts["fp32"].config.vocab_size
         prompt = [np.random.default_rng(0).integers(4, vocab - 1, size=prompt_len).tolist()]
@@ -266,26 +268,36 @@ def decode_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progre
         runs: list[tuple[str, str, bool]] = [("torch", "fp32", True)]
         runs += [(r, p, True) for p in cfg.precisions for r in cfg.runners]
         runs += [(cfg.runners[0], "fp32", False)]
-        ref = None
-        for runner, prec, cache in runs:
+        gens: dict[str, tuple[tuple[str, str, bool], Any]] = {}  # "ort int8" / "ort fp32 no-cache" -> generator
+        for i, (runner, prec, cache) in enumerate(runs):
             try:
-                with Generator(arts[prec], runner, use_cache=cache, threads=cfg.threads) as g:
-                    g.generate(prompt, dataclasses.replace(gc, max_new_tokens=2))  # warm-up: first-call allocations
-                    out = g.generate(prompt, gc)
+                g = stack.enter_context(Generator(arts[prec], runner, use_cache=cache, threads=cfg.threads))
+                g.generate(prompt, dataclasses.replace(gc, max_new_tokens=2))  # warm-up: first-call allocations
             except XDeployError as e:
-                if ref is None:
+                if i == 0:
                     raise  # without the reference nothing else can be judged
                 prog.notes.append(f"decode {model} {runner} {prec}: {e}")
                 continue
+            gens[f"{runner} {prec}" + ("" if cache else " no-cache")] = ((runner, prec, cache), g)
+        # every generator decodes the same prompt in rotated rounds (one generation per round each): tokens/s
+        # from the median round, speed-up vs torch from paired rounds, re-measured once while unstable
+        cmp = compare({k: (lambda g=g: g.generate(prompt, gc)) for k, (_, g) in gens.items()}, baseline="torch fp32",
+                      attempts=2, warmup=0, min_block_s=0.0, min_rounds=3 if cfg.smoke else 5, max_rounds=12,
+                      max_seconds=2.0 if cfg.smoke else 8.0)
+        ref = None
+        for k, ((runner, prec, _cache), g) in gens.items():
+            out = g.generate(prompt, gc)  # tokens and per-step latencies for the report (one more run)
             if ref is None:
                 ref = out
             agree = token_agreement(ref, out)
+            med = cmp.series[k].median_s
             recs.append({"kind": "decode", "model": model, "preset": preset, "runner": runner,
                          "artifact_precision": prec, "mode": out.mode, "batch": 1, "prompt_len": prompt_len,
                          "new_tokens": out.new_tokens, "ttft_s": out.time_to_first_token_s,
-                         "step_s": list(out.step_s), "tokens_per_s": out.tokens_per_s,
+                         "step_s": list(out.step_s), "tokens_per_s": out.new_tokens / med,
                          "agreement": agree.agreement, "first_divergence": agree.first_divergence[0],
-                         "total_s": out.total_s, "fingerprint": fp})
+                         "total_s": med, "threads": cfg.threads, "stability": cmp.stability(k),
+                         "fingerprint": fp})
     return recs
 
 
@@ -320,6 +332,13 @@ def run_job(cfg: RunConfig, *, progress: Callable[[str, int], None] | None = Non
     A phase that cannot run on this machine (e.g. a missing optional runtime) is recorded in `errors` and in
     the report, and the job continues; parity failures are collected, never raised here (the CLI exits 1)."""
     cfg.check()
+    from xdeploy.bench.suite import apply_thread_env
+
+    apply_thread_env()  # before torch loads OpenMP in this process (decode runs here): passive waiting
+    if not cfg.threads:  # runners never oversubscribe: threads = the cores free now (--threads overrides)
+        from xdeploy.bench.interleave import free_cores
+
+        cfg = dataclasses.replace(cfg, threads=free_cores())
     t0 = time.perf_counter()
     prog = _Progress(progress)
     records: list[dict[str, Any]] = []
@@ -343,8 +362,10 @@ def run_job(cfg: RunConfig, *, progress: Callable[[str, int], None] | None = Non
     for model in _scale_models(cfg) if cfg.runs("scale") else []:
         attempt(f"scale {model}", lambda: scale_all(cfg, model, prog))  # noqa: B023
 
+    from xdeploy.bench.roofline import reconcile
     from xdeploy.reports.render import render_report
 
+    records = reconcile(records)  # no record above 100% of its peak: a peak it beats is measured again
     errors += prog.notes
     failures = tuple(f"{r['model']} {r.get('preset')} {r['artifact_precision']} {r['runner']} "
                      f"{r['graph']}/{r['output']}: {r['reason']}" for r in records

@@ -35,10 +35,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=_ints, default=[1], help="batch sizes, e.g. 1,8 (default 1)")
     p.add_argument("--seq", type=_ints, default=[128], help="sequence lengths, e.g. 32,128,512 (default 128; "
                    "ignored for models without a token axis such as ViT)")
-    p.add_argument("--threads", type=int, default=0, help="intra-op threads (default 0 = runtime default)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="intra-op threads (default 0 = the cores free at the start, measured)")
     p.add_argument("--warmup", type=int, default=3, help="untimed warm-up calls (default 3)")
-    p.add_argument("--min-iters", type=int, default=10, help="timed calls at least (default 10)")
-    p.add_argument("--max-iters", type=int, default=200, help="timed calls at most (default 200)")
+    p.add_argument("--min-iters", type=int, default=10, help="interleaved rounds at least (default 10)")
+    p.add_argument("--max-iters", type=int, default=200, help="interleaved rounds at most (default 200)")
     p.add_argument("--max-seconds", type=float, default=5.0, help="stop timing after this many seconds once "
                    "--min-iters are done (default 5)")
     p.add_argument("--parity", action="store_true", help="also check each runner's outputs against PyTorch "

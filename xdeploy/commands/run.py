@@ -27,7 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="override parity tolerances (repeatable; same syntax as xdeploy parity)")
     p.add_argument("--skip", default="", metavar="PHASE,...",
                    help="phases not to run: roofline, bench, decode, scale (export, parity, report always run)")
-    p.add_argument("--threads", type=int, default=0, help="threads per runner (0 = all cores)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="threads per runner (0 = the cores free at the start, measured)")
     add_json_option(p)
 
 
@@ -73,31 +74,44 @@ def run(args: argparse.Namespace) -> int:
 def _print_summary(console, result) -> None:  # noqa: ANN001
     from rich.table import Table
 
-    from xdeploy.reports.render import _fmt_s, speedups
+    from xdeploy.reports.render import _fmt_s, speedup_cell, speedups, stability_summary, unstable
 
     recs = list(result.records)
     par = [r for r in recs if r["kind"] == "parity"]
     lat = [r for r in recs if r["kind"] == "latency"]
-    sp = speedups(lat)
-    t = Table(title="xdeploy run: best runner per model (speedup vs PyTorch eager fp32, same batch and seq)")
+    sp, unst = speedups(lat), unstable(lat)
+    t = Table(title="xdeploy run: best runner per model (speedup vs PyTorch eager fp32, same batch and seq: "
+                    "median of paired interleaved rounds, 95% interval)")
     for col in ("model", "batch", "seq", "best", "p50", "speedup", "parity"):
         t.add_column(col)
     for model in dict.fromkeys(r["model"] for r in lat):
-        rs = [r for r in lat if r["model"] == model and id(r) in sp]
+        rs = [r for r in lat if r["model"] == model and (id(r) in sp or id(r) in unst)]
         for b in sorted({r["batch"] for r in rs}):
-            cand = [r for r in rs if r["batch"] == b]
+            cand = [r for r in rs if r["batch"] == b and id(r) in sp]
+            if not cand:  # every figure of this configuration stayed unstable: no number, the cause
+                r0 = next(r for r in rs if r["batch"] == b and id(r) in unst)
+                t.add_row(f"{model} {r0.get('preset') or ''}", str(b), str(r0.get("seq") or "–"), "–", "–",
+                          f"[yellow]unstable ({unst[id(r0)]})[/]", "–")
+                continue
             best = max(cand, key=lambda r: sp[id(r)])
             ps = [p for p in par if p["model"] == model and p["runner"] == best["runner"]
                   and p["artifact_precision"] == best["artifact_precision"]]
             ok = "–" if not ps else ("pass" if all(p["passed"] for p in ps) else "[red]FAIL[/]")
+            n_unst = sum(1 for r in rs if r["batch"] == b and id(r) in unst)
             t.add_row(f"{model} {best.get('preset') or ''}", str(b), str(best.get("seq") or "–"),
                       f"{best['runner']} {best['artifact_precision']}", _fmt_s(best["latency_s"]["p50"]),
-                      f"{sp[id(best)]:.2f}×", ok)
+                      speedup_cell(best, sp, unst) + (f" [yellow]({n_unst} unstable)[/]" if n_unst else ""), ok)
+    stab = stability_summary(recs)
+    if stab:
+        console.print(stab.replace("**", ""), soft_wrap=True)
     if t.row_count:
         console.print(t)
     for r in (r for r in recs if r["kind"] == "decode" and r["mode"] == "cache"):
+        st = r.get("stability") or {}
+        vs = "" if not st.get("speedup") else (
+            f", {st['speedup']['median']:.2f}x torch (paired)" if st["stable"] else f", unstable ({st['cause']})")
         console.print(f"decode {r['model']} {r['runner']} {r['artifact_precision']}: {r['tokens_per_s']:.1f} "
-                      f"tokens/s, agreement {100 * r['agreement']:.0f}%")
+                      f"tokens/s{vs}, agreement {100 * r['agreement']:.0f}%")
     n_fail = len(result.parity_failures)
     console.print(f"parity: {len(par) - n_fail}/{len(par)} checks pass" + (f" — [red]{n_fail} FAIL[/]" if n_fail
                                                                              else ""))
