@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install demo test lint clean cpp serve-env
+.PHONY: install demo test lint clean cpp serve-env gpu-env gpu-check
 
 # torch==2.13.0 is pinned (constraints.txt): it is the CPU wheel; an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml constraints.txt
@@ -45,8 +45,39 @@ $(SERVE_STAMP): requirements-serve.txt pyproject.toml
 
 serve-env: $(SERVE_STAMP)
 
+# GPU env (.venv-gpu): onnxruntime-gpu *instead of* onnxruntime (both install the same `onnxruntime` package
+# directory, so only one may be present), tensorrt, and PyPI's CUDA build of the pinned torch version.
+# `make gpu-check` then runs the gpu-marked tests and `xdeploy run --runners trt,ort-cuda,ort-trt` on the default
+# and base presets, writing reports/gpu/verification.md. On a machine without an NVIDIA GPU both stop at once
+# with one line saying what is missing (studies/gpu_check.py --preflight, standard library only).
+GPU_VENV      ?= .venv-gpu
+GPU_PY        := $(GPU_VENV)/bin/python
+GPU_STAMP     := $(GPU_VENV)/.installed-stamp
+ORT_VERSION   := $(shell sed -n 's/^onnxruntime==//p' constraints.txt)
+TORCH_VERSION := $(shell sed -n 's/^torch==\([^+]*\).*/\1/p' constraints.txt)
+ifneq ($(filter gpu-env gpu-check,$(MAKECMDGOALS)),)
+GPU_MISSING := $(shell $(PYTHON) studies/gpu_check.py --preflight)
+ifneq ($(GPU_MISSING),)
+$(error $(GPU_MISSING))
+endif
+endif
+
+$(GPU_STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(GPU_VENV)
+	grep -v -E '^(torch|onnxruntime)==' constraints.txt > $(GPU_VENV)/constraints-gpu.txt
+	$(GPU_PY) -m pip install -q --upgrade pip
+	$(GPU_PY) -m pip install -q -c $(GPU_VENV)/constraints-gpu.txt "torch==$(TORCH_VERSION)" -e '.[test,gpu]'
+	$(GPU_PY) -m pip uninstall -q -y onnxruntime
+	$(GPU_PY) -m pip install -q --no-deps --force-reinstall "onnxruntime-gpu==$(ORT_VERSION)"
+	touch $(GPU_STAMP)
+
+gpu-env: $(GPU_STAMP)
+
+gpu-check: gpu-env
+	$(GPU_PY) -m xdeploy.studies.gpu_check --out reports/gpu
+
 lint: install
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) $(SERVE_VENV) artifacts reports/latest deploy/cpp/build
+	rm -rf $(VENV) $(SERVE_VENV) $(GPU_VENV) artifacts reports/latest deploy/cpp/build

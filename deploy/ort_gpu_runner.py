@@ -28,18 +28,32 @@ from .ort_runner import OrtRunner
 Provider = tuple[str, dict[str, str]]
 
 
-def cuda_options(device_id: int = 0, *, cuda_graph: bool = False) -> dict[str, str]:
-    # use_tf32=0: keep fp32 artifacts at fp32 so parity tolerances mean the same as on CPU.
+def cuda_options(device_id: int = 0) -> dict[str, str]:
+    # use_tf32=0: keep fp32 artifacts at fp32 so parity tolerances mean the same as on CPU. No CUDA graphs:
+    # onnxruntime replays a captured graph on the device addresses of the first run, so every run would have to
+    # IO-bind the same preallocated inputs *and outputs* (ORT docs, CUDA EP "Using CUDA Graphs"); `cuda_graph`
+    # is refused instead of being passed through and silently breaking infer().
     return {"device_id": str(device_id), "use_tf32": "0", "arena_extend_strategy": "kSameAsRequested",
-            "cudnn_conv_algo_search": "HEURISTIC", "enable_cuda_graph": "1" if cuda_graph else "0"}
+            "cudnn_conv_algo_search": "HEURISTIC", "enable_cuda_graph": "0"}
+
+
+def ort_trt_cache_dir(root: str | Path, model: str, graph: str, precision: str, graph_sha256: str) -> Path:
+    """Per-graph engine/timing cache directory of the TensorRT EP, keyed by the graph file's sha256 so an
+    artifact re-exported in place never meets its predecessor's engines."""
+    return Path(root).expanduser() / f"{model}-{graph}-{precision}-{graph_sha256[:16]}"
 
 
 def tensorrt_options(graph: Graph, axes: Mapping[str, Axis], *, device_id: int = 0, fp16: bool = False,
-                     cache_dir: str | Path, workspace_mib: int = 0) -> dict[str, str]:
-    """TensorRT EP options: fp16, engine cache, timing cache and an explicit min/opt/max profile."""
+                     int8: bool = False, cache_dir: str | Path, workspace_mib: int = 0) -> dict[str, str]:
+    """TensorRT EP options: precision, engine cache, timing cache and an explicit min/opt/max profile.
+
+    int8 is for Q/DQ artifacts: trt_int8_enable with no calibration table makes the EP build an explicitly
+    quantized engine from the graph's Q/DQ scales (tensorrt_execution_provider.cc applies a calibration table
+    only when trt_int8_calibration_table_name is set)."""
     profiles = profile_shapes(graph, axes)
     cache = str(Path(cache_dir).expanduser())
     opts = {"device_id": str(device_id), "trt_fp16_enable": "True" if fp16 else "False",
+            "trt_int8_enable": "True" if int8 else "False",
             "trt_engine_cache_enable": "True", "trt_engine_cache_path": cache,
             "trt_timing_cache_enable": "True", "trt_timing_cache_path": cache,
             "trt_profile_min_shapes": format_shapes(profiles, "min"),
@@ -60,15 +74,19 @@ class GpuEP:
 
 
 def _cuda_list(graph: Graph, axes: Mapping[str, Axis], variant: str, device_id: int, **opts: Any) -> list[Provider]:
-    return [("CUDAExecutionProvider", cuda_options(device_id, cuda_graph=bool(opts.get("cuda_graph"))))]
+    return [("CUDAExecutionProvider", cuda_options(device_id))]
 
 
 def _trt_list(graph: Graph, axes: Mapping[str, Axis], variant: str, device_id: int, **opts: Any) -> list[Provider]:
     cache = opts.get("cache_dir") or default_cache_root() / "ort-trt"
+    precision = opts.get("precision", "fp32")
+    if opts.get("graph_sha256"):
+        cache = ort_trt_cache_dir(cache, opts.get("model", "model"), graph.name,
+                                  "fp16" if variant == "fp16" else precision, opts["graph_sha256"])
     # CUDA after TensorRT: nodes TensorRT cannot take run on CUDA instead of falling back to the CPU.
     return [("TensorrtExecutionProvider",
-             tensorrt_options(graph, axes, device_id=device_id, fp16=variant == "fp16", cache_dir=cache,
-                              workspace_mib=int(opts.get("workspace_mib", 0)))),
+             tensorrt_options(graph, axes, device_id=device_id, fp16=variant == "fp16", int8=precision == "int8",
+                              cache_dir=cache, workspace_mib=int(opts.get("workspace_mib", 0)))),
             ("CUDAExecutionProvider", cuda_options(device_id))]
 
 
@@ -76,7 +94,8 @@ GPU_EPS: dict[str, GpuEP] = {
     "ort-cuda": GpuEP("CUDAExecutionProvider", ("",), _cuda_list),
     "ort-trt": GpuEP("TensorrtExecutionProvider", ("", "fp16"), _trt_list),
 }
-OPTIONS = ("opt_level", "device", "cache_dir", "workspace_mib", "cuda_graph")
+OPTIONS = ("opt_level", "device", "cache_dir", "workspace_mib")
+ARTIFACT_FACTS = ("precision", "model", "graph_sha256")  # filled in by the runner from the manifest
 
 
 def provider_list(runner: str, graph: Graph, axes: Mapping[str, Axis], variant: str = "", device_id: int = 0,
@@ -86,10 +105,28 @@ def provider_list(runner: str, graph: Graph, axes: Mapping[str, Axis], variant: 
     if variant not in ep.variants:
         raise XDeployError(f"runner {runner!r} has no variant {variant!r}; expected one of: "
                            f"{', '.join(repr(v) for v in ep.variants)}")
-    unknown = set(opts) - set(OPTIONS)
+    if "cuda_graph" in opts:
+        raise XDeployError(f"runner {runner!r} does not support cuda_graph: onnxruntime's CUDA graphs replay the "
+                           "device addresses of the captured run, so every run must IO-bind the same preallocated "
+                           "inputs and outputs; use prepare() for the steady-state call instead")
+    unknown = set(opts) - set(OPTIONS) - set(ARTIFACT_FACTS)
     if unknown:
         raise XDeployError(f"unknown {runner} option(s) {sorted(unknown)}; expected {', '.join(OPTIONS)}")
     return ep.build(graph, axes, variant, device_id, **opts)
+
+
+def create_cache_dirs(providers: list[Provider]) -> None:
+    """Create the TensorRT EP's cache directories with all parents: the EP creates only the last level
+    (fs::create_directory in tensorrt_execution_provider.cc), so on a fresh machine a nested path fails
+    session creation with a message that blames the GPU."""
+    for _, opts in providers:
+        for key in ("trt_engine_cache_path", "trt_timing_cache_path"):
+            if key in opts:
+                try:
+                    Path(opts[key]).mkdir(parents=True, exist_ok=True)
+                except OSError as e:
+                    raise XDeployError(f"cannot create the TensorRT cache directory {opts[key]}: "
+                                       f"{e.strerror or e}") from None
 
 
 def check_available(runner: str, available: list[str], version: str) -> None:
@@ -107,8 +144,15 @@ class _OrtGpuRunner(OrtRunner):
         check_available(self.name, ort.get_available_providers(), ort.__version__)
         self.device_id = int(self.options.get("device", 0))
         extra = {k: v for k, v in self.options.items() if k not in ("opt_level", "device")}
+        unknown = set(extra) & set(ARTIFACT_FACTS)
+        if unknown:
+            raise XDeployError(f"unknown {self.name} option(s) {sorted(unknown)}; expected {', '.join(OPTIONS)}")
+        facts = {"precision": self.artifact.precision, "model": self.artifact.model,
+                 "graph_sha256": self.artifact.manifest["files"][self.artifact.manifest["graphs"][self.graph.name]
+                                                                 ["file"]]}
         self._plist = provider_list(self.name, self.graph, self.artifact.spec.axes, self.variant, self.device_id,
-                                    **extra)
+                                    **extra, **facts)
+        create_cache_dirs(self._plist)
         super()._load()
         active = self.session.get_providers()
         if GPU_EPS[self.name].provider not in active:  # onnxruntime falls back to CPU when CUDA fails to start

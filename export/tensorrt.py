@@ -49,6 +49,10 @@ class BuildPlan:
     strongly_typed: bool
     fp16_flag: bool
     precision: str  # what the engine computes in: fp32 | fp16 | int8
+    # TensorRT enables TF32 for fp32 tensors by default (NvInfer.h BuilderFlag::kTF32 "Enabled by default"): inner
+    # products then round inputs to 10-bit mantissas. False = the builder clears the flag, so fp32 tensors (all of
+    # an fp32 artifact, the fp32 islands of fp16/int8 ones) compute in fp32. Part of the engine key.
+    tf32: bool = False
 
 
 @dataclass(frozen=True)
@@ -106,8 +110,9 @@ def build_plan(variant: str, artifact_precision: str, *, has_fp16_flag: bool) ->
     """Decide strong typing and the FP16 flag.
 
     "" -> strongly typed: the engine computes in the artifact's precision (an fp16 artifact gives an fp16
-    engine; an int8 one needs Q/DQ nodes). "fp16" on an fp32 artifact -> weak typing + BuilderFlag.FP16
-    where that flag still exists (TensorRT 10); TensorRT 11 has none, so the user must export at fp16."""
+    engine; an int8 one must be a Q/DQ graph: explicit quantization, no INT8 flag and no calibrator).
+    "fp16" on an fp32 artifact -> weak typing + BuilderFlag.FP16 where that flag still exists (TensorRT 10);
+    TensorRT 11 has none, so the user must export at fp16. TF32 is off in every plan (see BuildPlan.tf32)."""
     if variant not in ("", "fp16"):
         raise XDeployError(f"runner 'trt' has no variant {variant!r}; expected one of: '', 'fp16'")
     if variant == "" or artifact_precision == "fp16":
@@ -157,7 +162,9 @@ def trtexec_command(onnx_path: str | Path, engine_path: str | Path, profiles: Se
                     workspace_mib: int = 0) -> list[str]:
     """The trtexec invocation that builds the same engine (argv list; shlex.join it for a shell).
 
-    TensorRT 11 is always strongly typed and has no --stronglyTyped/--fp16; on 10.x the flag is explicit."""
+    TensorRT 11 is always strongly typed: it has no --fp16, and accepts --stronglyTyped only as a deprecated
+    no-op (samples/common/sampleOptions.cpp on main), so the flag is written for 10.x only. --noTF32 whenever
+    the plan keeps fp32 at fp32 (trtexec enables TF32 by default on both)."""
     cmd = ["trtexec", f"--onnx={onnx_path}", f"--saveEngine={engine_path}"]
     if any(p.min != p.max for p in profiles):  # static graphs need no profile
         cmd += [f"--minShapes={format_shapes(profiles, 'min')}", f"--optShapes={format_shapes(profiles, 'opt')}",
@@ -169,6 +176,8 @@ def trtexec_command(onnx_path: str | Path, engine_path: str | Path, profiles: Se
             cmd.append("--fp16")
     elif plan.fp16_flag:
         raise XDeployError("TensorRT 11 has no --fp16; the plan must be strongly typed")
+    if not plan.tf32:
+        cmd.append("--noTF32")
     if timing_cache is not None:
         cmd.append(f"--timingCacheFile={timing_cache}")
     if workspace_mib:

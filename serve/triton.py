@@ -170,6 +170,28 @@ def _profile(art: Artifact, g: Graph, pick: Any, max_batch: int) -> str:
     return ",".join(f"{t.name}:{'x'.join(str(dim(d)) for d in t.dims)}" for t in g.inputs)
 
 
+TRT_CACHE_ROOT = "/tmp/triton-trt-cache"
+# Triton onnxruntime_backend src/onnxruntime.cc maps precision_mode FP16 -> trt_fp16_enable, INT8 ->
+# trt_int8_enable (no calibration table: a Q/DQ graph carries its scales), and FP32 -> neither.
+TRT_PRECISION_MODES = {"fp32": "FP32", "fp16": "FP16", "int8": "INT8"}
+
+
+def trt_precision_mode(precision: str) -> str:
+    """The TensorRT accelerator's precision_mode for an artifact precision: fp32 stays FP32 (FP16 would let
+    TensorRT run an fp32 artifact in half precision behind the parity the artifact was checked at)."""
+    if precision not in TRT_PRECISION_MODES:
+        raise one_of("artifact precision for the TensorRT accelerator", precision, TRT_PRECISION_MODES)
+    return TRT_PRECISION_MODES[precision]
+
+
+def trt_cache_path(art: Artifact, name: str) -> str:
+    """The TensorRT engine cache directory of one model, keyed by its graph's sha256: the EP keys cached engines
+    by the model's path and structure, so a model replaced in place under the same name would otherwise meet its
+    predecessor's engines (and shared paths would mix models)."""
+    sha = art.manifest["files"][art.manifest["graphs"][art.graph().name]["file"]]
+    return f"{TRT_CACHE_ROOT}/{name}-{art.precision}-{sha[:16]}"
+
+
 def onnx_model_config(art: Artifact, name: str, o: TritonOptions) -> Any:
     """The ModelConfig of the graph itself (onnxruntime_onnx, or tensorrt_plan with an engine)."""
     pb = _pb()
@@ -191,11 +213,10 @@ def onnx_model_config(art: Artifact, name: str, o: TritonOptions) -> Any:
         acc = pb.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator(name=o.accelerator)
         if o.accelerator == "tensorrt":
             # ORT's TensorRT EP inside Triton's onnxruntime backend; engines cached across restarts
-            # int8 artifacts are Q/DQ graphs: INT8 mode without a calibration table
-            acc.parameters["precision_mode"] = "INT8" if art.precision == "int8" else "FP16"
+            acc.parameters["precision_mode"] = trt_precision_mode(art.precision)
             acc.parameters["max_workspace_size_bytes"] = str(1 << 30)
             acc.parameters["trt_engine_cache_enable"] = "true"
-            acc.parameters["trt_engine_cache_path"] = "/tmp/triton-trt-cache"
+            acc.parameters["trt_engine_cache_path"] = trt_cache_path(art, name)
             # one optimization profile over the manifest's axes (batch capped at max_batch_size), so TensorRT
             # builds once for the whole range instead of per new shape
             for key, pick in (("min", lambda a: a.min), ("opt", lambda a: a.opt), ("max", lambda a: a.max)):

@@ -1,21 +1,32 @@
-"""Pure TensorRT / GPU-provider logic on CPU: profiles from manifest axes, cache keys and rebuild-on-mismatch,
-strong typing vs the FP16 flag across TensorRT 10/11, trtexec command lines, onnxruntime GPU provider options.
+"""TensorRT / GPU-provider logic on CPU: profiles from manifest axes, cache keys and rebuild-on-mismatch, strong
+typing vs the FP16 flag across TensorRT 10/11, TF32, timing caches, trtexec command lines, onnxruntime GPU
+provider options, Triton's TensorRT accelerator config, and the GPU make targets.
 
-Builder-driving code is exercised against tests/fake_tensorrt.py, a FAKE module: that checks our calls, not
-TensorRT. The real hardware path is in the `gpu`-marked test at the end (skipped without an NVIDIA GPU)."""
+Builder-driving code runs against tests/sim_tensorrt.py, a SIMULATED tensorrt module that follows the real API's
+failure behaviour (None / False returns, device binding) and executes engines with onnxruntime on CPU: that
+checks our code around TensorRT, never TensorRT itself. The `trt` runner's full runtime path (parity and
+KV-cache decoding on every registered model) is in tests/test_trt_simulated.py. The real hardware path is the
+`gpu`-marked test at the end (skipped without an NVIDIA GPU)."""
 
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
-from fake_tensorrt import make_fake_tensorrt
+from onnx import TensorProto, helper
+from sim_tensorrt import make_simulated_tensorrt, simulated_backend
 
 from xdeploy.core.errors import XDeployError
-from xdeploy.deploy.ort_gpu_runner import check_available, provider_list
-from xdeploy.deploy.trt_runner import build_engine
+from xdeploy.deploy.ort_gpu_runner import check_available, create_cache_dirs, ort_trt_cache_dir, provider_list
+from xdeploy.deploy.trt_runner import attach_timing_cache, build_engine
 from xdeploy.export.tensorrt import (
     BuildPlan,
     EngineKey,
@@ -28,16 +39,38 @@ from xdeploy.export.tensorrt import (
     timing_cache_path,
     trtexec_command,
 )
-from xdeploy.models.registry import get_config, get_family
+from xdeploy.models.registry import MODELS, get_config, get_family
 from xdeploy.models.spec import Axis, Graph, TensorSpec
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _spec(model: str):
     return get_family(model).spec(get_config(model, "tiny"))
 
 
+def _tiny_onnx(path: Path, *, op: str = "Relu") -> Path:
+    """y = op(x) with x [batch, 4] float32 (dynamic batch): the smallest graph the simulation can build."""
+    if op == "MatMulInteger":  # what onnxruntime's dynamic int8 quantization emits; TensorRT has no importer
+        nodes = [helper.make_node("Cast", ["x"], ["xq"], to=TensorProto.UINT8),
+                 helper.make_node("MatMulInteger", ["xq", "w"], ["yi"]),
+                 helper.make_node("Cast", ["yi"], ["y"], to=TensorProto.FLOAT)]
+        inits = [helper.make_tensor("w", TensorProto.UINT8, [4, 4], [1] * 16)]
+    else:
+        nodes, inits = [helper.make_node(op, ["x"], ["y"])], []
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+PROFILE = (ShapeRange("x", (1, 4), (2, 4), (8, 4)),)
+
+
+# ------------------------------------------------------------------------------------------- pure logic ----
+
 def test_profiles_follow_manifest_axes_for_every_graph():
-    for model in ("transformer", "bert", "gpt", "vit"):
+    for model in MODELS:
         spec = _spec(model)
         for g in spec.graphs:
             profiles = profile_shapes(g, spec.axes)
@@ -69,12 +102,13 @@ def test_shape_strings_use_trtexec_syntax():
 @pytest.mark.parametrize("variant,art,has_fp16,want", [
     ("", "fp32", True, BuildPlan(True, False, "fp32")),
     ("", "fp16", False, BuildPlan(True, False, "fp16")),
-    ("", "int8", True, BuildPlan(True, False, "int8")),
+    ("", "int8", True, BuildPlan(True, False, "int8")),  # Q/DQ: explicit quantization, no INT8 flag
     ("fp16", "fp16", False, BuildPlan(True, False, "fp16")),  # already fp16: strong typing, no flag needed
     ("fp16", "fp32", True, BuildPlan(False, True, "fp16")),  # TensorRT 10: weak typing + FP16 flag
 ])
 def test_build_plan(variant, art, has_fp16, want):
-    assert build_plan(variant, art, has_fp16_flag=has_fp16) == want
+    plan = build_plan(variant, art, has_fp16_flag=has_fp16)
+    assert plan == want and plan.tf32 is False  # fp32 tensors compute in fp32 in every plan
 
 
 def test_build_plan_refuses_fp16_flag_on_tensorrt_11():
@@ -95,7 +129,8 @@ def test_engine_key_changes_with_every_field():
     assert k.digest == _key().digest and len(k.digest) == 64
     variants = [_key(onnx_sha256="b" * 64), _key(trt_version="11.4.0"), _key(gpu_name="NVIDIA A100"),
                 _key(compute_capability="8.0"), _key(profiles=(ShapeRange("x", (1, 1), (1, 8), (8, 8)),)),
-                _key(plan=BuildPlan(False, True, "fp16")), _key(workspace_mib=1024)]
+                _key(plan=BuildPlan(False, True, "fp16")), _key(workspace_mib=1024),
+                _key(plan=BuildPlan(True, False, "fp32", tf32=True))]  # TF32 belongs in the key (#18 defect 2)
     digests = {v.digest for v in variants} | {k.digest}
     assert len(digests) == len(variants) + 1
 
@@ -139,12 +174,14 @@ def test_trtexec_command_lines():
                    "--minShapes=input_ids:1x1,attention_mask:1x1,token_type_ids:1x1",
                    "--optShapes=input_ids:1x128,attention_mask:1x128,token_type_ids:1x128",
                    "--maxShapes=input_ids:64x128,attention_mask:64x128,token_type_ids:64x128",
-                   "--stronglyTyped", "--timingCacheFile=/c/t.cache", "--memPoolSize=workspace:2048M"]
+                   "--stronglyTyped", "--noTF32", "--timingCacheFile=/c/t.cache", "--memPoolSize=workspace:2048M"]
     weak = trtexec_command("m.onnx", "e.plan", prof, BuildPlan(False, True, "fp16"), "10.9.0")
     assert "--fp16" in weak and "--stronglyTyped" not in weak
-    # TensorRT 11: always strongly typed, neither flag exists
+    # TensorRT 11: always strongly typed; --fp16 is gone and --stronglyTyped a deprecated no-op, so neither
     t11 = trtexec_command("m.onnx", "e.plan", prof, BuildPlan(True, False, "fp16"), "11.4.0")
-    assert not any(a in t11 for a in ("--fp16", "--stronglyTyped"))
+    assert not any(a in t11 for a in ("--fp16", "--stronglyTyped")) and "--noTF32" in t11
+    assert "--noTF32" not in trtexec_command("m.onnx", "e.plan", prof, BuildPlan(True, False, "fp32", tf32=True),
+                                             "11.4.0")
     with pytest.raises(XDeployError):
         trtexec_command("m.onnx", "e.plan", prof, BuildPlan(False, True, "fp16"), "11.4.0")
     # a fully static graph gets no shape flags; paths with spaces survive shell quoting
@@ -154,51 +191,104 @@ def test_trtexec_command_lines():
     assert shlex.split(shlex.join(cmd))[1] == "--onnx=my dir/m.onnx"
 
 
-@pytest.mark.parametrize("version", ["10.13.0", "11.4.0"])
-def test_build_engine_with_fake_tensorrt(tmp_path, version):
-    """Our builder calls, checked against a FAKE tensorrt (not a TensorRT verification)."""
-    trt = make_fake_tensorrt(version)
-    onnx = tmp_path / "model.onnx"
-    onnx.write_bytes(b"\x08\x09fake-onnx")
-    spec = _spec("gpt")
-    prof = profile_shapes(spec.graph("decode"), spec.axes)
+# ---------------------------------------------------------------------- building (simulated TensorRT) ----
+
+def _entries(path: Path) -> list[str]:
+    blob = path.read_bytes()
+    return json.loads(blob[blob.index(b"\n") + 1:])["entries"]
+
+
+@pytest.mark.parametrize("version", ["10.13.0", "11.1.0"])
+def test_build_engine_with_simulated_tensorrt(tmp_path, version):
+    """Our builder calls against the SIMULATED tensorrt (not a TensorRT verification)."""
+    trt = make_simulated_tensorrt(version)
+    onnx_path = _tiny_onnx(tmp_path / "model.onnx")
     plan = build_plan("", "fp32", has_fp16_flag=hasattr(trt.BuilderFlag, "FP16"))
     tc = tmp_path / "timing.cache"
-    blob = build_engine(trt, onnx, prof, plan, tc, workspace_mib=512)
-    assert json.loads(blob)["fake_engine"]
-    assert trt.calls["network_flags"] == 1 << 5  # STRONGLY_TYPED bit
-    assert trt.calls["flags"] == []  # no FP16 flag for a strongly typed network
+    blob = build_engine(trt, onnx_path, PROFILE, plan, tc, workspace_mib=512)
+    assert trt.Runtime(trt.Logger()).deserialize_cuda_engine(blob) is not None
+    assert trt.calls["network_flags"] == 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    # no FP16 flag for a strongly typed network, and TF32 (on by default) cleared for fp32 (#18 defect 2)
+    assert trt.calls["flags"] == []
     assert trt.calls["workspace"] == 512 << 20
-    assert trt.calls["profiles"] == [{p.name: (p.min, p.opt, p.max) for p in prof}]
-    assert trt.calls["timing_cache_in"] == b"" and json.loads(tc.read_bytes()) == ["tactic-1"]
-    build_engine(trt, onnx, prof, plan, tc)  # the second build starts from the first one's timings
-    assert json.loads(trt.calls["timing_cache_in"]) == ["tactic-1"]
-    assert json.loads(tc.read_bytes()) == ["tactic-1", "tactic-2"]
+    assert trt.calls["profiles"] == [{p.name: (p.min, p.opt, p.max) for p in PROFILE}]
+    assert trt.calls["timing_cache_in"] == b"" and _entries(tc) == ["tactic-1"]
+    build_engine(trt, onnx_path, PROFILE, plan, tc)  # the second build starts from the first one's timings
+    assert _entries(tc) == ["tactic-1", "tactic-2"] and trt.log == []
+
+
+def test_tf32_stays_only_when_the_plan_asks(tmp_path):
+    trt = make_simulated_tensorrt("11.1.0")
+    onnx_path = _tiny_onnx(tmp_path / "m.onnx")
+    build_engine(trt, onnx_path, PROFILE, BuildPlan(True, False, "fp32", tf32=True), tmp_path / "tc")
+    assert trt.calls["flags"] == ["TF32"]  # the builder's default, which fp32 plans clear
+
+
+def test_timing_cache_corrupt_or_foreign_falls_back_to_empty(tmp_path, monkeypatch):
+    """#18 defect 3: create_timing_cache -> None (unreadable file) and set_timing_cache -> False (another device)
+    both fall back to an empty cache; with no cache at all the build still runs and nothing is written."""
+    onnx_path = _tiny_onnx(tmp_path / "m.onnx")
+    plan = BuildPlan(True, False, "fp32")
+    tc = tmp_path / "tc"
+    tc.write_bytes(b"\x00garbage from a crashed writer")
+    trt = make_simulated_tensorrt()
+    build_engine(trt, onnx_path, PROFILE, plan, tc)
+    assert any("cannot deserialize the timing cache" in m for m in trt.log)
+    assert _entries(tc) == ["tactic-1"]  # replaced by a valid cache
+    # timings taken on another GPU: TensorRT refuses them (ignore_mismatch=False); start empty, overwrite
+    other = make_simulated_tensorrt(devices=(("Simulated GPU B (not TensorRT)", "9.0"),))
+    build_engine(other, onnx_path, PROFILE, plan, tc)
+    assert any("setTimingCache" in m for m in other.log)
+    assert json.loads(tc.read_bytes().split(b"\n", 1)[1])["device"].startswith("Simulated GPU B")
+    assert _entries(tc) == ["tactic-1"]  # B's own first tactic, none of A's
+    # a TensorRT that gives no timing cache at all: the engine is still built and the file left alone
+    trt = make_simulated_tensorrt()
+    make_config = trt.Builder.create_builder_config
+
+    def no_cache(self):
+        c = make_config(self)
+        c.create_timing_cache = lambda blob: None
+        return c
+
+    monkeypatch.setattr(trt.Builder, "create_builder_config", no_cache)
+    before = tc.read_bytes()
+    assert build_engine(trt, onnx_path, PROFILE, plan, tc)
+    assert tc.read_bytes() == before
+    assert attach_timing_cache(trt, trt.Builder(None).create_builder_config(), tc) is None
 
 
 def test_fp16_flag_only_where_it_exists(tmp_path):
-    onnx = tmp_path / "m.onnx"
-    onnx.write_bytes(b"\x08fake")
-    prof = (ShapeRange("x", (1, 1), (1, 4), (2, 4)),)
-    trt10 = make_fake_tensorrt("10.13.0")
+    onnx_path = _tiny_onnx(tmp_path / "m.onnx")
+    trt10 = make_simulated_tensorrt("10.13.0")
     plan = build_plan("fp16", "fp32", has_fp16_flag=hasattr(trt10.BuilderFlag, "FP16"))
-    build_engine(trt10, onnx, prof, plan, tmp_path / "tc")
+    build_engine(trt10, onnx_path, PROFILE, plan, tmp_path / "tc")
     assert trt10.calls["flags"] == ["FP16"] and trt10.calls["network_flags"] == 0  # weakly typed
-    trt11 = make_fake_tensorrt("11.4.0")
+    trt11 = make_simulated_tensorrt("11.1.0")
     with pytest.raises(XDeployError, match="BuilderFlag.FP16"):
-        build_engine(trt11, onnx, prof, BuildPlan(False, True, "fp16"), tmp_path / "tc")
+        build_engine(trt11, onnx_path, PROFILE, BuildPlan(False, True, "fp16"), tmp_path / "tc")
+
+
+def test_build_failures_are_one_line_errors(tmp_path):
+    onnx_path = _tiny_onnx(tmp_path / "m.onnx")
+    trt = make_simulated_tensorrt()
+    # a dynamic input without a profile: build_serialized_network returns None
+    with pytest.raises(XDeployError, match="failed to build an engine") as e:
+        build_engine(trt, onnx_path, (ShapeRange("other", (1,), (1,), (1,)),), BuildPlan(True, False, "fp32"),
+                     tmp_path / "tc")
+    assert "\n" not in str(e.value) and not (tmp_path / "tc").exists()
 
 
 def test_parser_errors_become_one_line(tmp_path):
-    onnx = tmp_path / "m.onnx"
-    onnx.write_bytes(b"BAD")
-    trt = make_fake_tensorrt()
+    onnx_path = _tiny_onnx(tmp_path / "m.onnx", op="MatMulInteger")
+    trt = make_simulated_tensorrt()
     with pytest.raises(XDeployError, match="cannot parse .*MatMulInteger") as e:
-        build_engine(trt, onnx, (), BuildPlan(True, False, "int8"), tmp_path / "tc")
+        build_engine(trt, onnx_path, PROFILE, BuildPlan(True, False, "int8"), tmp_path / "tc")
     assert "\n" not in str(e.value) and trt.calls["builds"] == 0 and not (tmp_path / "tc").exists()
 
 
-def test_ort_gpu_provider_options():
+# ------------------------------------------------------------------- onnxruntime GPU providers, Triton ----
+
+def test_ort_gpu_provider_options(tmp_path):
     spec = _spec("bert")
     g = spec.graph("model")
     trt_list = provider_list("ort-trt", g, spec.axes, "fp16", 1, cache_dir="/tmp/c", workspace_mib=64)
@@ -210,9 +300,20 @@ def test_ort_gpu_provider_options():
     prof = profile_shapes(g, spec.axes)
     for which in ("min", "opt", "max"):  # the same profile as the native trt runner
         assert opts[f"trt_profile_{which}_shapes"] == format_shapes(prof, which)
-    assert provider_list("ort-trt", g, spec.axes, "")[0][1]["trt_fp16_enable"] == "False"
-    (cname, copts), = provider_list("ort-cuda", g, spec.axes, cuda_graph=True)
-    assert cname == "CUDAExecutionProvider" and copts["enable_cuda_graph"] == "1" and copts["use_tf32"] == "0"
+    plain = provider_list("ort-trt", g, spec.axes, "")[0][1]
+    assert plain["trt_fp16_enable"] == "False" and plain["trt_int8_enable"] == "False"
+    # Q/DQ int8 artifacts: explicit quantization through trt_int8_enable, no calibration table
+    q = provider_list("ort-trt", g, spec.axes, "", precision="int8", model="bert", graph_sha256="f" * 64,
+                      cache_dir=tmp_path)[0][1]
+    assert q["trt_int8_enable"] == "True" and "trt_int8_calibration_table_name" not in q
+    # the cache directory is keyed by the graph's sha256: a re-exported artifact never meets old engines
+    assert q["trt_engine_cache_path"] == str(ort_trt_cache_dir(tmp_path, "bert", "model", "int8", "f" * 64))
+    (cname, copts), = provider_list("ort-cuda", g, spec.axes)
+    assert cname == "CUDAExecutionProvider" and copts["enable_cuda_graph"] == "0" and copts["use_tf32"] == "0"
+    # #18 defect 5: CUDA graphs need fixed IO-bound device addresses on every run; refused, not half-enabled
+    for runner in ("ort-cuda", "ort-trt"):
+        with pytest.raises(XDeployError, match="does not support cuda_graph.*IO-bind"):
+            provider_list(runner, g, spec.axes, cuda_graph=True)
     with pytest.raises(XDeployError, match="no variant 'fp16'"):
         provider_list("ort-cuda", g, spec.axes, "fp16")
     with pytest.raises(XDeployError, match="unknown ort-trt option"):
@@ -222,6 +323,59 @@ def test_ort_gpu_provider_options():
     check_available("ort-trt", ["TensorrtExecutionProvider", "CUDAExecutionProvider"], "1.31.1")
 
 
+def test_ort_trt_cache_directories_are_created_with_parents(tmp_path):
+    """#18 defect 4: the TensorRT EP creates one directory level only; a fresh machine's nested cache path must
+    exist before the session is created."""
+    spec = _spec("bert")
+    nested = tmp_path / "fresh" / "home" / ".cache" / "xdeploy" / "ort-trt"
+    plist = provider_list("ort-trt", spec.graph("model"), spec.axes, precision="fp32", model="bert",
+                          graph_sha256="e" * 64, cache_dir=nested)
+    create_cache_dirs(plist)
+    assert Path(plist[0][1]["trt_engine_cache_path"]).is_dir()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(XDeployError, match="cannot create the TensorRT cache directory"):
+        create_cache_dirs(provider_list("ort-trt", spec.graph("model"), spec.axes, cache_dir=tmp_path / "file" / "c"))
+
+
+def test_triton_tensorrt_precision_follows_the_artifact():
+    """#18 defect 8: fp32 artifacts were given precision_mode FP16 (Triton's onnxruntime backend maps FP16 ->
+    trt_fp16_enable, INT8 -> trt_int8_enable, FP32 -> neither)."""
+    from xdeploy.serve.triton import trt_precision_mode
+
+    assert [trt_precision_mode(p) for p in ("fp32", "fp16", "int8")] == ["FP32", "FP16", "INT8"]
+    with pytest.raises(XDeployError, match="unknown artifact precision for the TensorRT accelerator 'bf16'"):
+        trt_precision_mode("bf16")
+
+
+# ----------------------------------------------------------------------------- GPU install and check ----
+
+def test_gpu_extra_never_installs_both_onnxruntime_wheels():
+    """#18 defect 6: onnxruntime and onnxruntime-gpu install the same package directory; the gpu extra must not
+    pull onnxruntime-gpu beside the onnxruntime dependency (make gpu-env swaps them instead)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    base = {d.split(">")[0].split("=")[0].split("[")[0].strip() for d in project["dependencies"]}
+    assert "onnxruntime" in base
+    for extra, deps in project["optional-dependencies"].items():
+        names = {d.split(">")[0].split("=")[0].split("[")[0].split(";")[0].strip() for d in deps}
+        assert "onnxruntime-gpu" not in names, extra
+    readme = (ROOT / "README.md").read_text()
+    assert "\n## GPU notes\n" in readme and "make gpu-env" in readme  # the section pyproject points to
+
+
+def test_make_gpu_check_says_in_one_line_what_is_missing(tmp_path):
+    if shutil.which("nvidia-smi"):
+        pytest.skip("this machine has an NVIDIA driver: make gpu-check would run the real check")
+    for target in ("gpu-check", "gpu-env"):
+        env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}  # under make test
+        r = subprocess.run(["make", target], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        out = (r.stdout + r.stderr).strip()
+        assert r.returncode != 0 and len(out.splitlines()) == 1, out
+        assert "cannot run here: no nvidia-smi on PATH" in out and "Traceback" not in out
+    assert not (ROOT / ".venv-gpu").exists()  # nothing was installed
+
+
+# ------------------------------------------------------------------------- from a real artifact ----
+
 @pytest.fixture(scope="module")
 def bert_art(tmp_path_factory):
     from xdeploy.export.onnx_export import export
@@ -229,9 +383,9 @@ def bert_art(tmp_path_factory):
     return export("bert", preset="tiny", out=tmp_path_factory.mktemp("trt") / "bert")
 
 
-def test_engine_setup_from_a_real_artifact_and_fake_build(bert_art, tmp_path):
+def test_engine_setup_from_a_real_artifact_and_simulated_build(bert_art, tmp_path):
     """From manifest to engine directory: key from the ONNX file's sha256, profile from the axes, trtexec.sh
-    written next to the engine, cache hit on reopen, new directory when the GPU differs (FAKE tensorrt)."""
+    written next to the engine, cache hit on reopen, new directory when the GPU differs (SIMULATED tensorrt)."""
     from xdeploy.core.fsutil import sha256_file
     from xdeploy.deploy.trt_runner import engine_setup
     from xdeploy.export.artifact import load_artifact
@@ -245,7 +399,8 @@ def test_engine_setup_from_a_real_artifact_and_fake_build(bert_art, tmp_path):
     assert setup.engine_dir.parent == tmp_path and setup.engine_dir.name.startswith("bert-model-fp32-")
     assert setup.trtexec[1] == f"--onnx={(bert_art / 'model.onnx').resolve()}"
     assert setup.trtexec[2] == f"--saveEngine={setup.engine_dir / 'engine.plan'}"
-    trt = make_fake_tensorrt("10.13.0")
+    assert "--noTF32" in setup.trtexec
+    trt = make_simulated_tensorrt("10.13.0")
 
     def build():
         return build_engine(trt, setup.onnx_path, setup.key.profiles, setup.plan, setup.timing_cache)
@@ -283,3 +438,9 @@ def test_trt_engine_on_gpu_matches_ort(bert_art, tmp_path):
         t.prepare(feeds)()
     with open_runner("trt", art, cache_dir=tmp_path / "c") as t2:
         assert not t2.built  # same key: the cached engine is loaded
+
+
+def test_simulated_backend_is_named_as_a_simulation():
+    backend = simulated_backend()
+    assert backend.simulated and backend.tensorrt.__version__.endswith("+sim")
+    assert "not TensorRT" in backend.buffers(0).label

@@ -157,7 +157,10 @@ def test_plain_graph_accelerators_and_engine(tiny_bert, tmp_path):
     write_repository(tiny_bert, tmp_path / "r2", TritonOptions(kind="gpu", accelerator="tensorrt", instances=3))
     c = cfg(tmp_path / "r2", "bert")
     acc = c.optimization.execution_accelerators.gpu_execution_accelerator[0]
-    assert acc.name == "tensorrt" and acc.parameters["precision_mode"] == "FP16"
+    # an fp32 artifact stays FP32 (#18: it was given FP16); the engine cache is keyed by the graph's sha256
+    assert acc.name == "tensorrt" and acc.parameters["precision_mode"] == "FP32"
+    sha = load_artifact(tiny_bert).manifest["files"]["model.onnx"]
+    assert acc.parameters["trt_engine_cache_path"] == f"/tmp/triton-trt-cache/bert-fp32-{sha[:16]}"
     axes = load_artifact(tiny_bert).spec.axes  # profile over the manifest's axes, batch capped at max_batch_size
     b, sq = axes["batch"], axes["seq"]
     assert acc.parameters["trt_profile_min_shapes"] == ",".join(
