@@ -444,3 +444,22 @@ def test_simulated_backend_is_named_as_a_simulation():
     backend = simulated_backend()
     assert backend.simulated and backend.tensorrt.__version__.endswith("+sim")
     assert "not TensorRT" in backend.buffers(0).label
+
+
+def test_gpu_verification_table_from_run_records():
+    """make gpu-check's table, built here from the committed reference run's real records (CPU runners stand in
+    for the GPU ones: same record kinds): one row per model/preset/precision/runner, parity counted, p50 kept."""
+    from xdeploy.studies.gpu_check import render, verification_rows
+
+    records = json.loads((ROOT / "reports" / "reference" / "results.json").read_text())["records"]
+    rows = verification_rows(records, ["ort"], peak_mib=1234.0)
+    parity = [r for r in records if r["kind"] == "parity" and r["runner"] == "ort"]
+    assert rows and sum(r["parity_outputs"] for r in rows) == len(parity)
+    assert sum(r["parity_passed"] for r in rows) == sum(bool(r["passed"]) for r in parity)
+    assert {(r["model"], r["precision"]) for r in rows} >= {(r["model"], r["artifact_precision"]) for r in parity}
+    assert all(r["runner"] == "ort" and r["gpu_memory_peak_mib"] == 1234.0 for r in rows)
+    assert any(r["p50_ms"] is not None and r["p50_ms"] > 0 for r in rows)
+    text = render(rows, {"summary": "3 passed", "returncode": 0}, {"gpu": "NVIDIA X"})
+    assert text.count("\n| ") == len(rows) + 2 and "NVIDIA X" in text and "3 passed" in text
+    assert verification_rows(records, ["trt"], 0.0) == []  # no GPU record exists yet
+    assert "no record from the GPU runners" in render([], {}, {})
