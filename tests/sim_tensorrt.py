@@ -25,8 +25,9 @@ pyCore.cpp, onnx-tensorrt docs/operators.md + onnxOpImporters.cpp), failure beha
   cudaSetDevice); `execute_async_v3` returns False when called with another device current, on a stream of
   another device, or with an address that is not memory of the engine's device, and when an input or output
   has no address or shape.
-What it does not simulate: kernels, tactics and their precision. The engine runs the ONNX graph's own types,
-so `trt:fp16` (weak typing + FP16 flag) still computes fp32 here, and TF32 is only recorded, not emulated.
+What it does not simulate: kernels, tactics and their precision choices. The engine runs the ONNX graph's own
+types; with weak typing + the FP16 flag (`trt:fp16` on TensorRT 10) it runs the whole graph in fp16 (I/O types
+kept), where TensorRT would choose per layer. TF32 is only recorded, not emulated.
 """
 
 from __future__ import annotations
@@ -102,6 +103,10 @@ class SimulatedCudaRuntime:
     def note_allocation(self, address: int, nbytes: int, device: int) -> None:
         if not 0 <= device < len(self.devices):
             raise RuntimeError(f"simulated cudaMalloc on device {device}: invalid device ordinal")
+        # memory now owned by this allocation was freed by whatever was registered over it before
+        for start, (size, _) in list(self.allocations.items()):
+            if start < address + max(nbytes, 1) and address < start + max(size, 1):
+                del self.allocations[start]
         self.allocations[address] = (nbytes, device)
 
     def device_of(self, address: int, nbytes: int) -> int | None:
@@ -306,6 +311,13 @@ def make_simulated_tensorrt(version: str = "10.13.0", *,
             if network.strongly_typed and config.flags & {"FP16", "INT8"}:
                 error("BuilderFlag::kFP16/kINT8 are not allowed for a strongly typed network")
                 return None
+            model = network.model
+            if not network.strongly_typed and "FP16" in config.flags:
+                # weak typing + FP16: TensorRT may run any layer in half precision; the simulation runs all of
+                # them in fp16 (graph I/O types kept), the harshest case a real engine could pick
+                from onnxruntime.transformers.float16 import convert_float_to_float16
+
+                model = convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=True)
             profile = config.profiles[0].shapes if config.profiles else {}
             for name, _, dims in network.inputs:
                 if name not in profile:
@@ -331,7 +343,7 @@ def make_simulated_tensorrt(version: str = "10.13.0", *,
                       "inputs": [[n, int(t), list(d)] for n, t, d in network.inputs],
                       "outputs": [[n, int(t), list(d)] for n, t, d in network.outputs]}
             head = json.dumps(header).encode()
-            return ENGINE_MAGIC + len(head).to_bytes(8, "little") + head + network.model.SerializeToString()
+            return ENGINE_MAGIC + len(head).to_bytes(8, "little") + head + model.SerializeToString()
 
     class ExecutionContext:
         def __init__(self, engine: CudaEngine) -> None:
