@@ -28,6 +28,7 @@ BAD = {
     "triton": [["--bogus"], [NOPE, "--out", "/tmp/xdeploy-tour-repo"]],
     "serve": [["--bogus"], [NOPE], [NOPE, "--http-port", "99999"]],
     "loadtest": [["--bogus"], [NOPE], ["http://10.1.2.3:8000"]],
+    "doctor": [["--bogus"]],  # `doctor --gpu` on a machine without a GPU: tests/test_tensorrt_logic.py
 }
 CASES = [(cmd, args) for cmd, variants in BAD.items() for args in variants]
 

@@ -463,3 +463,19 @@ def test_gpu_verification_table_from_run_records():
     assert text.count("\n| ") == len(rows) + 2 and "NVIDIA X" in text and "3 passed" in text
     assert verification_rows(records, ["trt"], 0.0) == []  # no GPU record exists yet
     assert "no record from the GPU runners" in render([], {}, {})
+
+
+def test_xdeploy_doctor_lists_runner_gaps_and_refuses_gpu_check_here(capsys):
+    from xdeploy.cli import main
+    from xdeploy.deploy.registry import RUNNERS
+
+    if shutil.which("nvidia-smi"):
+        pytest.skip("this machine has an NVIDIA driver")
+    assert main(["doctor"]) == 0
+    lines = dict(line.split(None, 1) for line in capsys.readouterr().out.strip().splitlines())
+    assert set(lines) == set(RUNNERS) and lines["ort"] == "ok"
+    for gpu_runner in ("trt", "ort-cuda", "ort-trt"):
+        assert lines[gpu_runner].startswith("unavailable: no nvidia-smi on PATH")
+    assert main(["doctor", "--gpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("xdeploy: error: gpu-check: cannot run here: no nvidia-smi") and "\n" not in err

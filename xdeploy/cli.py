@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "triton": "write a Triton Inference Server model repository (config.pbtxt, ensemble for text) from an artifact",
     "serve": "serve an embedding artifact on a real Triton server (PyTriton) over HTTP and gRPC, loopback by default",
     "loadtest": "bounded load test of a Triton embedding server on loopback: req/s, sentences/s, p50/p90/p99, errors",
+    "doctor": "which runners can open here; --gpu: the GPU ready check (gpu tests + GPU runners -> reports/gpu)",
 }
 
 

@@ -1,0 +1,50 @@
+"""xdeploy doctor: which runners can open on this machine, and (--gpu) the GPU ready check of `make gpu-check`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+
+from xdeploy.core.errors import XDeployError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpu", action="store_true",
+                   help="run the GPU check (gpu tests + xdeploy run on trt, ort-cuda, ort-trt -> --out); on a "
+                        "machine or environment without what it needs: one line saying what is missing, exit 2")
+    p.add_argument("--out", default="reports/gpu", help="where --gpu writes verification.md (default reports/gpu)")
+
+
+def runner_gaps() -> dict[str, list[str]]:
+    """Registered runner -> what this machine/environment lacks to open it ([] = nothing)."""
+    from xdeploy.deploy.registry import RUNNERS
+    from xdeploy.studies.gpu_check import env_gaps, machine_gaps
+
+    gpu = machine_gaps()
+    env = env_gaps()
+    wants = {"trt": ("tensorrt", "torch"), "ort-cuda": ("CUDAExecutionProvider", "onnxruntime("),
+             "ort-trt": ("TensorrtExecutionProvider", "onnxruntime(")}
+    out = {}
+    for name in RUNNERS:
+        if name in wants:
+            out[name] = gpu + [g for g in env if any(w in g for w in wants[name])]
+        elif name == "ov":
+            out[name] = [] if importlib.util.find_spec("openvino") else ["openvino is not installed"]
+        else:
+            out[name] = []
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from xdeploy.studies import gpu_check
+
+    if args.gpu:
+        gaps = gpu_check.machine_gaps() or gpu_check.env_gaps()  # the machine first: no env can fix that
+        if gaps:
+            raise XDeployError(gpu_check.one_line(gaps))
+        from pathlib import Path
+
+        return gpu_check.full_check(Path(args.out))
+    for name, gaps in runner_gaps().items():
+        print(f"{name:9s} {'ok' if not gaps else 'unavailable: ' + '; '.join(gaps)}")
+    return 0
