@@ -46,6 +46,8 @@ def artifacts(tmp_path_factory):
             out = root / f"{model}-{precision}"
             if precision == "qdq":
                 cache[model, precision] = qdq_artifact(get(model, "fp32"), out)
+            elif precision == "dynamic-int8":
+                cache[model, precision] = quantized_artifact(get(model, "fp32"), out, static=False)
             elif precision == "fp32":
                 cache[model, precision] = load_artifact(export(model, preset="tiny", out=out))
             else:  # the same conversion `export --precision` applies, without tracing the model again
@@ -59,7 +61,20 @@ def qdq_artifact(src, out):
     """A static Q/DQ int8 artifact the way TensorRT takes them (explicit quantization): symmetric signed int8
     activations and weights on MatMul/Gemm (TensorRT requires zero points of 0), calibrated on seeded feeds.
     Stands in for the int8 engineer's static Q/DQ export (#16) until it lands."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    return quantized_artifact(src, out, static=True)
+
+
+def quantized_artifact(src, out, *, static: bool):
+    """An int8 copy of an fp32 artifact: static Q/DQ (above) or onnxruntime dynamic quantization
+    (DynamicQuantizeLinear + MatMulInteger), made here so the test does not depend on which one `export
+    --precision int8` produces."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
 
     class Feeds(CalibrationDataReader):
         def __init__(self, graph) -> None:
@@ -72,6 +87,10 @@ def qdq_artifact(src, out):
     manifest = json.loads((out / "manifest.json").read_text())
     for g in src.spec.graphs:
         path = out / manifest["graphs"][g.name]["file"]
+        if not static:
+            quantize_dynamic(str(src.onnx_path(g.name)), str(path), weight_type=QuantType.QInt8,
+                             op_types_to_quantize=["MatMul"])
+            continue
         quantize_static(str(src.onnx_path(g.name)), str(path), Feeds(g), quant_format=QuantFormat.QDQ,
                         activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
                         op_types_to_quantize=["MatMul", "Gemm"],
@@ -149,7 +168,7 @@ def test_trt_fp16_variant_and_tensorrt_11(artifacts, reference, tmp_path):
 
 def test_dynamic_int8_artifact_is_refused_by_the_parser(artifacts, tmp_path):
     """onnxruntime dynamic quantization (DynamicQuantizeLinear / MatMulInteger) has no TensorRT importer."""
-    art = artifacts("bert", "int8")
+    art = artifacts("bert", "dynamic-int8")
     with pytest.raises(XDeployError, match="TensorRT cannot parse .*(DynamicQuantizeLinear|MatMulInteger)") as e:
         open_runner("trt", art, backend=simulated_backend(), cache_dir=tmp_path / "c")
     assert "\n" not in str(e.value)
