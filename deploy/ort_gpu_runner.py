@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from xdeploy.core.errors import XDeployError
-from xdeploy.export.tensorrt import default_cache_root, format_shapes, profile_shapes
+from xdeploy.export.tensorrt import default_cache_root, format_shapes, int8_format, profile_shapes
 from xdeploy.models.spec import Axis, Graph
 
 from .base import RunnerInfo, validate_feeds
@@ -80,12 +80,14 @@ def _cuda_list(graph: Graph, axes: Mapping[str, Axis], variant: str, device_id: 
 def _trt_list(graph: Graph, axes: Mapping[str, Axis], variant: str, device_id: int, **opts: Any) -> list[Provider]:
     cache = opts.get("cache_dir") or default_cache_root() / "ort-trt"
     precision = opts.get("precision", "fp32")
+    # only Q/DQ graphs carry the scales TensorRT needs; a dynamic-int8 graph's float parts run at their precision
+    qdq = precision == "int8" and opts.get("int8_format") == "qdq"
     if opts.get("graph_sha256"):
         cache = ort_trt_cache_dir(cache, opts.get("model", "model"), graph.name,
                                   "fp16" if variant == "fp16" else precision, opts["graph_sha256"])
     # CUDA after TensorRT: nodes TensorRT cannot take run on CUDA instead of falling back to the CPU.
     return [("TensorrtExecutionProvider",
-             tensorrt_options(graph, axes, device_id=device_id, fp16=variant == "fp16", int8=precision == "int8",
+             tensorrt_options(graph, axes, device_id=device_id, fp16=variant == "fp16", int8=qdq,
                               cache_dir=cache, workspace_mib=int(opts.get("workspace_mib", 0)))),
             ("CUDAExecutionProvider", cuda_options(device_id))]
 
@@ -95,7 +97,7 @@ GPU_EPS: dict[str, GpuEP] = {
     "ort-trt": GpuEP("TensorrtExecutionProvider", ("", "fp16"), _trt_list),
 }
 OPTIONS = ("opt_level", "device", "cache_dir", "workspace_mib")
-ARTIFACT_FACTS = ("precision", "model", "graph_sha256")  # filled in by the runner from the manifest
+ARTIFACT_FACTS = ("precision", "model", "graph_sha256", "int8_format")  # filled in by the runner from the artifact
 
 
 def provider_list(runner: str, graph: Graph, axes: Mapping[str, Axis], variant: str = "", device_id: int = 0,
@@ -148,6 +150,8 @@ class _OrtGpuRunner(OrtRunner):
         if unknown:
             raise XDeployError(f"unknown {self.name} option(s) {sorted(unknown)}; expected {', '.join(OPTIONS)}")
         facts = {"precision": self.artifact.precision, "model": self.artifact.model,
+                 "int8_format": int8_format(self.artifact.onnx_path(self.graph.name))
+                 if self.artifact.precision == "int8" else None,
                  "graph_sha256": self.artifact.manifest["files"][self.artifact.manifest["graphs"][self.graph.name]
                                                                  ["file"]]}
         self._plist = provider_list(self.name, self.graph, self.artifact.spec.axes, self.variant, self.device_id,

@@ -39,6 +39,7 @@ from xdeploy.export.tensorrt import (
     cached_engine,
     default_cache_root,
     engine_dir,
+    int8_format,
     profile_shapes,
     timing_cache_path,
     trtexec_command,
@@ -368,6 +369,12 @@ class TrtRunner(Runner):
             raise XDeployError(f"trt option backend must be a TrtBackend, got {type(backend).__name__}")
         trt = self._trt = backend.tensorrt
         self.backend = backend
+        if self.artifact.precision == "int8":
+            fmt = int8_format(self.artifact.onnx_path(self.graph.name))
+            if fmt != "qdq":
+                raise XDeployError(f"runner 'trt' needs a static Q/DQ int8 artifact; {self.artifact.path} is "
+                                   f"{fmt or 'int8 without Q/DQ nodes'} int8 (DynamicQuantizeLinear/MatMulInteger "
+                                   "have no TensorRT importer); use its fp32 or fp16 artifact")
         self.buffers = backend.buffers(int(self.options.get("device", 0)))
         setup = engine_setup(self.artifact, self.graph.name, self.variant, trt_version=trt.__version__,
                              has_fp16_flag=hasattr(trt.BuilderFlag, "FP16"), gpu_name=self.buffers.name,

@@ -125,6 +125,22 @@ def build_plan(variant: str, artifact_precision: str, *, has_fp16_flag: bool) ->
     return BuildPlan(strongly_typed=False, fp16_flag=True, precision="fp16")
 
 
+DYNAMIC_INT8_OPS = frozenset({"DynamicQuantizeLinear", "MatMulInteger", "ConvInteger"})
+QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+
+
+def int8_format(onnx_path: str | Path) -> str | None:
+    """How an ONNX graph is quantized: "qdq" (static Q/DQ nodes: TensorRT's explicit quantization), "dynamic"
+    (onnxruntime dynamic quantization, which TensorRT has no importer for), or None (no quantization ops).
+    Reads the graph only (external weights are not loaded)."""
+    import onnx
+
+    ops = {n.op_type for n in onnx.load(str(onnx_path), load_external_data=False).graph.node}
+    if ops & DYNAMIC_INT8_OPS:
+        return "dynamic"
+    return "qdq" if ops & QDQ_OPS else None
+
+
 def default_cache_root() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "xdeploy" / "trt"

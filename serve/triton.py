@@ -32,6 +32,7 @@ from typing import Any
 from xdeploy.core.errors import XDeployError, one_of
 from xdeploy.core.fsutil import atomic_dir, atomic_write_json, atomic_write_text
 from xdeploy.export.artifact import Artifact, load_artifact
+from xdeploy.export.tensorrt import int8_format
 from xdeploy.models.spec import Graph, TensorSpec
 
 KINDS = ("cpu", "gpu")
@@ -176,11 +177,16 @@ TRT_CACHE_ROOT = "/tmp/triton-trt-cache"
 TRT_PRECISION_MODES = {"fp32": "FP32", "fp16": "FP16", "int8": "INT8"}
 
 
-def trt_precision_mode(precision: str) -> str:
+def trt_precision_mode(precision: str, int8_format: str | None = None) -> str:
     """The TensorRT accelerator's precision_mode for an artifact precision: fp32 stays FP32 (FP16 would let
-    TensorRT run an fp32 artifact in half precision behind the parity the artifact was checked at)."""
+    TensorRT run an fp32 artifact in half precision behind the parity the artifact was checked at); int8 must be
+    a static Q/DQ graph (TensorRT has no importer for onnxruntime's dynamic quantization ops)."""
     if precision not in TRT_PRECISION_MODES:
         raise one_of("artifact precision for the TensorRT accelerator", precision, TRT_PRECISION_MODES)
+    if precision == "int8" and int8_format != "qdq":
+        raise XDeployError("--accelerator tensorrt needs a static Q/DQ int8 artifact; this int8 artifact is "
+                           f"{int8_format or 'not Q/DQ'} (DynamicQuantizeLinear/MatMulInteger have no TensorRT "
+                           "importer): serve its fp32/fp16 artifact, or drop --accelerator")
     return TRT_PRECISION_MODES[precision]
 
 
@@ -213,7 +219,8 @@ def onnx_model_config(art: Artifact, name: str, o: TritonOptions) -> Any:
         acc = pb.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator(name=o.accelerator)
         if o.accelerator == "tensorrt":
             # ORT's TensorRT EP inside Triton's onnxruntime backend; engines cached across restarts
-            acc.parameters["precision_mode"] = trt_precision_mode(art.precision)
+            fmt = int8_format(art.onnx_path()) if art.precision == "int8" else None
+            acc.parameters["precision_mode"] = trt_precision_mode(art.precision, fmt)
             acc.parameters["max_workspace_size_bytes"] = str(1 << 30)
             acc.parameters["trt_engine_cache_enable"] = "true"
             acc.parameters["trt_engine_cache_path"] = trt_cache_path(art, name)

@@ -303,9 +303,12 @@ def test_ort_gpu_provider_options(tmp_path):
     plain = provider_list("ort-trt", g, spec.axes, "")[0][1]
     assert plain["trt_fp16_enable"] == "False" and plain["trt_int8_enable"] == "False"
     # Q/DQ int8 artifacts: explicit quantization through trt_int8_enable, no calibration table
-    q = provider_list("ort-trt", g, spec.axes, "", precision="int8", model="bert", graph_sha256="f" * 64,
-                      cache_dir=tmp_path)[0][1]
+    q = provider_list("ort-trt", g, spec.axes, "", precision="int8", int8_format="qdq", model="bert",
+                      graph_sha256="f" * 64, cache_dir=tmp_path)[0][1]
     assert q["trt_int8_enable"] == "True" and "trt_int8_calibration_table_name" not in q
+    # dynamic int8: no scales for TensorRT; its float subgraphs run at their own precision
+    dyn = provider_list("ort-trt", g, spec.axes, "", precision="int8", int8_format="dynamic")[0][1]
+    assert dyn["trt_int8_enable"] == "False"
     # the cache directory is keyed by the graph's sha256: a re-exported artifact never meets old engines
     assert q["trt_engine_cache_path"] == str(ort_trt_cache_dir(tmp_path, "bert", "model", "int8", "f" * 64))
     (cname, copts), = provider_list("ort-cuda", g, spec.axes)
@@ -342,9 +345,12 @@ def test_triton_tensorrt_precision_follows_the_artifact():
     trt_fp16_enable, INT8 -> trt_int8_enable, FP32 -> neither)."""
     from xdeploy.serve.triton import trt_precision_mode
 
-    assert [trt_precision_mode(p) for p in ("fp32", "fp16", "int8")] == ["FP32", "FP16", "INT8"]
+    assert [trt_precision_mode(p, "qdq" if p == "int8" else None) for p in ("fp32", "fp16", "int8")] == \
+        ["FP32", "FP16", "INT8"]
     with pytest.raises(XDeployError, match="unknown artifact precision for the TensorRT accelerator 'bf16'"):
         trt_precision_mode("bf16")
+    with pytest.raises(XDeployError, match="needs a static Q/DQ int8 artifact; this int8 artifact is dynamic"):
+        trt_precision_mode("int8", "dynamic")
 
 
 # ----------------------------------------------------------------------------- GPU install and check ----

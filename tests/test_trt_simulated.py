@@ -167,11 +167,20 @@ def test_trt_fp16_variant_and_tensorrt_11(artifacts, reference, tmp_path):
 
 
 def test_dynamic_int8_artifact_is_refused_by_the_parser(artifacts, tmp_path):
-    """onnxruntime dynamic quantization (DynamicQuantizeLinear / MatMulInteger) has no TensorRT importer."""
+    """onnxruntime dynamic quantization (DynamicQuantizeLinear / MatMulInteger) has no TensorRT importer: the
+    runner says so before building, and the simulated parser refuses the graph on its own as TensorRT's would."""
+    from xdeploy.deploy.trt_runner import build_engine
+    from xdeploy.export.tensorrt import BuildPlan, int8_format, profile_shapes
+
     art = artifacts("bert", "dynamic-int8")
-    with pytest.raises(XDeployError, match="TensorRT cannot parse .*(DynamicQuantizeLinear|MatMulInteger)") as e:
+    assert int8_format(art.onnx_path()) == "dynamic" and int8_format(artifacts("bert", "qdq").onnx_path()) == "qdq"
+    assert int8_format(artifacts("bert", "fp32").onnx_path()) is None
+    with pytest.raises(XDeployError, match="needs a static Q/DQ int8 artifact.* is dynamic int8") as e:
         open_runner("trt", art, backend=simulated_backend(), cache_dir=tmp_path / "c")
     assert "\n" not in str(e.value)
+    with pytest.raises(XDeployError, match="TensorRT cannot parse .*(DynamicQuantizeLinear|MatMulInteger)"):
+        build_engine(make_simulated_tensorrt(), art.onnx_path(), profile_shapes(art.graph(), art.spec.axes),
+                     BuildPlan(True, False, "int8"), tmp_path / "tc")
 
 
 @pytest.mark.parametrize("model", GENERATES)
