@@ -222,6 +222,7 @@ class Comparison:
     cause: str | None  # "load" | "noise" | None (stable)
     attempts: int
     thresholds: Thresholds = field(default=DEFAULT_THRESHOLDS)
+    rounds: dict[str, list[float]] = field(default_factory=dict)  # the kept attempt's round times (s per call)
 
     def stability(self, name: str) -> dict[str, Any]:
         """JSON-ready stability block for one candidate's record: its own verdict (its series, its speed-up
@@ -294,7 +295,7 @@ def judge(attempt: Attempt, baseline: str | None, thresholds: Thresholds = DEFAU
     return Comparison(baseline=baseline, series=series,
                       latency={n: summarize(c) for n, c in attempt.calls.items()}, speedups=speedups,
                       load=attempt.load, stable=not reasons, reasons=tuple(reasons), cause=cause,
-                      attempts=1, thresholds=thresholds)
+                      attempts=1, thresholds=thresholds, rounds=attempt.rounds)
 
 
 def _badness(c: Comparison) -> float:

@@ -2,10 +2,12 @@
 
     python -m xdeploy.studies.embed_bench [--sentences 2000] [--repeats 3] [--engines ort,ov,ov:bf16,ort@int8]
 
-Same machine, same sentences, one process, engines timed round-robin (each repeat times every engine once, so
-drift on a shared machine hits all of them alike). Each timed run embeds the whole sentence set at batch 32.
-Reported: median sentences/s over the repeats (min..max beside it), the ratio of medians against
-sentence-transformers, per-sentence cosine against sentence-transformers' fp32 vectors (min and 1st percentile),
+Same machine, same sentences, one process, engines timed in interleaved rounds (bench/interleave.py: each
+round times every engine once, order rotated per round, so drift on a shared machine hits all of them alike).
+Each timed run embeds the whole sentence set at batch 32. Reported: median sentences/s over the rounds
+(min..max beside it), the speed-up over sentence-transformers as the median of the paired round ratios with
+its 95% interval ("unstable (load)" instead when the rounds stay too dispersed after one re-measurement),
+per-sentence cosine against sentence-transformers' fp32 vectors (min and 1st percentile),
 and a retrieval check: for each query (a perturbed copy of a corpus sentence) the nearest corpus sentence under
 the engine's vectors must be the one under sentence-transformers' vectors.
 
@@ -170,7 +172,11 @@ class Result:
     sentences_per_s: float  # median over repeats
     min_sentences_per_s: float
     max_sentences_per_s: float
-    ratio: float  # median ours / median sentence-transformers (1.0 for the reference itself)
+    ratio: float  # median of paired round ratios sentence-transformers time / ours (1.0 for the reference)
+    ratio_low: float  # its 95% interval
+    ratio_high: float
+    stable: bool  # False: the comparison stayed unstable after re-measuring; `ratio` is not a result
+    cause: str | None  # "load" | "noise" when unstable
     cosine_min: float
     cosine_p1: float
     retrieval_agreement: float  # fraction of queries with the reference's nearest neighbour
@@ -211,12 +217,18 @@ def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def run(sentences: int = 2000, repeats: int = 3, batch_size: int = 32, engines: list[str] | None = None,
         artifacts: Path = Path("artifacts/embed-bench"), queries: int = 500, checkpoint: Path | None = None,
         concurrency: bool = True, pad_sweep: bool = True, threads: int = 0) -> dict[str, Any]:
+    from xdeploy.bench.interleave import free_cores
+    from xdeploy.bench.suite import apply_thread_env
+
+    apply_thread_env()  # passive OpenMP waiting, before torch loads (docs/benchmarks.md)
     from sentence_transformers import SentenceTransformer
 
-    if threads:  # the same thread budget for both sides (torch's intra-op pool and each runner's)
-        import torch
+    # the same thread budget for both sides (torch's intra-op pool and each runner's): --threads, else the
+    # cores free now (threads beyond them would share a core with another process)
+    threads = threads or free_cores()
+    import torch
 
-        torch.set_num_threads(threads)
+    torch.set_num_threads(threads)
 
     from xdeploy.deploy.embedder import Embedder
     from xdeploy.deploy.registry import RUNNERS
@@ -248,46 +260,52 @@ def run(sentences: int = 2000, repeats: int = 3, batch_size: int = 32, engines: 
     def st_embed(texts: list[str]) -> np.ndarray:
         return st.encode(texts, batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False)
 
+    from xdeploy.bench.interleave import compare
+
     calls = {"sentence-transformers": st_embed} | {k: e.embed for k, e in embedders.items()}
     for f in calls.values():  # warm-up: first-call allocations, OpenVINO compilation for new shapes
         f(corpus[:64])
-    times: dict[str, list[float]] = {k: [] for k in calls}
     vecs: dict[str, np.ndarray] = {}
-    for rep in range(repeats):
-        for name, f in calls.items():
-            t0 = time.perf_counter()
-            v = f(corpus)
-            times[name].append(time.perf_counter() - t0)
-            vecs.setdefault(name, v)
-        print(f"repeat {rep + 1}/{repeats}: " + ", ".join(f"{k} {len(corpus) / t[-1]:.0f}/s" for k, t in times.items()),
-              file=sys.stderr)
+
+    def timed(name: str) -> Any:
+        return lambda: vecs.__setitem__(name, calls[name](corpus))  # keep the vectors of the last run
+
+    # `repeats` interleaved rounds, one whole-corpus run per engine per round, re-measured once while unstable
+    cmp = compare({k: timed(k) for k in calls}, baseline="sentence-transformers", attempts=2, warmup=0,
+                  min_block_s=0.0, min_rounds=repeats, max_rounds=repeats, max_seconds=1e-9,
+                  log=lambda m: print(m, file=sys.stderr))
+    if not cmp.stable:
+        print(f"unstable ({cmp.cause}): {'; '.join(w for _, w in cmp.reasons)}", file=sys.stderr)
+    times = cmp.rounds  # seconds per whole-corpus run, per round
     ref, ref_q = vecs["sentence-transformers"], st_embed(qs)
     ref_nn = _nn(ref_q, ref)
-    st_rate = len(corpus) / statistics.median(times["sentence-transformers"])
     results = []
     for name in calls:
         rates = [len(corpus) / t for t in times[name]]
+        sp = cmp.speedups.get(name)
+        stab = cmp.stability(name)
         cos = _cos(vecs[name], ref)
         agree = float(np.mean(_nn(ref_q if name == "sentence-transformers" else calls[name](qs), vecs[name]) == ref_nn))
         # the runner's compute precision: the artifact's, unless the runner variant asks for bf16 (ov:bf16)
         prec = "fp32" if name == "sentence-transformers" else (
             "bf16" if name.split("@")[0].endswith(":bf16") else embedders[name].artifact.precision)
         results.append(Result(name, prec, statistics.median(rates), min(rates), max(rates),
-                              statistics.median(rates) / st_rate, float(cos.min()), float(np.percentile(cos, 1)),
+                              sp.median if sp else 1.0, sp.low if sp else 1.0, sp.high if sp else 1.0,
+                              stab["stable"], stab["cause"], float(cos.min()), float(np.percentile(cos, 1)),
                               agree, tuple(times[name])))
     record: dict[str, Any] = {
         "benchmark": "embed_bench", "model": "all-MiniLM-L6-v2", "machine": machine, "sentences": len(corpus),
-        "queries": len(qs), "repeats": repeats, "batch_size": batch_size, "threads": threads or "all cores",
+        "queries": len(qs), "repeats": repeats, "batch_size": batch_size, "threads": threads,
         "tokens": {k: v for k, v in dataclasses.asdict(next(iter(embedders.values())).embed_with_stats(corpus)[1]
                                                        ).items() if k != "truncated_indices"} if embedders else {},
         "results": [dataclasses.asdict(r) for r in results],
     }
     fp32 = [r for r in results if r.engine == "ort"]
     best = [r for r in results if r.engine != "sentence-transformers" and r.cosine_min >= 0.99
-            and r.retrieval_agreement >= 0.99]
+            and r.retrieval_agreement >= 0.99 and r.stable]  # an unstable speed-up is no result
     record["targets"] = {
-        "fp32_ratio": fp32[0].ratio if fp32 else None,
-        "fp32_pass": bool(fp32 and fp32[0].ratio >= 3.0 and fp32[0].cosine_min >= 0.9999),
+        "fp32_ratio": fp32[0].ratio if fp32 and fp32[0].stable else None,
+        "fp32_pass": bool(fp32 and fp32[0].stable and fp32[0].ratio >= 3.0 and fp32[0].cosine_min >= 0.9999),
         "best_engine": max(best, key=lambda r: r.ratio).engine if best else None,
         "best_ratio": max(r.ratio for r in best) if best else None,
         "best_pass": bool(best and max(r.ratio for r in best) >= 5.0),
@@ -351,13 +369,15 @@ def render(record: dict[str, Any]) -> str:
 
     m = record["machine"]
     t = Table(title=f"all-MiniLM-L6-v2, {record['sentences']} sentences, batch {record['batch_size']}, "
-                    f"{record['repeats']} repeats (round-robin), threads: {record['threads']}")
+                    f"{record['repeats']} interleaved rounds (rotated), threads: {record['threads']}")
     for col in ("engine", "precision", "sentences/s (median)", "min..max", "vs sentence-transformers",
                 "cosine min", "cosine p1", "same NN"):
         t.add_column(col, justify="left" if col in ("engine", "precision") else "right")
     for r in record["results"]:
         t.add_row(r["engine"], r["precision"], f"{r['sentences_per_s']:.0f}",
-                  f"{r['min_sentences_per_s']:.0f}..{r['max_sentences_per_s']:.0f}", f"{r['ratio']:.2f}x",
+                  f"{r['min_sentences_per_s']:.0f}..{r['max_sentences_per_s']:.0f}",
+                  f"{r['ratio']:.2f}x ({r['ratio_low']:.2f}-{r['ratio_high']:.2f})" if r["stable"]
+                  else f"unstable ({r['cause']})",
                   f"{r['cosine_min']:.7f}", f"{r['cosine_p1']:.7f}", f"{100 * r['retrieval_agreement']:.1f}%")
     buf = io.StringIO()
     Console(file=buf, width=150).print(t)
@@ -389,10 +409,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m xdeploy.studies.embed_bench", description=__doc__.splitlines()[0])
     p.add_argument("--sentences", type=int, default=2000)
     p.add_argument("--queries", type=int, default=500)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=9, help="interleaved rounds (9: the least with a 95%% interval "
+                   "of the median narrower than min..max)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--threads", type=int, default=0,
-                   help="intra-op threads for every engine, sentence-transformers included (default: all cores)")
+                   help="intra-op threads for every engine, sentence-transformers included (default: the cores "
+                        "free at the start)")
     p.add_argument("--engines", help="comma-separated RUNNER[@PRECISION], e.g. ort,ort@int8,ov:bf16 "
                                      "(default: every available one)")
     p.add_argument("--artifacts", default="artifacts/embed-bench", help="where exported artifacts are cached")
