@@ -17,12 +17,16 @@ What it measures, all in one process, side by side:
     bandwidth (bench/roofline.py `memory_trials`, best of numpy/torch sums over a 512 MiB array).
   * 128-token fp32 greedy parity on transformer base (torch reference vs ort / ov).
 
-Numbers are noisy when the machine is shared: the report says so, and every figure is a median of the steps.
+Timing is interleaved (bench/interleave.py): every generator and HF `generate` are opened once and decode the
+same prompt once per round, order rotated, so a burst of load on a shared machine hits all of them alike;
+tokens/s is the median round, x HF the median of the paired round ratios with a 95% interval, or "unstable"
+when the rounds stay too dispersed after one re-measurement. Threads default to the cores free at the start.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import platform
@@ -163,32 +167,16 @@ def run_generator(art: Path, runner: str, prompt: list[int], new: int, *, use_ca
             "by_context_s": context_profile(best.step_s, len(prompt)), "mode": best.mode}
 
 
-def run_hf(model: Any, prompt: list[int], new: int, threads: int = 0) -> dict[str, Any]:
-    import torch
-
-    if threads:
-        torch.set_num_threads(threads)
-    ids = torch.tensor([prompt])
-    kw = {"attention_mask": torch.ones_like(ids), "do_sample": False, "pad_token_id": model.config.eos_token_id,
-          "eos_token_id": None}
-    with torch.inference_mode():
-        model.generate(ids, max_new_tokens=4, min_new_tokens=4, **kw)  # warm-up
-        t0 = time.perf_counter()
-        out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, **kw)
-        total = time.perf_counter() - t0
-    toks = out[0, len(prompt):].tolist()
-    return {"tokens": toks, "total_s": total, "tokens_per_s": len(toks) / total,
-            "threads": torch.get_num_threads()}
-
-
 # ------------------------------------------------------------------------------------------ main ----
 
 def run(*, new: int = 256, prompt_len: int = 32, runners: tuple[str, ...] = ("torch", "ort", "ov", "ov:bf16"),
         precisions: tuple[str, ...] = ("fp32", "fp16", "int8"), recompute: bool = True,
         seq2seq: bool = True, root: Path = ROOT, threads: int = 0, log: Any = print) -> dict[str, Any]:
+    from xdeploy.bench.suite import apply_thread_env
     from xdeploy.deploy.generate import token_agreement
     from xdeploy.deploy.registry import RUNNERS
 
+    apply_thread_env()  # passive OpenMP waiting, before torch loads (docs/benchmarks.md)
     root.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"machine": {"python": platform.python_version(), "cores": _cores()},
                               "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -215,25 +203,65 @@ def run(*, new: int = 256, prompt_len: int = 32, runners: tuple[str, ...] = ("to
     cfg = hf_model.config
     prompt = np.random.default_rng(0).integers(0, cfg.vocab_size - 1, size=prompt_len).tolist()
 
-    log(f"Hugging Face transformers generate, {new} new tokens ...")
-    hf = run_hf(hf_model, prompt, new, threads)
-    log(f"  HF: {hf['tokens_per_s']:.1f} tokens/s ({hf['threads']} torch threads)")
-    result["hf"] = {k: v for k, v in hf.items() if k != "tokens"}
+    import torch
 
-    ref_tokens = None
+    from xdeploy.bench.interleave import compare, free_cores
+    from xdeploy.deploy.generate import GenerationConfig, Generator
+
+    threads = threads or free_cores()  # never more threads than free cores (docs/benchmarks.md)
+    torch.set_num_threads(threads)
+    result["threads"] = threads
+    ids = torch.tensor([prompt])
+    hf_kw = {"attention_mask": torch.ones_like(ids), "do_sample": False, "pad_token_id": cfg.eos_token_id,
+             "eos_token_id": None}
+    last: dict[str, Any] = {}  # name -> the output of its last timed generation
+
+    def hf_call() -> None:
+        with torch.inference_mode():
+            last["hf"] = hf_model.generate(ids, max_new_tokens=new, min_new_tokens=new, **hf_kw)
+
+    gc = GenerationConfig(max_new_tokens=new, eos_token_id=-1)
     # runner variants (ov:bf16 = OpenVINO computing in bf16) are compute hints: run them on the fp32 graph only
     combos = [("torch", "fp32")] + [(r, p) for p in arts for r in runners
                                     if r != "torch" and (":" not in r or p == "fp32")]
-    for runner, prec in combos:
-        if runner.partition(":")[0] not in RUNNERS:
+    calls: dict[str, Any] = {"hf": hf_call}
+    with contextlib.ExitStack() as stack:
+        for runner, prec in combos:
+            if runner.partition(":")[0] not in RUNNERS:
+                continue
+            try:
+                g = stack.enter_context(Generator(arts[prec], runner, threads=threads))
+                g.generate([prompt], dataclasses.replace(gc, max_new_tokens=min(4, new)))  # warm-up allocations
+            except XDeployError as e:
+                log(f"{runner} {prec}: skipped: {e}")
+                result["runs"].append({"runner": runner, "precision": prec, "error": str(e)})
+                continue
+            name = f"{runner} {prec}"
+            calls[name] = lambda g=g, name=name: last.__setitem__(name, g.generate([prompt], gc))
+        # every generator (and HF) produces the same `new` tokens once per round, order rotated: drift and bursts
+        # of load hit all alike; speed-ups vs HF are medians of paired rounds, re-measured once while unstable
+        log(f"{len(calls)} generators x {new} new tokens, interleaved rounds ...")
+        cmp = compare(calls, baseline="hf", attempts=2, warmup=1, min_block_s=0.0, min_rounds=5, max_rounds=9,
+                      max_seconds=60.0, log=log)
+    hf_s = cmp.series["hf"].median_s
+    hf_tokens = last["hf"][0, len(prompt):].tolist()
+    result["hf"] = {"total_s": hf_s, "tokens_per_s": new / hf_s, "threads": torch.get_num_threads(),
+                    "stability": cmp.stability("hf")}
+    log(f"  HF: {new / hf_s:.1f} tokens/s ({threads} torch threads)")
+    ref_tokens = None
+    for name in calls:
+        if name == "hf":
             continue
-        log(f"{runner} {prec}: {new} new tokens ...")
-        try:
-            r = run_generator(arts[prec], runner, prompt, new, threads=threads)
-        except XDeployError as e:
-            log(f"  skipped: {e}")
-            result["runs"].append({"runner": runner, "precision": prec, "error": str(e)})
-            continue
+        runner, prec = name.split(" ")
+        out = last[name]
+        steps = np.asarray(out.step_s)
+        pct = np.percentile(steps, [50, 90, 99]) if steps.size else np.full(3, np.nan)
+        med = cmp.series[name].median_s
+        r: dict[str, Any] = {
+            "tokens": list(out.tokens[0]), "ttft_s": out.time_to_first_token_s, "total_s": med,
+            "tokens_per_s": new / med, "decode_tokens_per_s": float(steps.size / steps.sum()) if steps.size
+            else float("nan"), "step_p50_s": float(pct[0]), "step_p90_s": float(pct[1]),
+            "step_p99_s": float(pct[2]), "by_context_s": context_profile(out.step_s, len(prompt)), "mode": out.mode}
         if ref_tokens is None:
             ref_tokens = r["tokens"]
         ag = token_agreement([ref_tokens], [r["tokens"]])
@@ -242,27 +270,22 @@ def run(*, new: int = 256, prompt_len: int = 32, runners: tuple[str, ...] = ("to
             hb //= 2  # OpenVINO's bf16 hint stores the fp32 weights as bf16 at compile time
         kv_bytes = 12 * 2 * 768 * (prompt_len + new) * 4  # the decode graph reads the whole cache (capacity C)
         roof_tps = bw / (hb + kv_bytes)
+        stab = cmp.stability(name)
+        sp = stab["speedup"]
         r |= {"runner": runner, "precision": prec, "agreement": ag.agreement,
-              "first_divergence": ag.first_divergence[0], "hf_agreement": token_agreement([hf["tokens"]],
+              "first_divergence": ag.first_divergence[0], "hf_agreement": token_agreement([hf_tokens],
                                                                                        [r["tokens"]]).agreement,
               "weight_bytes_per_token": hb, "roofline_tokens_per_s": roof_tps,
               "pct_of_roofline": 100.0 * r["decode_tokens_per_s"] / roof_tps,
-              "vs_hf": r["tokens_per_s"] / hf["tokens_per_s"]}  # end to end on both sides
+              # end to end on both sides: median of paired rounds (HF round / this round); None when unstable
+              "vs_hf": sp["median"] if stab["stable"] else None, "vs_hf_low": sp["low"], "vs_hf_high": sp["high"],
+              "stability": stab}
         result["runs"].append({k: v for k, v in r.items() if k != "tokens"})
-        log(f"  ttft {r['ttft_s'] * 1e3:.1f} ms, step p50 {r['step_p50_s'] * 1e3:.2f} ms, "
-            f"{r['tokens_per_s']:.1f} tok/s end to end ({r['vs_hf']:.2f}x HF), agreement {ag.agreement:.3f}, "
+        vs = f"{sp['median']:.2f}x HF ({sp['low']:.2f}-{sp['high']:.2f})" if stab["stable"] else \
+            f"vs HF unstable ({stab['cause']})"
+        log(f"  {name}: ttft {r['ttft_s'] * 1e3:.1f} ms, step p50 {r['step_p50_s'] * 1e3:.2f} ms, "
+            f"{r['tokens_per_s']:.1f} tok/s end to end ({vs}), agreement {ag.agreement:.3f}, "
             f"{r['pct_of_roofline']:.0f}% of roofline ({hb / 1e6:.0f} MB weights/token)")
-
-    # HF again at the end: the load of a shared machine drifts during the run; ratios use the faster HF run
-    hf_end = run_hf(hf_model, prompt, new, threads)
-    log(f"  HF at the end: {hf_end['tokens_per_s']:.1f} tokens/s")
-    result["hf"]["tokens_per_s_start"] = hf["tokens_per_s"]
-    result["hf"]["tokens_per_s_end"] = hf_end["tokens_per_s"]
-    best_hf = max(hf["tokens_per_s"], hf_end["tokens_per_s"])
-    result["hf"]["tokens_per_s"] = best_hf
-    for r in result["runs"]:
-        if "error" not in r:
-            r["vs_hf"] = r["tokens_per_s"] / best_hf
 
     result["teacher_forced"] = teacher_forced(arts, hf_model, prompt + ref_tokens, log) if ref_tokens else {}
 
@@ -354,9 +377,11 @@ def transformer_parity(root: Path, runners: tuple[str, ...], log: Any, new: int 
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
     runs = [r for r in result["runs"] if "error" not in r]
     hf_tps = result["hf"]["tokens_per_s"]
-    fp32 = [r for r in runs if r["precision"] == "fp32" and r["runner"] != "torch" and ":" not in r["runner"]]
+    # only stable paired speed-ups count (vs_hf None: the comparison stayed unstable)
+    fp32 = [r for r in runs if r["precision"] == "fp32" and r["runner"] != "torch" and ":" not in r["runner"]
+            and r["vs_hf"] is not None]
     best_fp32 = max(fp32, key=lambda r: r["tokens_per_s"], default=None)
-    good = [r for r in runs if r["agreement"] >= 0.95 and r["runner"] != "torch"]
+    good = [r for r in runs if r["agreement"] >= 0.95 and r["runner"] != "torch" and r["vs_hf"] is not None]
     best = max(good, key=lambda r: r["tokens_per_s"], default=None)
     s: dict[str, Any] = {"hf_tokens_per_s": hf_tps}
     if best_fp32:
@@ -376,9 +401,9 @@ def render(result: dict[str, Any]) -> str:
              f"threads {result['threads'] or 'all'}, load average at start {result['load_average'][0]:.1f} "
              f"(a shared machine: figures are noisy)",
              f"read bandwidth {result['bandwidth']['bytes_per_s'] / 1e9:.1f} GB/s ({result['bandwidth']['how']})",
-             f"Hugging Face transformers generate: {result['hf']['tokens_per_s']:.1f} tokens/s (the faster of "
-             f"{result['hf'].get('tokens_per_s_start', 0):.1f} at the start and "
-             f"{result['hf'].get('tokens_per_s_end', 0):.1f} at the end of the run; x HF uses it)", "",
+             f"Hugging Face transformers generate: {result['hf']['tokens_per_s']:.1f} tokens/s (median round; every "
+             "generator and HF decode once per round, order rotated; x HF = median of paired round ratios, 95% "
+             "interval, or unstable)", "",
              "| runner | precision | TTFT ms | step p50 ms | p90 | p99 | tok/s | decode tok/s | x HF | agreement | "
              "first div. | MB/token | % roofline |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -390,7 +415,7 @@ def render(result: dict[str, Any]) -> str:
         lines.append(f"| {r['runner']} | {r['precision']} | {r['ttft_s'] * 1e3:.1f} | {r['step_p50_s'] * 1e3:.2f} | "
                      f"{r['step_p90_s'] * 1e3:.2f} | {r['step_p99_s'] * 1e3:.2f} | {r['tokens_per_s']:.1f} | "
                      f"{r['decode_tokens_per_s']:.1f} | "
-                     f"{r['vs_hf']:.2f} | {r['agreement']:.3f} | {fd} | {r['weight_bytes_per_token'] / 1e6:.0f} | "
+                     f"{_vs_hf(r)} | {r['agreement']:.3f} | {fd} | {r['weight_bytes_per_token'] / 1e6:.0f} | "
                      f"{r['pct_of_roofline']:.0f} |")
     lines += ["", "per-token latency (median ms) by context length:"]
     for r in result["runs"]:
@@ -417,6 +442,12 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _vs_hf(r: dict[str, Any]) -> str:
+    if r.get("vs_hf") is None:
+        return f"unstable ({(r.get('stability') or {}).get('cause') or 'noise'})"
+    return f"{r['vs_hf']:.2f} ({r['vs_hf_low']:.2f}-{r['vs_hf_high']:.2f})"
+
+
 def _loadavg() -> tuple[float, float, float]:
     import os
 
@@ -439,7 +470,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-recompute", action="store_true")
     p.add_argument("--no-transformer", action="store_true", help="skip the transformer base parity run")
     p.add_argument("--artifacts", default=str(ROOT), help=f"where artifacts are kept and reused (default {ROOT})")
-    p.add_argument("--threads", type=int, default=0, help="threads for every runner and HF torch (0 = all cores)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="threads for every runner and HF torch (0 = the cores free at the start)")
     p.add_argument("--json", metavar="FILE")
     a = p.parse_args(argv)
     try:
