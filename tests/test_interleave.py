@@ -156,3 +156,38 @@ def test_busy_core_halfway_gives_the_quiet_speedup_or_unstable(tmp_path_factory:
     if busy["stable"]:
         ratio = busy["speedup"]["median"] / quiet["speedup"]["median"]
         assert 1 / 1.35 <= ratio <= 1.35, f"printed {printed[1]} under a busy core vs {printed[0]} as is"
+
+
+def test_report_shows_unstable_instead_of_a_figure_and_counts_them_at_the_top() -> None:
+    from xdeploy.core.fingerprint import fingerprint
+    from xdeploy.core.records import make_record
+    from xdeploy.reports.render import render_summary, speedups, unstable
+
+    rng = np.random.default_rng(5)
+    steady = 0.004 * (1 + rng.normal(0, 0.02, 12))
+    noisy = 0.004 * rng.lognormal(0.0, 0.6, 12)
+    c_ok = il.judge(_attempt({"torch fp32": steady * 3, "ort fp32": steady}, QUIET), baseline="torch fp32")
+    c_bad = il.judge(_attempt({"torch fp32": steady * 3, "ort fp32": noisy}, BUSY), baseline="torch fp32")
+
+    def rec(runner: str, batch: int, cmp: il.Comparison) -> dict:
+        name = f"{runner} fp32"
+        p50 = cmp.latency[name].p50
+        lat = {k: v for k, v in cmp.latency[name].as_dict().items() if k in ("p50", "p90", "p99", "mean", "std",
+                                                                            "min", "max")}
+        return make_record(
+            "latency", fingerprint(), model="m", preset="tiny", graph="model", runner=runner, device="cpu",
+            precision="fp32", artifact_precision="fp32", opset=23, attn_impl=None, threads=1, batch=batch, seq=8,
+            sizes={"batch": batch, "seq": 8}, latency_s=lat, iterations=12, timed_s=1.0, items_per_s=batch / p50,
+            tokens_per_s=None, flops=1e6, achieved_flops=1e6 / p50, peak_flops=None, pct_of_peak=None,
+            memory=dict.fromkeys(("weights_bytes", "load_peak_bytes", "activations_bytes", "peak_rss_bytes",
+                                  "device_bytes")), parity_passed=None, stability=cmp.stability(name))
+
+    recs = [rec("torch", 1, c_ok), rec("ort", 1, c_ok), rec("torch", 8, c_bad), rec("ort", 8, c_bad)]
+    sp, unst = speedups(recs), unstable(recs)
+    assert sp[id(recs[1])] == pytest.approx(c_ok.speedups["ort fp32"].median)  # the paired median, not p50/p50
+    assert id(recs[3]) not in sp and unst[id(recs[3])] == "load"  # no figure for the unstable one
+    md = render_summary(recs, {"title": "t"}, [])
+    assert "**Speed-ups: 1 of 2 configurations unstable (1 load)**" in md
+    assert "unstable (load)" in md.split("## Latency")[1]
+    lo, hi = c_ok.speedups["ort fp32"].low, c_ok.speedups["ort fp32"].high
+    assert f"{sp[id(recs[1])]:.2f}× ({lo:.2f}–{hi:.2f})" in md
