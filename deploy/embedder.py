@@ -22,6 +22,10 @@ Pipeline (all shapes: n inputs, b batch, s padded length, d hidden size):
 Artifacts without a `pooling` record (plain BERT checkpoints/presets) use CLS pooling without normalization,
 the default of sentence-transformers' Pooling for a bare transformer.
 
+Tokenizer: `tokenizer="hf"` (default) uses HF tokenizers on tokenizer.json; `tokenizer="graph"` runs the
+artifact's tokenizer graph (export --tokenizer-graph; onnxruntime-extensions' BertTokenizer, the same graph the
+C++ runtime and Triton use) with the same cut, truncation and padding. The graph's max_length is fixed.
+
 Thread safety: one Embedder may be shared by threads. `sessions="shared"` (default) serializes backend calls
 with a lock while tokenization and pooling run concurrently; `sessions="per-thread"` opens one runner per
 thread (memory x threads). See docs/embedding.md for which is faster here.
@@ -44,6 +48,7 @@ from .base import Runner
 from .registry import open_runner
 
 TRUNCATION = ("right", "error")
+TOKENIZERS = ("hf", "graph")
 SESSIONS = ("shared", "per-thread")
 POOLING_MODES = ("mean", "cls", "max")
 ID_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -146,7 +151,7 @@ class Embedder:
     def __init__(self, artifact: Artifact | str | Path, runner: str = "ort", *, batch_size: int = 32,
                  truncation: str = "right", max_length: int | None = None, pad_to: int = 1,
                  sessions: str = "shared", pooling: str | None = None, normalize: bool | None = None,
-                 threads: int = 0, **runner_options: Any) -> None:
+                 threads: int = 0, tokenizer: str = "hf", **runner_options: Any) -> None:
         self.artifact = artifact if isinstance(artifact, Artifact) else load_artifact(artifact)
         graph = self.artifact.graph("model")
         names = [t.name for t in graph.inputs]
@@ -173,6 +178,18 @@ class Embedder:
         limit = max_length or p.max_length or smax
         if not 2 <= limit <= smax:
             raise XDeployError(f"max_length must be 2..{smax} (the artifact's seq axis), got {limit}")
+        if tokenizer not in TOKENIZERS:
+            raise one_of("tokenizer", tokenizer, TOKENIZERS)
+        if tokenizer == "graph":
+            if self.artifact.tokenizer_graph is None:
+                raise XDeployError(f"artifact {self.artifact.path} has no tokenizer graph; export it with "
+                                   "--tokenizer-graph (export(..., tokenizer_graph=True)) or use tokenizer='hf'")
+            graph_max = self.artifact.manifest["tokenizer_graph"]["max_length"]
+            if max_length is not None and max_length != graph_max:
+                raise XDeployError(f"max_length {max_length} differs from the tokenizer graph's {graph_max} "
+                                   "(its truncation is part of the graph); use tokenizer='hf' for another length")
+            limit = min(graph_max, smax)
+        self.tokenizer_kind = tokenizer
         self.max_length, self.batch_size, self.pad_to, self.truncation = limit, batch_size, pad_to, truncation
         self.dim = graph.outputs[[t.name for t in graph.outputs].index(HIDDEN)].dims[-1]
         self.sessions, self.runner_spec = sessions, runner
@@ -232,6 +249,11 @@ class Embedder:
     # ------------------------------------------------------------------ tokenizing ----
     @property
     def tokenizer(self) -> Any:
+        """HF tokenizers' Tokenizer (tokenizer="hf") or a TokenizerSession over the artifact's graph ("graph")."""
+        if self._tokenizer is None and self.tokenizer_kind == "graph":
+            from xdeploy.export.tokenizer_graph import TokenizerSession
+
+            self._tokenizer = TokenizerSession(self.artifact.tokenizer_graph)
         if self._tokenizer is None:
             tok = _load_tokenizer(self.artifact)
             # the tokenizer's own truncation: keeps the first tokens and re-adds [SEP]; what was cut goes to
@@ -255,6 +277,8 @@ class Embedder:
                 k = max(s.rfind(" ", 0, cap), s.rfind("\n", 0, cap))
                 s = s[:k] if k > 0 else s[:cap]
             cut.append(s)
+        if self.tokenizer_kind == "graph":
+            return self._tokenize_graph(strs, cut)
         tok = self.tokenizer
         try:
             encs = tok.encode_batch(cut)
@@ -273,6 +297,28 @@ class Embedder:
             ids.append(e.ids)
             types.append(e.type_ids)
         return ids, types, truncated
+
+    def _tokenize_graph(self, strs: list[str], cut: list[str]) -> tuple[list[list[int]], list[list[int]], list[int]]:
+        """tokenize() through the artifact's tokenizer graph: same cut, same truncation, exact overflow count."""
+        sess = self.tokenizer
+        ids, mask, types, tokens = sess.encode(cut)
+        lens = mask.sum(axis=1).tolist()
+        rows = [ids[i, :k].tolist() for i, k in enumerate(lens)]
+        trows = [types[i, :k].tolist() for i, k in enumerate(lens)]
+        counts = tokens.tolist()
+        for i, (s, c) in enumerate(zip(strs, cut)):
+            if c is not s and counts[i] <= self.max_length:  # whitespace-heavy line: the prefix was too short
+                one_ids, one_mask, one_types, one_tokens = sess.encode([s])
+                k = int(one_mask[0].sum())
+                rows[i], trows[i], counts[i] = one_ids[0, :k].tolist(), one_types[0, :k].tolist(), int(one_tokens[0])
+        truncated = []
+        for i, n in enumerate(counts):
+            if n > self.max_length:  # the graph kept [CLS] + max_length-2 tokens + [SEP]
+                if self.truncation == "error":
+                    raise XDeployError(f"input {i} has more than max_length={self.max_length} tokens "
+                                       "(truncation='error'); shorten it or use truncation='right'")
+                truncated.append(i)
+        return rows, trows, truncated
 
     # ------------------------------------------------------------------ embedding ----
     def embed(self, texts: Sequence[str | bytes]) -> np.ndarray:
@@ -325,4 +371,4 @@ class Embedder:
         return {"artifact": str(self.artifact.path), "runner": self.runner_spec, "precision": self.artifact.precision,
                 "pooling": self.pooling.mode, "normalize": self.pooling.normalize, "max_length": self.max_length,
                 "batch_size": self.batch_size, "pad_to": self.pad_to, "truncation": self.truncation,
-                "sessions": self.sessions, "dim": self.dim}
+                "sessions": self.sessions, "dim": self.dim, "tokenizer": self.tokenizer_kind}

@@ -62,6 +62,12 @@ class Artifact:
         return d if (d / "tokenizer.json").exists() else None
 
     @property
+    def tokenizer_graph(self) -> Path | None:
+        """tokenizer/tokenizer.onnx (export --tokenizer-graph), checked at load; None when the artifact has none."""
+        rec = self.manifest.get("tokenizer_graph")
+        return self.path / rec["file"] if rec else None
+
+    @property
     def tolerance(self) -> Tolerance:
         return self.spec.tolerances[self.precision]
 
@@ -225,6 +231,14 @@ def load_artifact(path: str | Path, *, verify: bool = True) -> Artifact:
         _need(all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in vals),
               mpath, f"tolerance {k!r} needs finite numbers atol, rtol, cosine")
         tols[k] = Tolerance(*(float(v) for v in vals))
+
+    tg = m.get("tokenizer_graph")
+    if tg is not None:
+        _need(isinstance(tg, dict) and isinstance(tg.get("max_length"), int) and tg["max_length"] >= 2, mpath,
+              "tokenizer_graph must be an object with an integer max_length >= 2")
+        _inside(root, tg.get("file"), mpath)
+        _need(tg["file"] in files, mpath, f"tokenizer graph {tg['file']!r} is not listed in files")
+        _need(files[tg["file"]] == tg.get("sha256"), mpath, "tokenizer_graph sha256 differs from its files entry")
 
     if verify:
         for rel, digest in files.items():

@@ -126,14 +126,19 @@ def export_graphs(src: Source, spec: ExportSpec, *, opset: int, precision: str, 
 def export(model: str, *, preset: str | None = None, checkpoint: str | Path | None = None, out: str | Path,
            opset: int = DEFAULT_OPSET, precision: str = "fp32", force: bool = False,
            attn_impl: str | None = None, seed: int = 0, optimize: bool = DEFAULT_OPTIMIZE, opt_level: int = 1,
-           precision_options: Any = None, config_overrides: dict[str, Any] | None = None) -> Path:
+           precision_options: Any = None, config_overrides: dict[str, Any] | None = None,
+           tokenizer_graph: bool = False, accept_tokenizer_differences: bool = False) -> Path:
     """Export every graph of `model` into the artifact directory `out` (written atomically).
 
     `config_overrides` replaces preset config fields (e.g. {"max_positions": 4096} for scaling runs); the
     manifest records the resulting config.
 
     `optimize` applies onnxruntime's offline optimizations and transformer fusions (export/optimize.py) before
-    the precision conversion (export/precision.py; `precision_options` is a `PrecisionOptions`)."""
+    the precision conversion (export/precision.py; `precision_options` is a `PrecisionOptions`).
+
+    `tokenizer_graph` also writes tokenizer/tokenizer.onnx (export/tokenizer_graph.py: the checkpoint's tokenizer
+    as an onnxruntime-extensions graph, truncating to the pooling max_length or the seq axis), verified against
+    Hugging Face tokenizers; it refuses when ids differ unless `accept_tokenizer_differences`."""
     from . import precision as prec
 
     if opset not in SUPPORTED_OPSETS:
@@ -159,4 +164,10 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
         prec.check_requested_nodes(precision, precision_options, w.manifest["conversion"])
         for f in src.tokenizer_files:
             w.add_file(f"tokenizer/{f.name}", f)
+        if tokenizer_graph:
+            from .tokenizer_graph import write_tokenizer_graph
+
+            smax = spec.axes["seq"].max  # the Embedder's default max_length: pooling max_length, else the seq axis
+            max_length = min((src.pooling.max_length if src.pooling else None) or smax, smax)
+            write_tokenizer_graph(w, max_length, accept_differences=accept_tokenizer_differences)
     return Path(out)

@@ -26,6 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--truncation", choices=("right", "error"), default="right",
                    help="longer sentences: cut to max-length (default, counted) or refuse")
     p.add_argument("--threads", type=int, default=0, help="backend threads (default: all cores)")
+    p.add_argument("--tokenizer", choices=("hf", "graph"), default="hf",
+                   help="hf: HF tokenizers; graph: the artifact's tokenizer graph (export --tokenizer-graph)")
     add_json_option(p)
 
 
@@ -65,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     # Load the artifact before reading the input: a wrong artifact path is reported as such, and a user
     # piping a large file learns about it before the file is read.
     with Embedder(args.artifact, args.runner, batch_size=args.batch_size, pad_to=args.pad_to,
-                  max_length=args.max_length, truncation=args.truncation, threads=args.threads) as emb:
+                  max_length=args.max_length, truncation=args.truncation, threads=args.threads,
+                  tokenizer=args.tokenizer) as emb:
         texts = decode_lines(read_lines(args.input), "stdin" if args.input == "-" else args.input)
         t0 = time.perf_counter()
         vecs, stats = emb.embed_with_stats(texts)

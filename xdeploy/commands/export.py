@@ -20,6 +20,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_conversion_arguments(p)
     p.add_argument("--out", metavar="DIR", help="artifact directory (default artifacts/MODEL-PRESET-PRECISION)")
     p.add_argument("--force", action="store_true", help="replace an existing artifact directory")
+    p.add_argument("--tokenizer-graph", action="store_true",
+                   help="also write tokenizer/tokenizer.onnx (onnxruntime-extensions), verified against HF "
+                        "tokenizers: text in for the C++ runtime, Triton and Embedder(tokenizer='graph')")
+    p.add_argument("--accept-tokenizer-differences", action="store_true",
+                   help="write the tokenizer graph even where its ids differ from HF tokenizers (recorded)")
     add_json_option(p)
 
 
@@ -57,12 +62,19 @@ def run(args: argparse.Namespace) -> int:
                       f"{args.precision}"
     path = export(args.model, preset=args.preset, checkpoint=args.checkpoint, out=out, opset=args.opset,
                   precision=args.precision, force=args.force, attn_impl=args.attn_impl, optimize=args.optimize,
-                  opt_level=args.opt_level, precision_options=precision_options(args))
+                  opt_level=args.opt_level, precision_options=precision_options(args),
+                  tokenizer_graph=args.tokenizer_graph, accept_tokenizer_differences=args.accept_tokenizer_differences)
     art = load_artifact(path)
     graphs = ", ".join(g.name for g in art.spec.graphs)
     print(f"exported {art.model} ({art.precision}, opset {art.opset}{', optimized' if args.optimize else ''}; "
           f"graphs: {graphs}) -> {path}")
     print_conversion(art.manifest)
+    tg = art.manifest.get("tokenizer_graph")
+    if tg:
+        v = tg["verified"]
+        print(f"tokenizer graph: {tg['file']} (onnxruntime-extensions {tg['extensions_version']}, max_length "
+              f"{tg['max_length']}): ids identical to HF tokenizers on {v['identical']}/{v['inputs']} inputs"
+              + (f"; accepted differences on inputs {v['differing']}" if v["differing"] else ""))
     write_json(args.json, dict(art.manifest) | {"path": str(path)})
     return 0
 
