@@ -1,15 +1,20 @@
-// xdeploy-embed: token ids on stdin -> embeddings on stdout, through xdeploy::Embedder.
+// xdeploy-embed: sentences (--text) or token ids on stdin -> embeddings on stdout, through xdeploy::Embedder.
 //
-//   xdeploy-embed ARTIFACT [--provider auto|cpu|cuda|tensorrt] [--threads N] [--batch N] [--pad-to N]
+//   xdeploy-embed ARTIFACT --text [--print-ids] [--provider auto|cpu|cuda|tensorrt] [--threads N] [--batch N]
+//   xdeploy-embed ARTIFACT [--provider ...] [--threads N] [--batch N] [--pad-to N]       (token ids)
 //   xdeploy-embed --providers            (print the library's version and execution providers)
 //
-// stdin: one sentence per line, its token ids (special tokens included) separated by spaces or commas; a JSON
-// array per line ("[101, 7592, 102]") also works. stdout: one line per sentence, dim() floats printed with
-// 9 significant digits (float32 round-trips exactly). Errors: one line on stderr, exit 2.
+// stdin with --text: one sentence per line, UTF-8 (a final newline ends the last line; a trailing "\r" is
+// dropped, as `xdeploy embed` does); the artifact's tokenizer graph tokenizes it (export --tokenizer-graph).
+// --print-ids prints the token ids instead of vectors. Without --text: one sentence per line as token ids
+// (special tokens included) separated by spaces or commas; a JSON array per line ("[101, 7592, 102]") also works.
+// stdout: one line per sentence, dim() floats printed with 9 significant digits (float32 round-trips exactly).
+// Errors: one line on stderr, exit 2.
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -49,10 +54,31 @@ std::vector<int64_t> parse_ids(const std::string& line, size_t lineno) {
   return ids;
 }
 
+// All of stdin split into lines like `xdeploy embed` (commands/embed.py read_lines): "\n" ends a line, a final
+// newline does not start an empty one, a trailing "\r" is dropped. Bytes are kept as they are (UTF-8 is checked
+// by the Embedder, which names the input; the line number is the input index + 1).
+std::vector<std::string> read_text_lines() {
+  std::string data((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+  if (data.empty()) throw xdeploy::Error("stdin is empty; expected one sentence per line");
+  std::vector<std::string> lines;
+  size_t start = 0;
+  while (start <= data.size()) {
+    size_t end = data.find('\n', start);
+    if (end == std::string::npos) end = data.size();
+    if (end == data.size() && start == data.size()) break;  // the final newline ended the last line
+    std::string line = data.substr(start, end - start);
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    lines.push_back(std::move(line));
+    start = end + 1;
+  }
+  return lines;
+}
+
 int run(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty() || args[0] == "-h" || args[0] == "--help") {
-    std::cerr << "usage: xdeploy-embed ARTIFACT [--provider auto|cpu|cuda|tensorrt] [--threads N] [--batch N] "
+    std::cerr << "usage: xdeploy-embed ARTIFACT --text [--print-ids] [options] < sentences.txt > vectors.txt\n"
+                 "       xdeploy-embed ARTIFACT [--provider auto|cpu|cuda|tensorrt] [--threads N] [--batch N] "
                  "[--pad-to N] < ids.txt > vectors.txt\n       xdeploy-embed --providers\n";
     return args.empty() ? 2 : 0;
   }
@@ -65,23 +91,59 @@ int run(int argc, char** argv) {
   }
   xdeploy::Options opt;
   const std::string artifact = args[0];
+  bool text = false, print_ids = false;
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& a = args[i];
+    if (a == "--text") {
+      text = true;
+      continue;
+    }
+    if (a == "--print-ids") {
+      print_ids = true;
+      continue;
+    }
     if (i + 1 >= args.size()) throw xdeploy::Error("unknown or incomplete option \"" + a + "\"");
     const char* v = args[++i].c_str();
     if (a == "--provider") opt.provider = v;
     else if (a == "--threads") opt.threads = to_int(a, v);
     else if (a == "--batch") opt.batch_size = to_int(a, v);
     else if (a == "--pad-to") opt.pad_to = to_int(a, v);
-    else throw xdeploy::Error("unknown option \"" + a + "\"; expected --provider, --threads, --batch, --pad-to");
+    else throw xdeploy::Error("unknown option \"" + a + "\"; expected --text, --print-ids, --provider, --threads, "
+                              "--batch, --pad-to");
   }
+  if (print_ids && !text) throw xdeploy::Error("--print-ids needs --text");
   xdeploy::Embedder emb(artifact, opt);
-  std::vector<std::vector<int64_t>> ids;
-  std::string line;
-  for (size_t lineno = 1; std::getline(std::cin, line); ++lineno) ids.push_back(parse_ids(line, lineno));
-  if (ids.empty()) throw xdeploy::Error("stdin is empty; expected one line of token ids per sentence");
-  const auto vecs = emb.embed(ids);
+  std::vector<std::vector<float>> vecs;
   std::string out;
+  if (text) {
+    if (!emb.has_tokenizer())
+      throw xdeploy::Error("artifact " + artifact + " has no tokenizer graph; export it with --tokenizer-graph "
+                           "for --text, or pass token ids");
+    const auto lines = read_text_lines();
+    try {
+      if (print_ids) {
+        std::vector<size_t> truncated;
+        for (const auto& row : emb.tokenize(lines, &truncated)) {
+          for (size_t k = 0; k < row.size(); ++k) out += (k ? " " : "") + std::to_string(row[k]);
+          out += '\n';
+        }
+        std::fwrite(out.data(), 1, out.size(), stdout);
+        std::cerr << "xdeploy-embed: " << lines.size() << " sentences tokenized, " << truncated.size()
+                  << " truncated to " << emb.max_length() << " tokens\n";
+        return 0;
+      }
+      vecs = emb.embed(lines);
+    } catch (const xdeploy::InvalidUtf8& e) {  // name the stdin line, as `xdeploy embed` does
+      throw xdeploy::Error("stdin line " + std::to_string(e.input + 1) + " is not valid UTF-8 (byte " +
+                           std::to_string(e.byte) + " of the line)");
+    }
+  } else {
+    std::vector<std::vector<int64_t>> ids;
+    std::string line;
+    for (size_t lineno = 1; std::getline(std::cin, line); ++lineno) ids.push_back(parse_ids(line, lineno));
+    if (ids.empty()) throw xdeploy::Error("stdin is empty; expected one line of token ids per sentence");
+    vecs = emb.embed(ids);
+  }
   char buf[32];
   for (const auto& v : vecs) {
     for (size_t k = 0; k < v.size(); ++k) {

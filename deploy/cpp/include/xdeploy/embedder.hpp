@@ -1,10 +1,14 @@
 // xdeploy C++ embedding runtime: an exported encoder artifact (manifest.json + model.onnx) -> sentence vectors.
 //
-//   xdeploy::Embedder emb("artifacts/minilm", {.provider = "auto"});
-//   std::vector<std::vector<float>> v = emb.embed({{101, 7592, 2088, 102}});   // [n][d], L2-normalized
+//   xdeploy::Embedder emb("artifacts/minilm");
+//   std::vector<std::vector<float>> v = emb.embed(std::vector<std::string>{"a sentence", "une phrase"});  // [n][d]
+//   std::vector<std::vector<float>> w = emb.embed(std::vector<std::vector<int64_t>>{{101, 7592, 2088, 102}});
 //
-// Token ids come from the caller (the artifact's tokenizer/tokenizer.json, e.g. via HF tokenizers), special
-// tokens included and already truncated to max_length(). Pooling (mean / cls / max) and L2 normalization follow
+// Text (UTF-8) is tokenized by the artifact's tokenizer graph (tokenizer/tokenizer.onnx, written by
+// `xdeploy export --tokenizer-graph`): onnxruntime-extensions' BertTokenizer op, run by ONNX Runtime with the
+// extensions library registered, so C++, Python (Embedder(tokenizer="graph")) and Triton share one
+// tokenization. Long lines are cut at whitespace before tokenizing exactly as the Python Embedder does.
+// Token ids may also come from the caller, special tokens included and truncated to max_length(). Pooling (mean / cls / max) and L2 normalization follow
 // the manifest's "pooling" record exactly like the Python Embedder; artifacts without one use CLS, unnormalized.
 // Batches are length-sorted and padded as in Python (same defaults), so both run the same shapes.
 #pragma once
@@ -23,12 +27,25 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Text input i is not valid UTF-8; `byte` is the offset of the first invalid sequence in it.
+class InvalidUtf8 : public Error {
+ public:
+  InvalidUtf8(size_t input_index, size_t byte_offset)
+      : Error("input " + std::to_string(input_index) + " is not valid UTF-8 (byte " + std::to_string(byte_offset) + ")"),
+        input(input_index),
+        byte(byte_offset) {}
+  size_t input, byte;
+};
+
 struct Options {
   std::string provider = "auto";  // auto | cpu | cuda | tensorrt  (auto: the first of tensorrt > cuda > cpu that starts)
   int threads = 0;                // intra-op threads, 0 = ONNX Runtime's default (all cores)
   int batch_size = 32;            // sentences per model call (capped by the artifact's batch axis)
   int pad_to = 1;                 // pad each batch's length to a multiple of this (1: to its longest, as Python)
   std::string trt_cache_dir;      // TensorRT engine/timing cache root ("": $XDG_CACHE_HOME/xdeploy/ort-trt-cpp)
+  // onnxruntime-extensions shared library for text input; "" = $XDEPLOY_ORTX_LIBRARY, else the one CMake found
+  // in the Python environment's onnxruntime-extensions wheel at build time
+  std::string extensions_library;
 };
 
 struct Pooling {
@@ -54,6 +71,16 @@ class Embedder {
 
   // ids[i]: token ids of sentence i (1..max_length ids, each in 0..vocab-1). Returns [n][dim()].
   std::vector<std::vector<float>> embed(const std::vector<std::vector<int64_t>>& ids);
+
+  // texts[i]: sentence i in UTF-8 (invalid UTF-8 is an Error naming the input). Returns [n][dim()]; an empty
+  // list gives an empty result. Needs an artifact with a tokenizer graph (has_tokenizer()).
+  std::vector<std::vector<float>> embed(const std::vector<std::string>& texts);
+
+  // The token ids embed(texts) feeds the model ([CLS] ... [SEP], truncated to max_length()); indices of the
+  // inputs that were longer than max_length tokens go to *truncated when given.
+  std::vector<std::vector<int64_t>> tokenize(const std::vector<std::string>& texts,
+                                             std::vector<size_t>* truncated = nullptr);
+  bool has_tokenizer() const;
 
   int dim() const;
   int max_length() const;
