@@ -95,7 +95,8 @@ def test_cpp_reports_its_providers_and_versions(binary):
 
 def _copy_artifact(src: Path, dst: Path) -> Path:
     dst.mkdir()
-    for f in ("manifest.json", "model.onnx"):
+    (dst / "tokenizer").mkdir()
+    for f in ("manifest.json", "model.onnx", "tokenizer/tokenizer.onnx"):
         os.link(src / f, dst / f)  # hard link: no 90 MB copy; the tests below replace files, never edit them
     return dst
 
@@ -168,3 +169,77 @@ def test_cpp_auto_provider_falls_back_and_says_why(binary, tmp_path):
     r = run_cpp(binary, art, [[1, 5, 9, 2]], "--provider", "cuda")
     assert r.returncode != 0 and "provider \"cuda\" is not in this ONNX Runtime library" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+# ------------------------------------------------------------------------------------------- text in ----
+
+def _vectors(stdout: str) -> np.ndarray:
+    return np.array([[float(x) for x in line.split()] for line in stdout.splitlines()], np.float32)
+
+
+def run_text(binary: Path, artifact: Path, data: bytes, *args: str, env: dict | None = None
+             ) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([str(binary), str(artifact), "--text", *args], input=data, capture_output=True,
+                          timeout=300, env=env)
+
+
+def test_cpp_text_matches_python_and_hf(binary, minilm):
+    """Raw strings in C++ and in Python (both through the tokenizer graph): equal vectors and ids; the ids equal
+    HF tokenizers' except on the inputs the build recorded as differing (the documented exceptions)."""
+    from xdeploy.export.tokenizer_graph import TOKENIZER_CORPUS
+
+    tg = json.loads((minilm / "manifest.json").read_text())["tokenizer_graph"]
+    texts = [t for t in TOKENIZER_CORPUS if "\n" not in t and "\r" not in t] + SENTENCES  # one sentence a line
+    data = "".join(t + "\n" for t in texts).encode()
+    with Embedder(minilm, tokenizer="graph") as g, Embedder(minilm) as h:
+        py_ids, _, py_trunc = g.tokenize(texts)
+        hf_ids, _, _ = h.tokenize(texts)
+        ref = g.embed(texts)
+    r = run_text(binary, minilm, data, "--print-ids")
+    assert r.returncode == 0, r.stderr.decode()
+    cpp_ids = [[int(x) for x in line.split()] for line in r.stdout.decode().splitlines()]
+    assert cpp_ids == py_ids
+    assert f"{len(texts)} sentences tokenized, {len(py_trunc)} truncated to 256 tokens" in r.stderr.decode()
+    differing = set(tg["verified"]["differing_texts"])
+    same = [i for i, t in enumerate(texts) if t[:200] not in differing]
+    assert len(same) >= len(texts) - len(differing) and len(same) > 30
+    assert [cpp_ids[i] for i in same] == [hf_ids[i] for i in same]
+    for args in ([], ["--batch", "7", "--threads", "1"]):
+        r = run_text(binary, minilm, data, *args)
+        assert r.returncode == 0, r.stderr.decode()
+        got = _vectors(r.stdout.decode())
+        assert got.shape == ref.shape == (len(texts), 384)
+        assert np.abs(got - ref).max() <= 1e-5, np.abs(got - ref).max()
+
+
+def test_cpp_text_bad_input(binary, minilm, tmp_path):
+    # invalid UTF-8: one line naming the line and byte, exit 2 (Python's `xdeploy embed` says the same)
+    r = run_text(binary, minilm, b"fine\nbad \xff\xfe here\n")
+    assert r.returncode == 2 and r.stdout == b"", r.stderr
+    assert r.stderr.decode().strip() == "xdeploy-embed: error: stdin line 2 is not valid UTF-8 (byte 4 of the line)"
+    # overlong, surrogate, above U+10FFFF, cut short
+    for bad in (b"\xc0\xaf", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"ok \xe2\x82"):
+        r = run_text(binary, minilm, bad + b"\n")
+        assert r.returncode == 2 and b"stdin line 1 is not valid UTF-8" in r.stderr, (bad, r.stderr)
+    # empty stdin: an error, as for ids
+    r = run_text(binary, minilm, b"")
+    assert r.returncode == 2 and b"stdin is empty" in r.stderr
+    # a 1 MB line: embedded (cut to max_length tokens), equal to Python's vector
+    big = ("lorem ipsum dolor sit amet " * 40000)[:1 << 20]
+    with Embedder(minilm, tokenizer="graph") as g:
+        ref = g.embed([big, "short"])
+        _, _, trunc = g.tokenize([big, "short"])
+    assert trunc == [0]
+    r = run_text(binary, minilm, (big + "\nshort\n").encode())
+    assert r.returncode == 0, r.stderr
+    assert np.abs(_vectors(r.stdout.decode()) - ref).max() <= 1e-5
+    # an artifact without a tokenizer graph, a missing extensions library: one-line errors
+    from xdeploy.export.onnx_export import export
+
+    plain = export("bert", preset="tiny", out=tmp_path / "tiny")
+    r = run_text(binary, plain, b"hello\n")
+    assert r.returncode == 2 and b"has no tokenizer graph" in r.stderr, r.stderr
+    r = run_text(binary, minilm, b"hello\n", env=dict(os.environ, XDEPLOY_ORTX_LIBRARY=str(tmp_path / "nope.so")))
+    assert r.returncode == 2 and b"onnxruntime-extensions library" in r.stderr and b"does not exist" in r.stderr
+    r = run_cpp(binary, minilm, [[101, 102]], "--print-ids")
+    assert r.returncode == 2 and "--print-ids needs --text" in r.stderr
