@@ -11,6 +11,7 @@
 // stdout: one line per sentence, dim() floats printed with 9 significant digits (float32 round-trips exactly).
 // Errors: one line on stderr, exit 2.
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -92,6 +93,7 @@ int run(int argc, char** argv) {
   xdeploy::Options opt;
   const std::string artifact = args[0];
   bool text = false, print_ids = false;
+  int time_reps = 0;  // --time N: embed the input N more times and print the seconds of each call (benchmarks)
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--text") {
@@ -108,6 +110,7 @@ int run(int argc, char** argv) {
     else if (a == "--threads") opt.threads = to_int(a, v);
     else if (a == "--batch") opt.batch_size = to_int(a, v);
     else if (a == "--pad-to") opt.pad_to = to_int(a, v);
+    else if (a == "--time") time_reps = to_int(a, v);
     else throw xdeploy::Error("unknown option \"" + a + "\"; expected --text, --print-ids, --provider, --threads, "
                               "--batch, --pad-to");
   }
@@ -133,6 +136,16 @@ int run(int argc, char** argv) {
         return 0;
       }
       vecs = emb.embed(lines);
+      if (time_reps > 0) {  // steady-state text->vector time of one embed() call, first call (warm-up) excluded
+        std::string times;
+        for (int r = 0; r < time_reps; ++r) {
+          const auto t0 = std::chrono::steady_clock::now();
+          vecs = emb.embed(lines);
+          const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          times += (r ? " " : "") + std::to_string(dt);
+        }
+        std::cerr << "xdeploy-embed: seconds per embed() call: " << times << "\n";
+      }
     } catch (const xdeploy::InvalidUtf8& e) {  // name the stdin line, as `xdeploy embed` does
       throw xdeploy::Error("stdin line " + std::to_string(e.input + 1) + " is not valid UTF-8 (byte " +
                            std::to_string(e.byte) + " of the line)");

@@ -1,8 +1,9 @@
 // xdeploy C++ embedding runtime: an exported encoder artifact (manifest.json + model.onnx) -> sentence vectors.
 //
 //   xdeploy::Embedder emb("artifacts/minilm");
-//   std::vector<std::vector<float>> v = emb.embed(std::vector<std::string>{"a sentence", "une phrase"});  // [n][d]
-//   std::vector<std::vector<float>> w = emb.embed(std::vector<std::vector<int64_t>>{{101, 7592, 2088, 102}});
+//   std::vector<std::string> texts{"a sentence", "une phrase"};                     // UTF-8
+//   std::vector<std::vector<float>> v = emb.embed(texts);                          // [n][d], L2-normalized
+//   std::vector<std::vector<float>> w = emb.embed({{101, 7592, 2088, 102}});       // token ids
 //
 // Text (UTF-8) is tokenized by the artifact's tokenizer graph (tokenizer/tokenizer.onnx, written by
 // `xdeploy export --tokenizer-graph`): onnxruntime-extensions' BertTokenizer op, run by ONNX Runtime with the
@@ -14,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -71,6 +73,10 @@ class Embedder {
 
   // ids[i]: token ids of sentence i (1..max_length ids, each in 0..vocab-1). Returns [n][dim()].
   std::vector<std::vector<float>> embed(const std::vector<std::vector<int64_t>>& ids);
+  // so that embed({{101, 7592, 102}}) means ids (a braced list would otherwise also fit the text overload)
+  std::vector<std::vector<float>> embed(std::initializer_list<std::vector<int64_t>> ids) {
+    return embed(std::vector<std::vector<int64_t>>(ids));
+  }
 
   // texts[i]: sentence i in UTF-8 (invalid UTF-8 is an Error naming the input). Returns [n][dim()]; an empty
   // list gives an empty result. Needs an artifact with a tokenizer graph (has_tokenizer()).
