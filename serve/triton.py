@@ -10,7 +10,10 @@ What is written (atomically: a temporary directory renamed into place), for a mo
     DIR/N_onnx/1/model.onnx        from the manifest (batch axis -> max_batch_size, other named axes -> -1),
                                    dynamic batching, instance groups, ORT execution accelerators (OpenVINO/TensorRT)
   and, for a text encoder with a tokenizer (strings in, vectors out):
-    DIR/N_tokenizer/               Python backend: TEXT (BYTES [1]) -> input_ids/attention_mask/token_type_ids
+    DIR/N_tokenizer/               the artifact's tokenizer graph (export --tokenizer-graph) on the onnxruntime
+                                   backend, onnxruntime-extensions as its custom-op library (model_operations),
+                                   text (BYTES [1]) -> input_ids/attention_mask/token_type_ids; without a graph
+                                   (or with --graph-backend python): Python backend, HF tokenizers
     DIR/N_pooling/                 Python backend: last_hidden_state + attention_mask -> EMBEDDING (manifest pooling)
     DIR/N/config.pbtxt, 1/         ensemble: TEXT -> tokenizer -> N_onnx -> pooling -> EMBEDDING
     DIR/xdeploy-triton.json        what was written and from which artifact (sha256 of the graph)
@@ -59,6 +62,9 @@ class TritonOptions:
     pad_to: int = 8  # tokenizer pads each request to a multiple of this (fewer shapes -> more batching)
     threads: int = 0  # ORT intra-op threads per instance (0 = ORT default)
     graph_backend: str = "onnxruntime"  # "python": the graph runs in a Python-backend model with onnxruntime
+    # onnxruntime-extensions library the server loads for the tokenizer graph (op_library_filename); None: the
+    # one installed here (its path must exist on the server too)
+    extensions_library: str | None = None
 
 
 @dataclass(frozen=True)
@@ -252,8 +258,37 @@ def _hidden(art: Artifact) -> TensorSpec:
     return out
 
 
+def _graph_tokenizer(art: Artifact, o: TritonOptions) -> bool:
+    """The tokenizer step is the artifact's tokenizer graph on the onnxruntime backend (no Python tokenizer)."""
+    return art.tokenizer_graph is not None and o.graph_backend == "onnxruntime"
+
+
+def tokenizer_graph_config(art: Artifact, name: str, o: TritonOptions, ids: list[str]) -> Any:
+    """The artifact's tokenizer graph (tokenizer/tokenizer.onnx) on Triton's onnxruntime backend, with the
+    onnxruntime-extensions library as its custom-op library (model_operations.op_library_filename):
+    text BYTES [b, 1] (reshaped to the graph's [b]) -> input_ids/attention_mask/token_type_ids INT64 [b, s]."""
+    from xdeploy.export.tokenizer_graph import extensions_library
+
+    pb = _pb()
+    cfg = pb.ModelConfig(name=name, platform="onnxruntime_onnx", default_model_filename="model.onnx",
+                         max_batch_size=o.max_batch_size)
+    cfg.input.add(name="text", data_type=pb.TYPE_STRING, dims=[1], reshape=pb.ModelTensorReshape(shape=[]))
+    for n in ids:
+        cfg.output.add(name=n, data_type=pb.TYPE_INT64, dims=[-1])
+    _batching(pb, cfg, o, preferred=False)
+    cfg.instance_group.append(pb.ModelInstanceGroup(count=o.instances, kind=pb.ModelInstanceGroup.KIND_CPU))
+    cfg.model_operations.op_library_filename.append(o.extensions_library or extensions_library())
+    # level -1 = basic optimizations: ORT_ENABLE_ALL spends seconds copying the vocabulary attribute at load
+    cfg.optimization.graph.level = -1
+    cfg.parameters["intra_op_thread_count"].string_value = "1"
+    cfg.parameters["inter_op_thread_count"].string_value = "1"
+    return cfg
+
+
 def text_model_configs(art: Artifact, name: str, o: TritonOptions) -> dict[str, Any]:
-    """tokenizer (python) -> N_onnx -> pooling (python), wrapped in an ensemble named `name`."""
+    """tokenizer -> N_onnx -> pooling (python), wrapped in an ensemble named `name`. The tokenizer is the
+    artifact's tokenizer graph on the onnxruntime backend when it has one (graph_backend onnxruntime), else the
+    Python-backend HF tokenizer (serve/triton_tokenizer_model.py; PyTriton's tritonserver has only Python)."""
     from xdeploy.deploy.embedder import artifact_pooling
 
     pb = _pb()
@@ -266,14 +301,18 @@ def text_model_configs(art: Artifact, name: str, o: TritonOptions) -> dict[str, 
     ids = [t.name for t in g.inputs]
     tok, pool, onnx = f"{name}_tokenizer", f"{name}_pooling", f"{name}_onnx"
 
-    tcfg = pb.ModelConfig(name=tok, backend="python", max_batch_size=o.max_batch_size)
-    tcfg.input.add(name=TEXT_INPUT, data_type=pb.TYPE_STRING, dims=[1])
-    for n in ids:
-        tcfg.output.add(name=n, data_type=pb.TYPE_INT64, dims=[-1])
-    _batching(pb, tcfg, o, preferred=False)
-    tcfg.instance_group.append(pb.ModelInstanceGroup(count=o.instances, kind=pb.ModelInstanceGroup.KIND_CPU))
-    for k, v in {"max_length": str(max_length), "pad_to": str(o.pad_to), "inputs": ",".join(ids)}.items():
-        tcfg.parameters[k].string_value = v
+    graph_tok = _graph_tokenizer(art, o)
+    if graph_tok:
+        tcfg = tokenizer_graph_config(art, tok, o, ids)
+    else:
+        tcfg = pb.ModelConfig(name=tok, backend="python", max_batch_size=o.max_batch_size)
+        tcfg.input.add(name=TEXT_INPUT, data_type=pb.TYPE_STRING, dims=[1])
+        for n in ids:
+            tcfg.output.add(name=n, data_type=pb.TYPE_INT64, dims=[-1])
+        _batching(pb, tcfg, o, preferred=False)
+        tcfg.instance_group.append(pb.ModelInstanceGroup(count=o.instances, kind=pb.ModelInstanceGroup.KIND_CPU))
+        for k, v in {"max_length": str(max_length), "pad_to": str(o.pad_to), "inputs": ",".join(ids)}.items():
+            tcfg.parameters[k].string_value = v
 
     pcfg = pb.ModelConfig(name=pool, backend="python", max_batch_size=o.max_batch_size)
     # fp16 artifacts give fp16 states; the pooling model sums in float32 either way
@@ -289,7 +328,7 @@ def text_model_configs(art: Artifact, name: str, o: TritonOptions) -> dict[str, 
     ecfg.output.add(name=EMBEDDING_OUTPUT, data_type=pb.TYPE_FP32, dims=[d])
     steps = ecfg.ensemble_scheduling.step
     s = steps.add(model_name=tok, model_version=-1)
-    s.input_map[TEXT_INPUT] = TEXT_INPUT
+    s.input_map["text" if graph_tok else TEXT_INPUT] = TEXT_INPUT
     for n in ids:
         s.output_map[n] = f"_{n}"
     s = steps.add(model_name=onnx, model_version=-1)
@@ -330,8 +369,11 @@ def write_repository(artifact: Artifact | str | Path, out: str | Path, options: 
                 shutil.copyfile(data, tmp / onnx_name / "1" / data.name)
         if text:
             tok_dir = tmp / f"{name}_tokenizer" / "1"
-            shutil.copyfile(TEMPLATES / "triton_tokenizer_model.py", tok_dir / "model.py")
-            shutil.copyfile(art.tokenizer_dir / "tokenizer.json", tok_dir / "tokenizer.json")
+            if _graph_tokenizer(art, o):
+                shutil.copyfile(art.tokenizer_graph, tok_dir / "model.onnx")
+            else:
+                shutil.copyfile(TEMPLATES / "triton_tokenizer_model.py", tok_dir / "model.py")
+                shutil.copyfile(art.tokenizer_dir / "tokenizer.json", tok_dir / "tokenizer.json")
             shutil.copyfile(TEMPLATES / "triton_pooling_model.py", tmp / f"{name}_pooling" / "1" / "model.py")
         rec = RepositoryRecord(path=str(Path(out)), name=name, models=tuple(sorted(configs)),
                                platform=configs[onnx_name].platform or configs[onnx_name].backend,

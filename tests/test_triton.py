@@ -66,11 +66,26 @@ def test_text_repository_fields_match_manifest(text_art, tmp_path):
     assert [(ig.count, ig.kind) for ig in onnx.instance_group] == [(2, pb.ModelInstanceGroup.KIND_CPU)]
     assert sha256_file(repo / "bert_onnx" / "1" / "model.onnx") == art.manifest["files"]["model.onnx"]
 
+    # the tokenizer step is the artifact's tokenizer graph on the onnxruntime backend, extensions as custom ops
     tok = cfg(repo, "bert_tokenizer")
+    assert tok.platform == "onnxruntime_onnx" and not tok.backend and tok.max_batch_size == 16
+    assert [(i.name, i.data_type, list(i.dims), list(i.reshape.shape), i.HasField("reshape")) for i in tok.input] == [
+        ("text", pb.TYPE_STRING, [1], [], True)]  # [b, 1] from the ensemble -> the graph's text [b]
+    assert [o.name for o in tok.output] == [t.name for t in g.inputs]
+    lib = tok.model_operations.op_library_filename
+    assert len(lib) == 1 and Path(lib[0]).is_file() and "onnxruntime_extensions" in lib[0]
+    assert tok.optimization.graph.level == -1  # basic: ORT_ENABLE_ALL takes seconds on the vocabulary attribute
+    assert (repo / "bert_tokenizer" / "1" / "model.onnx").read_bytes() == art.tokenizer_graph.read_bytes()
+    assert not (repo / "bert_tokenizer" / "1" / "model.py").exists()
+    assert cfg(repo, "bert").ensemble_scheduling.step[0].input_map["text"] == "TEXT"
+
+    # the Python-backend tokenizer (HF tokenizers) stays for --graph-backend python (PyTriton's tritonserver)
+    write_repository(art, tmp_path / "py", TritonOptions(max_batch_size=16, graph_backend="python"))
+    tok = cfg(tmp_path / "py", "bert_tokenizer")
     assert tok.backend == "python" and tok.input[0].data_type == pb.TYPE_STRING and list(tok.input[0].dims) == [1]
     assert tok.parameters["max_length"].string_value == str(art.manifest["pooling"]["max_length"])  # 64
     assert [o.name for o in tok.output] == [t.name for t in g.inputs]
-    assert (repo / "bert_tokenizer" / "1" / "tokenizer.json").read_bytes() == (
+    assert (tmp_path / "py" / "bert_tokenizer" / "1" / "tokenizer.json").read_bytes() == (
         text_art / "tokenizer" / "tokenizer.json").read_bytes()
 
     pool = cfg(repo, "bert_pooling")
@@ -119,7 +134,7 @@ def _load_python_model(path: Path, name: str):
 
 def test_repository_pipeline_gives_the_embedder_vectors(text_art, tmp_path):
     repo = tmp_path / "repo"
-    write_repository(text_art, repo, TritonOptions(name="emb"))
+    write_repository(text_art, repo, TritonOptions(name="emb", graph_backend="python"))  # Python tokenizer step
     models = {}
     for m in ("emb_tokenizer", "emb_pooling"):
         models[m] = _load_python_model(repo / m / "1" / "model.py", m)
@@ -145,6 +160,38 @@ def test_repository_pipeline_gives_the_embedder_vectors(text_art, tmp_path):
     with Embedder(text_art) as e:
         np.testing.assert_allclose(vecs, e.embed(texts), atol=1e-5)
     np.testing.assert_allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-5)
+
+
+def test_tokenizer_graph_step_gives_the_embedder_vectors(text_art, tmp_path):
+    """The generated tokenizer step as Triton's onnxruntime backend runs it (its model.onnx in an ORT session with
+    the op library of its config registered, the [b, 1] text reshaped to [b]), then the graph and the pooling
+    step: the vectors of Embedder(tokenizer="graph") and of the HF-tokenized Embedder (inputs the graph
+    tokenizes like HF)."""
+    import onnxruntime as ort
+
+    repo = tmp_path / "repo"
+    write_repository(text_art, repo, TritonOptions(name="emb"))
+    tcfg = cfg(repo, "emb_tokenizer")
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(tcfg.model_operations.op_library_filename[0])
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC  # config level -1
+    tok = ort.InferenceSession(str(repo / "emb_tokenizer" / "1" / "model.onnx"), so,
+                               providers=["CPUExecutionProvider"])
+    pool = _load_python_model(repo / "emb_pooling" / "1" / "model.py", "emb_pooling")
+    pool.initialize({"model_config": json.dumps(__import__("google.protobuf.json_format", fromlist=["x"]).MessageToDict(
+        cfg(repo, "emb_pooling"), preserving_proto_field_name=True))})
+    texts = ["A man is playing a guitar.", "", "Café naïve résumé", "emoji 🎉", "long " * 200, "x"]
+    batch = np.array([[t.encode()] for t in texts], dtype=object)  # what the ensemble passes: TEXT [b, 1]
+    outs = dict(zip([o.name for o in tcfg.output], tok.run([o.name for o in tcfg.output],
+                                                            {"text": batch.reshape(len(texts))})))
+    assert outs["input_ids"].shape == (len(texts), 64)  # padded to the longest: the 200-word line, cut to 64
+    with open_runner("ort", text_art) as r:
+        hidden = r.infer(outs)["last_hidden_state"]
+    vecs = pool.execute([{"last_hidden_state": hidden, "attention_mask": outs["attention_mask"]}])[0].outputs[
+        "EMBEDDING"]
+    with Embedder(text_art, tokenizer="graph") as g, Embedder(text_art) as h:
+        np.testing.assert_allclose(vecs, g.embed(texts), atol=1e-5)
+        np.testing.assert_allclose(vecs, h.embed(texts), atol=1e-5)
 
 
 def test_plain_graph_accelerators_and_engine(tiny_bert, tmp_path):
