@@ -6,8 +6,13 @@
 
 Model `embedder` (name configurable): input TEXT BYTES [-1 batch, 1] (UTF-8), output EMBEDDING FP32 [batch, d];
 Triton's dynamic batcher merges concurrent requests (max_batch_size, max queue delay) into one
-`Embedder.embed` call (tokenize, length-sorted batches, run, pool from the manifest). Health/readiness are
-Triton's own: GET /v2/health/live, /v2/health/ready, /v2/models/embedder/ready; gRPC ServerReady/ModelReady.
+`Embedder.embed` call (tokenize, length-sorted batches, run, pool from the manifest). The model is a
+Python-backend model of our own (serve/triton_embedder_model.py, in a temporary model repository run by
+PyTriton's bundled tritonserver): each request of a dynamic batch is checked on its own, so a malformed one
+(bad UTF-8, an oversize sentence) gets its own error while the others get their vectors; wrong types/shapes
+and batches over max_batch_size are refused by Triton before batching. (PyTriton's `bind` API fails a whole
+dynamic batch with one error.) Health/readiness are Triton's own: GET /v2/health/live, /v2/health/ready,
+/v2/models/embedder/ready; gRPC ServerReady/ModelReady.
 
 Why a second Python: PyTriton's Python-backend stub fails under this machine's Python 3.11
 (`'_thread.RLock' object has no attribute '_recursion_count'`) and works under 3.13, and the server needs no
@@ -15,8 +20,8 @@ torch. So the server runs in a lean environment (`make serve-env` -> .venv-serve
 tokenizers, numpy, nvidia-pytriton, xdeploy installed --no-deps); `xdeploy serve` in the main environment
 launches `python -m xdeploy.serve.server` there. `serve_python()` says which interpreter is used.
 
-Shutdown: SIGINT or SIGTERM -> Triton.stop() (tritonserver gets SIGTERM, in-flight requests finish, the
-workspace is removed) -> exit 0. The launcher puts the server in its own process group and kills the group if
+Shutdown: SIGINT or SIGTERM -> tritonserver gets SIGTERM (in-flight requests finish), the temporary
+repository is removed -> exit 0. The launcher puts the server in its own process group and kills the group if
 it has not exited after `stop_timeout` seconds, so no tritonserver is left behind.
 """
 
@@ -56,12 +61,15 @@ class ServeOptions:
     runner: str = "ort"
     threads: int = 0  # runner threads (0 = backend default)
     allow_remote: bool = False  # bind a non-loopback host only when asked
+    tokenizer: str = "hf"  # Embedder tokenizer: hf | graph (the artifact's tokenizer graph)
+    max_text_bytes: int = 1 << 22  # a longer sentence fails its request (4 MiB; the Embedder cuts long lines)
 
     def args(self) -> list[str]:
         return ["--host", self.host, "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
                 "--model-name", self.model_name, "--max-batch-size", str(self.max_batch_size),
                 "--max-queue-delay-us", str(self.max_queue_delay_us), "--runner", self.runner,
-                "--threads", str(self.threads)] + (["--allow-remote"] if self.allow_remote else [])
+                "--threads", str(self.threads), "--tokenizer", self.tokenizer, "--max-text-bytes",
+                str(self.max_text_bytes)] + (["--allow-remote"] if self.allow_remote else [])
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -102,62 +110,54 @@ def serve_python() -> str:
 
 # ------------------------------------------------------------------------- the server (serving env) ----
 
-def run_server(artifact: str | Path, options: ServeOptions, *, ready: threading.Event | None = None,
-               stop: threading.Event | None = None) -> int:
-    """Serve until SIGINT/SIGTERM (or `stop` is set, or tritonserver dies). Runs in the serving environment."""
-    import numpy as np
-    from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
-    from pytriton.triton import Triton, TritonConfig
+def write_embedder_repository(artifact: str | Path, repo: Path, options: ServeOptions) -> int:
+    """A one-model Triton repository serving the artifact through the Embedder (serve/triton_embedder_model.py,
+    Python backend): TEXT BYTES [n, 1] -> EMBEDDING FP32 [n, d] with dynamic batching. Returns d."""
+    import shutil
 
     from xdeploy.deploy.embedder import Embedder
+    from xdeploy.serve.triton import _pb, to_pbtxt
+
+    art = Path(artifact).resolve()
+    with Embedder(art, runner=options.runner, batch_size=min(options.max_batch_size, 32), threads=options.threads,
+                  tokenizer=options.tokenizer) as emb:  # one-line errors here, before tritonserver starts
+        dim = emb.dim
+        emb.tokenizer  # noqa: B018 - loads the tokenizer: an artifact without one fails here, not per request
+    pb = _pb()
+    cfg = pb.ModelConfig(name=options.model_name, backend="python", max_batch_size=options.max_batch_size)
+    cfg.input.add(name="TEXT", data_type=pb.TYPE_STRING, dims=[1])
+    cfg.output.add(name="EMBEDDING", data_type=pb.TYPE_FP32, dims=[dim])
+    cfg.dynamic_batching.max_queue_delay_microseconds = options.max_queue_delay_us
+    cfg.instance_group.append(pb.ModelInstanceGroup(count=1, kind=pb.ModelInstanceGroup.KIND_CPU))
+    for k, v in {"artifact": str(art), "runner": options.runner, "threads": str(options.threads),
+                 "tokenizer": options.tokenizer, "batch_size": str(min(options.max_batch_size, 32)),
+                 "max_text_bytes": str(options.max_text_bytes)}.items():
+        cfg.parameters[k].string_value = v
+    (repo / options.model_name / "1").mkdir(parents=True)
+    (repo / options.model_name / "config.pbtxt").write_text(to_pbtxt(cfg), encoding="utf-8")
+    shutil.copyfile(Path(__file__).parent / "triton_embedder_model.py", repo / options.model_name / "1" / "model.py")
+    return dim
+
+
+def run_server(artifact: str | Path, options: ServeOptions, *, stop: threading.Event | None = None) -> int:
+    """Serve until SIGINT/SIGTERM (or `stop` is set, or tritonserver dies). Runs in the serving environment.
+
+    The model is the Embedder in a Python-backend model of our own (serve/triton_embedder_model.py) on PyTriton's
+    bundled tritonserver, not PyTriton's `bind`: a bound infer function can only fail a whole dynamic batch,
+    while this model answers a malformed request with its own error and the others with their vectors."""
+    import tempfile
 
     check_host(options.host, options.allow_remote)
-    emb = Embedder(artifact, runner=options.runner, batch_size=min(options.max_batch_size, 32),
-                   threads=options.threads)
-
-    def infer(requests: list[Any]) -> list[dict[str, np.ndarray]]:
-        # requests merged by Triton's dynamic batcher; each holds TEXT object [n_i, 1] of UTF-8 bytes.
-        # One embed call for all of them (length-sorted batching inside), then split back per request.
-        texts = [r["TEXT"] for r in requests]
-        for t in texts:
-            if t.ndim != 2 or t.shape[1] != 1:
-                raise XDeployError(f"TEXT must have shape [batch, 1], got {list(t.shape)}")
-        vecs = emb.embed([x for t in texts for x in t[:, 0].tolist()])  # [sum n_i, d]
-        out, k = [], 0
-        for t in texts:
-            out.append({"EMBEDDING": vecs[k:k + len(t)]})
-            k += len(t)
-        return out
-
-    stop = stop or threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(sig, lambda *_: stop.set())
-    config = TritonConfig(http_address=options.host, http_port=options.http_port, grpc_address=options.host,
-                          grpc_port=options.grpc_port, allow_metrics=False, exit_timeout_secs=5)
-    triton = Triton(config=config)
-    try:
-        triton.bind(model_name=options.model_name, infer_func=infer,
-                    inputs=[Tensor(name="TEXT", dtype=bytes, shape=(1,))],
-                    outputs=[Tensor(name="EMBEDDING", dtype=np.float32, shape=(emb.dim,))],
-                    config=ModelConfig(max_batch_size=options.max_batch_size, batcher=DynamicBatcher(
-                        max_queue_delay_microseconds=options.max_queue_delay_us)))
-        triton.run()  # starts tritonserver, loads the model, waits until it is ready
-        print(f"{READY_MARK} http={options.host}:{options.http_port} grpc={options.host}:{options.grpc_port} "
-              f"model={options.model_name} dim={emb.dim}", flush=True)
-        if ready is not None:
-            ready.set()
-        while not stop.wait(0.5):
-            if not triton.is_alive():
-                print("xdeploy serve: tritonserver exited", file=sys.stderr, flush=True)
-                return 1
-        return 0
-    finally:
-        triton.stop()
-        emb.close()
+    with tempfile.TemporaryDirectory(prefix="xdeploy-serve-") as tmp:
+        repo = Path(tmp) / "repo"
+        dim = write_embedder_repository(artifact, repo, options)
+        ready_line = (f"{READY_MARK} http={options.host}:{options.http_port} grpc={options.host}:{options.grpc_port} "
+                      f"model={options.model_name} dim={dim}")
+        return run_repository(repo, options, stop=stop, ready_line=ready_line)
 
 
-def run_repository(repo: str | Path, options: ServeOptions, *, stop: threading.Event | None = None) -> int:
+def run_repository(repo: str | Path, options: ServeOptions, *, stop: threading.Event | None = None,
+                   ready_line: str | None = None) -> int:
     """Run PyTriton's bundled tritonserver on a model repository until SIGINT/SIGTERM. That build has only the
     Python backend: serve repositories written with `xdeploy triton --graph-backend python`. Runs in the serving
     environment (its numpy/tokenizers/onnxruntime are what the Python-backend models import)."""
@@ -187,8 +187,12 @@ def run_repository(repo: str | Path, options: ServeOptions, *, stop: threading.E
                str(options.http_port), "--grpc-address", options.host, "--grpc-port", str(options.grpc_port),
                "--allow-metrics", "false", "--exit-timeout-secs", "5", "--exit-on-error", "true"]
         proc = subprocess.Popen(cmd, env=env)
+        url = f"http://{options.host}:{options.http_port}/v2/models/{options.model_name}/ready"
         try:
             while not stop.wait(0.5):
+                if ready_line and _ready(url):  # say so once, for a supervisor reading our output
+                    print(ready_line, flush=True)
+                    ready_line = None
                 if proc.poll() is not None:
                     print(f"xdeploy serve: tritonserver exited with code {proc.returncode}", file=sys.stderr)
                     return 1
@@ -203,6 +207,14 @@ def run_repository(repo: str | Path, options: ServeOptions, *, stop: threading.E
                 proc.wait()
 
 
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:  # loopback only (check_host)
+            return r.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m xdeploy.serve.server")
     p.add_argument("artifact")
@@ -215,11 +227,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runner", default="ort")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--allow-remote", action="store_true")
+    p.add_argument("--tokenizer", choices=("hf", "graph"), default="hf")
+    p.add_argument("--max-text-bytes", type=int, default=1 << 22)
     p.add_argument("--repository", action="store_true", help="ARTIFACT is a Triton model repository")
     a = p.parse_args(argv)
     opts = ServeOptions(host=a.host, http_port=a.http_port, grpc_port=a.grpc_port, model_name=a.model_name,
                         max_batch_size=a.max_batch_size, max_queue_delay_us=a.max_queue_delay_us, runner=a.runner,
-                        threads=a.threads, allow_remote=a.allow_remote)
+                        threads=a.threads, allow_remote=a.allow_remote, tokenizer=a.tokenizer,
+                        max_text_bytes=a.max_text_bytes)
     try:
         return run_repository(a.artifact, opts) if a.repository else run_server(a.artifact, opts)
     except XDeployError as e:

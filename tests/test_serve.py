@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -48,7 +49,7 @@ def server(art, tmp_path_factory):
     _serve_env()
     log = tmp_path_factory.getbasetemp() / "serve.log"
     srv = ServerProcess(art, ServeOptions(http_port=free_port(), grpc_port=free_port(), max_batch_size=16,
-                                          max_queue_delay_us=5000), log=log)
+                                          max_queue_delay_us=5000, max_text_bytes=1 << 16), log=log)
     srv.start()
     yield srv
     srv.stop()
@@ -116,6 +117,58 @@ def test_malformed_requests_get_errors_and_the_server_keeps_serving(server, ref)
         with pytest.raises(InferenceServerException):
             c.infer("embedder", [inp])
     np.testing.assert_allclose(_http(server, SENTENCES), ref.embed(SENTENCES), atol=2e-6, rtol=0)
+    assert server.proc.poll() is None
+
+
+def test_a_malformed_request_fails_alone_in_a_dynamic_batch(server, ref):
+    """A burst of concurrent requests, good ones mixed with bad UTF-8, an oversize sentence, a wrong type and a
+    wrong shape: each bad one gets its own clear error, every good one its vectors, and Triton did merge requests
+    into shared executions (fewer executions than requests), so bad and good ones shared batches."""
+    def stats() -> tuple[int, int]:
+        with th.InferenceServerClient(server.http_url) as c:
+            st = c.get_inference_statistics("embedder")["model_stats"][0]
+        return int(st["execution_count"]), int(st["inference_stats"]["success"]["count"])
+
+    def wrong_shape(_):
+        with th.InferenceServerClient(server.http_url) as c:
+            inp = th.InferInput("TEXT", [1, 2], "BYTES")
+            inp.set_data_from_numpy(np.array([[b"a", b"b"]], dtype=object))
+            return c.infer("embedder", [inp]).as_numpy("EMBEDDING")
+
+    bad = {"utf8": (lambda k: _http(server, [f"ok {k}", b"bad \xff\xfe"]), r"sentence 1 is not valid UTF-8 \(byte 4\)"),
+           "oversize": (lambda k: _http(server, ["x " * 40_000]), r"sentence 0 has 80000 bytes; the limit is 65536"),
+           "type": (lambda k: _http(server, ["hello"], dtype="FP32"), "(?i)datatype|data type|FP32"),
+           "shape": (wrong_shape, "(?i)shape|dims")}
+    jobs = []
+    for k in range(40):
+        kind = ("utf8", "oversize", "type", "shape")[k // 2 % 4] if k % 2 else None
+        jobs.append((kind, [SENTENCES[(k + j) % len(SENTENCES)] + f" #{k}" for j in range(1 + k % 3)]))
+
+    def run(job):
+        kind, texts = job
+        if kind is None:
+            return (_grpc if len(texts) % 2 else _http)(server, texts)
+        try:
+            bad[kind][0](len(texts))
+        except InferenceServerException as e:
+            return e
+        return None
+
+    executions0, successes0 = stats()
+    with ThreadPoolExecutor(20) as pool:
+        outs = list(pool.map(run, jobs))
+    executions1, successes1 = stats()
+    good = 0
+    for (kind, texts), got in zip(jobs, outs):
+        if kind is None:
+            np.testing.assert_allclose(got, ref.embed(texts), atol=2e-6, rtol=0)
+            good += 1
+        else:
+            assert isinstance(got, InferenceServerException), (kind, got)
+            assert re.search(bad[kind][1], str(got)), (kind, str(got))
+    assert good == 20 and successes1 - successes0 == good
+    # the model ran fewer times than it was sent requests: requests (good and bad) were merged into batches
+    assert executions1 - executions0 < good + 10, (executions1 - executions0, good)
     assert server.proc.poll() is None
 
 

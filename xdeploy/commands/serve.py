@@ -26,6 +26,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="dynamic batching: longest wait for more requests, microseconds (default 2000)")
     p.add_argument("--runner", default="ort", help="runner the Embedder uses (default ort)")
     p.add_argument("--threads", type=int, default=0, help="runner threads (0 = backend default)")
+    p.add_argument("--tokenizer", choices=("hf", "graph"), default="hf",
+                   help="hf tokenizers, or the artifact's tokenizer graph (export --tokenizer-graph)")
+    p.add_argument("--max-text-bytes", type=int, default=1 << 22,
+                   help="a longer sentence fails its request alone (default 4 MiB)")
     p.add_argument("--start-timeout", type=float, default=120.0, help="seconds to wait for readiness (default 120)")
     p.add_argument("--log", metavar="FILE", help="append the server's log (tritonserver + PyTriton) to FILE")
     add_json_option(p)
@@ -38,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
     opts = ServeOptions(host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
                         model_name=name, max_batch_size=args.max_batch_size,
                         max_queue_delay_us=args.max_queue_delay_us, runner=args.runner, threads=args.threads,
-                        allow_remote=args.allow_remote)
+                        allow_remote=args.allow_remote, tokenizer=args.tokenizer,
+                        max_text_bytes=args.max_text_bytes)
     srv = ServerProcess(args.artifact, opts, start_timeout=args.start_timeout, log=args.log,
                         repository=args.repository)
     stop = threading.Event()
