@@ -36,6 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="onnxruntime: platform onnxruntime_onnx (default); python: a Python-backend model running "
                         "onnxruntime, for Triton builds without the onnxruntime backend (e.g. PyTriton's)")
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads per instance (0 = default)")
+    p.add_argument("--extensions-library", metavar="SO",
+                   help="onnxruntime-extensions library path on the server, for the tokenizer graph step "
+                        "(default: the one installed here)")
     p.add_argument("--force", action="store_true", help="replace an existing repository directory")
     add_json_option(p)
 
@@ -46,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
     opts = TritonOptions(max_batch_size=args.max_batch_size, instances=args.instances, kind=args.kind,
                          accelerator=args.accelerator, max_queue_delay_us=args.max_queue_delay_us,
                          preferred_batch_sizes=_sizes(args.preferred_batch_sizes), name=args.name,
-                         engine=args.engine, threads=args.threads, graph_backend=args.graph_backend)
+                         engine=args.engine, threads=args.threads, graph_backend=args.graph_backend,
+                         extensions_library=args.extensions_library)
     rec = write_repository(args.artifact, args.out, opts, force=args.force)
     print(f"wrote Triton model repository {rec.path}: models {', '.join(rec.models)}; "
           f"clients call {rec.name!r} ({'strings in, vectors out' if rec.text else rec.platform})")
