@@ -124,10 +124,9 @@ def test_a_malformed_request_fails_alone_in_a_dynamic_batch(server, ref):
     """A burst of concurrent requests, good ones mixed with bad UTF-8, an oversize sentence, a wrong type and a
     wrong shape: each bad one gets its own clear error, every good one its vectors, and Triton did merge requests
     into shared executions (fewer executions than requests), so bad and good ones shared batches."""
-    def stats() -> tuple[int, int]:
+    def executions() -> int:
         with th.InferenceServerClient(server.http_url) as c:
-            st = c.get_inference_statistics("embedder")["model_stats"][0]
-        return int(st["execution_count"]), int(st["inference_stats"]["success"]["count"])
+            return int(c.get_inference_statistics("embedder")["model_stats"][0]["execution_count"])
 
     def wrong_shape(_):
         with th.InferenceServerClient(server.http_url) as c:
@@ -154,10 +153,10 @@ def test_a_malformed_request_fails_alone_in_a_dynamic_batch(server, ref):
             return e
         return None
 
-    executions0, successes0 = stats()
+    executions0 = executions()
     with ThreadPoolExecutor(20) as pool:
         outs = list(pool.map(run, jobs))
-    executions1, successes1 = stats()
+    ran = executions() - executions0
     good = 0
     for (kind, texts), got in zip(jobs, outs):
         if kind is None:
@@ -166,9 +165,10 @@ def test_a_malformed_request_fails_alone_in_a_dynamic_batch(server, ref):
         else:
             assert isinstance(got, InferenceServerException), (kind, got)
             assert re.search(bad[kind][1], str(got)), (kind, str(got))
-    assert good == 20 and successes1 - successes0 == good
-    # the model ran fewer times than it was sent requests: requests (good and bad) were merged into batches
-    assert executions1 - executions0 < good + 10, (executions1 - executions0, good)
+    reached = good + sum(kind in ("utf8", "oversize") for kind, _ in jobs)  # type/shape: refused by Triton
+    assert good == 20 and reached == 30
+    # the model ran fewer times than requests reached it: requests (good and bad) were merged into batches
+    assert ran < reached, (ran, reached)
     assert server.proc.poll() is None
 
 
