@@ -251,7 +251,7 @@ class Embedder:
     def tokenizer(self) -> Any:
         """HF tokenizers' Tokenizer (tokenizer="hf") or a TokenizerSession over the artifact's graph ("graph")."""
         if self._tokenizer is None and self.tokenizer_kind == "graph":
-            from xdeploy.export.tokenizer_graph import TokenizerSession
+            from .tokenizer_graph import TokenizerSession
 
             self._tokenizer = TokenizerSession(self.artifact.tokenizer_graph)
         if self._tokenizer is None:

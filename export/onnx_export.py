@@ -24,6 +24,7 @@ from xdeploy.models import registry
 from xdeploy.models.spec import ExportSpec, Graph, ModelFamily
 
 from .artifact import spec_to_json
+from .tokenizer_graph import TokenizerGraphBuilder
 from .writer import write_artifact
 
 SUPPORTED_OPSETS = (18, 23)  # 18: attention as MatMul/Softmax; 23: the native ONNX Attention op
@@ -127,7 +128,7 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
            opset: int = DEFAULT_OPSET, precision: str = "fp32", force: bool = False,
            attn_impl: str | None = None, seed: int = 0, optimize: bool = DEFAULT_OPTIMIZE, opt_level: int = 1,
            precision_options: Any = None, config_overrides: dict[str, Any] | None = None,
-           tokenizer_graph: bool = False, accept_tokenizer_differences: bool = False) -> Path:
+           tokenizer_graph: TokenizerGraphBuilder | None = None) -> Path:
     """Export every graph of `model` into the artifact directory `out` (written atomically).
 
     `config_overrides` replaces preset config fields (e.g. {"max_positions": 4096} for scaling runs); the
@@ -136,9 +137,10 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
     `optimize` applies onnxruntime's offline optimizations and transformer fusions (export/optimize.py) before
     the precision conversion (export/precision.py; `precision_options` is a `PrecisionOptions`).
 
-    `tokenizer_graph` also writes tokenizer/tokenizer.onnx (export/tokenizer_graph.py: the checkpoint's tokenizer
-    as an onnxruntime-extensions graph, truncating to the pooling max_length or the seq axis), verified against
-    Hugging Face tokenizers; it refuses when ids differ unless `accept_tokenizer_differences`."""
+    `tokenizer_graph` (deploy/tokenizer_graph.py's `tokenizer_graph_builder(accept_differences)`) also writes
+    tokenizer/tokenizer.onnx (export/tokenizer_graph.py: the checkpoint's tokenizer as an onnxruntime-extensions
+    graph, truncating to the pooling max_length or the seq axis), verified against Hugging Face tokenizers by
+    the builder, which refuses when ids differ unless told to accept them."""
     from . import precision as prec
 
     if opset not in SUPPORTED_OPSETS:
@@ -164,10 +166,10 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
         prec.check_requested_nodes(precision, precision_options, w.manifest["conversion"])
         for f in src.tokenizer_files:
             w.add_file(f"tokenizer/{f.name}", f)
-        if tokenizer_graph:
+        if tokenizer_graph is not None:
             from .tokenizer_graph import write_tokenizer_graph
 
             smax = spec.axes["seq"].max  # the Embedder's default max_length: pooling max_length, else the seq axis
             max_length = min((src.pooling.max_length if src.pooling else None) or smax, smax)
-            write_tokenizer_graph(w, max_length, accept_differences=accept_tokenizer_differences)
+            write_tokenizer_graph(w, max_length, tokenizer_graph)
     return Path(out)

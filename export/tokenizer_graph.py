@@ -1,9 +1,10 @@
 """The tokenizer as an ONNX graph (onnxruntime-extensions' BertTokenizer op), so every runtime shares one
 tokenization: the Python Embedder (tokenizer="graph"), the C++ runtime and Triton's ensemble.
 
-    from xdeploy.export.tokenizer_graph import build_tokenizer_graph, verify_tokenizer_graph
+    from xdeploy.export.tokenizer_graph import build_tokenizer_graph
     model = build_tokenizer_graph(tokenizer_json, max_length=256)      # onnx.ModelProto
-    report = verify_tokenizer_graph(model, tokenizer_json, max_length=256)  # ids vs Hugging Face tokenizers
+    # running and verifying it (an ORT session) is deploy/tokenizer_graph.py's: export() takes its builder
+    export("bert", checkpoint=DIR, out=OUT, tokenizer_graph=tokenizer_graph_builder(accept_differences=False))
 
 The graph (b strings, s = the longest kept length, L = max_length):
 
@@ -21,21 +22,19 @@ Only WordPiece tokenizers with BERT's normalizer/pre-tokenizer/template are expr
 others get a clear error and the artifact simply has no tokenizer graph. GPT-2's byte-level BPE is not built:
 the C++/Triton consumers here are embedding runtimes, and GPT-2 artifacts are not text encoders.
 
-`verify_tokenizer_graph` runs the graph and HF tokenizers on TOKENIZER_CORPUS (accents, CJK, emoji, control
-characters, very long inputs, empty strings, ...) and returns which inputs differ; the build refuses unless
-the caller accepts the differences (recorded in the manifest).
+deploy/tokenizer_graph.py's `verify_tokenizer_graph` runs the graph and HF tokenizers on TOKENIZER_CORPUS
+(accents, CJK, emoji, control characters, very long inputs, empty strings, ...) and returns which inputs
+differ; the build refuses unless the caller accepts the differences (recorded in the manifest).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from xdeploy.core.errors import XDeployError
 
@@ -222,48 +221,31 @@ def build_tokenizer_graph(tokenizer_json: Mapping[str, Any], max_length: int, *,
     return model
 
 
-# ------------------------------------------------------------------------------------------ running ----
+# ------------------------------------------------------------------------------------------ writing ----
 
-def write_tokenizer_graph(w: Any, max_length: int, *, accept_differences: bool = False) -> None:
+# (tokenizer/ dir of the artifact being written, max_length) -> (graph bytes, manifest record). export/ builds
+# the graph but opens no ONNX Runtime session: the verifying builder is deploy/tokenizer_graph.py's
+# `tokenizer_graph_builder`, handed to export() by the caller (the CLI, the API, tests).
+TokenizerGraphBuilder = Callable[[Path, int], tuple[bytes, dict[str, Any]]]
+
+
+def write_tokenizer_graph(w: Any, max_length: int, builder: TokenizerGraphBuilder) -> None:
     """Through the artifact writer `w` (export/writer.py; tokenizer/ already added): tokenizer/tokenizer.onnx
     and the manifest's `tokenizer_graph` section (with the extensions version in the manifest's versions)."""
     tdir = w.root / "tokenizer"
     if not (tdir / "tokenizer.json").exists():
         raise XDeployError("--tokenizer-graph needs a checkpoint with a tokenizer (tokenizer.json)")
-    data, record = tokenizer_graph_for(tdir, max_length, accept_differences=accept_differences)
+    data, record = builder(tdir, max_length)
     w.add_file(GRAPH_FILE, data)
     w.add_section("tokenizer_graph", record, versions=("onnxruntime-extensions",))
 
 
-class TokenizerSession:
-    """onnxruntime session over a tokenizer graph, with the extensions library registered.
-
-    encode(texts) -> (ids, mask, type_ids INT64 [b, s], tokens INT64 [b]); texts are str (validated UTF-8)."""
-
-    def __init__(self, path_or_bytes: str | Path | bytes, threads: int = 1) -> None:
-        import onnxruntime as ort
-
-        so = ort.SessionOptions()
-        so.register_custom_ops_library(extensions_library())
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-        so.log_severity_level = 3
-        # ORT_ENABLE_ALL spends ~5 s on this graph at load (its extended passes copy the 230 KB vocab attribute);
-        # the graph has nothing to fuse, so basic optimizations only: ~0.05 s
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        src = path_or_bytes if isinstance(path_or_bytes, bytes) else str(path_or_bytes)
-        try:
-            self.session = ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
-        except Exception as e:  # onnxruntime raises its own exception types for unreadable graphs
-            raise XDeployError(f"cannot load the tokenizer graph: {str(e).splitlines()[0]}") from None
-
-    def encode(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        arr = np.array(list(texts), dtype=object)
-        if arr.size == 0:
-            empty = np.zeros((0, 0), np.int64)
-            return empty, empty, empty, np.zeros(0, np.int64)
-        ids, mask, types, tokens = self.session.run(list(OUTPUTS), {"text": arr})
-        return ids, mask, types, tokens
+def read_tokenizer_json(tokenizer_dir: Path) -> dict[str, Any]:
+    path = tokenizer_dir / "tokenizer.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise XDeployError(f"cannot read {path}: {e}") from None
 
 
 # ------------------------------------------------------------------------------------------ verifying ----
@@ -319,51 +301,24 @@ def hf_encode(tokenizer_json_path: str | Path, texts: Sequence[str], max_length:
     return [e.ids for e in tok.encode_batch(list(texts))]
 
 
-def verify_tokenizer_graph(model_bytes: bytes, tokenizer_json_path: str | Path, max_length: int,
-                           corpus: Sequence[str] = TOKENIZER_CORPUS) -> TokenizerCheck:
-    sess = TokenizerSession(model_bytes)
-    want = hf_encode(tokenizer_json_path, corpus, max_length)
-    diff, examples = [], []
-    for i, text in enumerate(corpus):
-        ids, mask, _, tokens = sess.encode([text])
-        got = ids[0, :int(mask[0].sum())].tolist()
-        if got != want[i]:
-            k = next((j for j, (x, y) in enumerate(zip(got, want[i])) if x != y), min(len(got), len(want[i])))
-            diff.append(i)
-            examples.append(f"input {i} {text[:40]!r}: graph {got[max(0, k - 1):k + 3]} vs HF "
-                            f"{want[i][max(0, k - 1):k + 3]} at token {k}")
-    return TokenizerCheck(inputs=len(corpus), identical=len(corpus) - len(diff), differing=tuple(diff),
-                          texts=tuple(corpus[i][:200] for i in diff), examples=tuple(examples))
-
-
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def tokenizer_graph_for(tokenizer_dir: Path, max_length: int, *, accept_differences: bool = False
-                        ) -> tuple[bytes, dict[str, Any]]:
-    """Build + verify the graph for an artifact's tokenizer/ dir. Returns (onnx bytes, manifest record); raises
-    NotExpressible for tokenizers the op cannot express, and XDeployError when ids differ from HF tokenizers on
-    the verification corpus and `accept_differences` is False (the message names the differing inputs)."""
-    path = tokenizer_dir / "tokenizer.json"
-    try:
-        tj = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise XDeployError(f"cannot read {path}: {e}") from None
-    model = build_tokenizer_graph(tj, max_length, source=str(path))
-    data = model.SerializeToString()
-    check = verify_tokenizer_graph(data, path, max_length)
-    if not check.ok and not accept_differences:
-        raise XDeployError(
-            f"the tokenizer graph differs from Hugging Face tokenizers on {len(check.differing)} of {check.inputs} "
-            f"verification inputs ({'; '.join(check.examples[:3])}{'; ...' if len(check.examples) > 3 else ''}); "
-            "pass --accept-tokenizer-differences (accept_tokenizer_differences=True) to write it anyway, the "
-            "differences recorded in the manifest")
-    record = {"file": GRAPH_FILE, "op": "BertTokenizer", "sha256": sha256_bytes(data),
-              "extensions_version": extensions_version(), "max_length": max_length,
-              "inputs": ["text"], "outputs": list(OUTPUTS), "pad_id": 0,
-              "verified": {"inputs": check.inputs, "identical": check.identical,
-                           "differing": list(check.differing), "differing_texts": list(check.texts),
-                           "examples": list(check.examples),
-                           "accepted": bool(check.differing)}}
-    return data, record
+def refuse_differences(check: TokenizerCheck) -> None:
+    """The build's refusal: which verification inputs differ from HF tokenizers, and how to accept them."""
+    raise XDeployError(
+        f"the tokenizer graph differs from Hugging Face tokenizers on {len(check.differing)} of {check.inputs} "
+        f"verification inputs ({'; '.join(check.examples[:3])}{'; ...' if len(check.examples) > 3 else ''}); "
+        "pass --accept-tokenizer-differences (tokenizer_graph_builder(accept_differences=True)) to write it "
+        "anyway, the differences recorded in the manifest")
+
+
+def graph_record(data: bytes, check: TokenizerCheck, max_length: int) -> dict[str, Any]:
+    """The manifest's `tokenizer_graph` section."""
+    return {"file": GRAPH_FILE, "op": "BertTokenizer", "sha256": sha256_bytes(data),
+            "extensions_version": extensions_version(), "max_length": max_length,
+            "inputs": ["text"], "outputs": list(OUTPUTS), "pad_id": 0,
+            "verified": {"inputs": check.inputs, "identical": check.identical,
+                         "differing": list(check.differing), "differing_texts": list(check.texts),
+                         "examples": list(check.examples), "accepted": bool(check.differing)}}

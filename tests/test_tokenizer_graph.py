@@ -14,15 +14,14 @@ from tiny_text import MINILM, tiny_text_artifact, tiny_text_checkpoint
 
 from xdeploy.core.errors import XDeployError
 from xdeploy.deploy.embedder import Embedder
+from xdeploy.deploy.tokenizer_graph import TokenizerSession, tokenizer_graph_builder, verify_tokenizer_graph
 from xdeploy.export.artifact import load_artifact
 from xdeploy.export.tokenizer_graph import (
     TOKENIZER_CORPUS,
     NotExpressible,
-    TokenizerSession,
     bert_attrs,
     build_tokenizer_graph,
     hf_encode,
-    verify_tokenizer_graph,
 )
 
 
@@ -69,7 +68,7 @@ def test_verification_names_the_differences_and_the_build_refuses(tmp_path):
     if check.differing:
         with pytest.raises(XDeployError, match=r"differs from Hugging Face tokenizers on \d+ of \d+ verification "
                                                r"inputs \(input \d+ .*--accept-tokenizer-differences"):
-            export("bert", checkpoint=ck, out=tmp_path / "refused", tokenizer_graph=True)
+            export("bert", checkpoint=ck, out=tmp_path / "refused", tokenizer_graph=tokenizer_graph_builder())
         assert not (tmp_path / "refused").exists()
 
 
@@ -135,4 +134,4 @@ def test_artifact_without_graph(tmp_path):
     with pytest.raises(XDeployError, match="has no tokenizer graph; export it with --tokenizer-graph"):
         Embedder(plain, tokenizer="graph")
     with pytest.raises(XDeployError, match="needs a checkpoint with a tokenizer"):
-        export("bert", preset="tiny", out=tmp_path / "tiny2", tokenizer_graph=True)
+        export("bert", preset="tiny", out=tmp_path / "tiny2", tokenizer_graph=tokenizer_graph_builder())

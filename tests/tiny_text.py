@@ -35,6 +35,7 @@ def tiny_text_checkpoint(root: Path, *, max_length: int = 64) -> Path:
 
 def tiny_text_artifact(base: Path) -> Path:
     """Export the tiny checkpoint once per test session (base = tmp_path_factory.getbasetemp())."""
+    from xdeploy.deploy.tokenizer_graph import tokenizer_graph_builder
     from xdeploy.export.onnx_export import export
 
     out = base / "tiny-text-fp32"
@@ -45,17 +46,18 @@ def tiny_text_artifact(base: Path) -> Path:
         ck.mkdir()
         # with the tokenizer graph (the differences from HF tokenizers on the verification corpus are accepted:
         # they are the ones documented in docs/embedding.md, and tests compare ids on the other inputs)
-        export("bert", checkpoint=tiny_text_checkpoint(ck), out=out, tokenizer_graph=True,
-               accept_tokenizer_differences=True)
+        export("bert", checkpoint=tiny_text_checkpoint(ck), out=out,
+               tokenizer_graph=tokenizer_graph_builder(accept_differences=True))
     return out
 
 
 def minilm_artifact(tmp_path_factory) -> Path:  # noqa: ANN001
     """One export of the real MiniLM per test session, shared by test_embedder.py and test_cpp.py; with the
     tokenizer graph (accepted differences, as in tiny_text_artifact)."""
+    from xdeploy.deploy.tokenizer_graph import tokenizer_graph_builder
     from xdeploy.export.onnx_export import export
 
     out = tmp_path_factory.getbasetemp() / "minilm-fp32"
     if not (out / "manifest.json").exists():
-        export("bert", checkpoint=MINILM, out=out, tokenizer_graph=True, accept_tokenizer_differences=True)
+        export("bert", checkpoint=MINILM, out=out, tokenizer_graph=tokenizer_graph_builder(accept_differences=True))
     return out

@@ -13,6 +13,7 @@ from __future__ import annotations
 from xdeploy.deploy.embedder import Embedder
 from xdeploy.deploy.generate import GenerationConfig, Generator
 from xdeploy.deploy.registry import open_runner
+from xdeploy.deploy.tokenizer_graph import tokenizer_graph_builder
 from xdeploy.export.artifact import Artifact, load_artifact
 from xdeploy.export.convert import convert_artifact
 from xdeploy.export.onnx_export import export
@@ -23,4 +24,5 @@ from xdeploy.verify.parity import ParityReport, check_artifact
 __all__ = [
     "Artifact", "Embedder", "GenerationConfig", "Generator", "ParityReport", "RunConfig", "RunResult",
     "check_artifact", "convert_artifact", "export", "load_artifact", "make_feeds", "open_runner", "run_job",
+    "tokenizer_graph_builder",
 ]

@@ -56,6 +56,7 @@ def precision_options(args: argparse.Namespace) -> PrecisionOptions:
 
 
 def run(args: argparse.Namespace) -> int:
+    from xdeploy.deploy.tokenizer_graph import tokenizer_graph_builder
     from xdeploy.export.artifact import load_artifact
 
     out = args.out or f"artifacts/{args.model}-{args.preset or ('ckpt' if args.checkpoint else 'default')}-" \
@@ -63,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
     path = export(args.model, preset=args.preset, checkpoint=args.checkpoint, out=out, opset=args.opset,
                   precision=args.precision, force=args.force, attn_impl=args.attn_impl, optimize=args.optimize,
                   opt_level=args.opt_level, precision_options=precision_options(args),
-                  tokenizer_graph=args.tokenizer_graph, accept_tokenizer_differences=args.accept_tokenizer_differences)
+                  tokenizer_graph=tokenizer_graph_builder(args.accept_tokenizer_differences)
+                  if args.tokenizer_graph else None)
     art = load_artifact(path)
     graphs = ", ".join(g.name for g in art.spec.graphs)
     print(f"exported {art.model} ({art.precision}, opset {art.opset}{', optimized' if args.optimize else ''}; "
