@@ -181,7 +181,9 @@ def test_tokenizer_graph_step_gives_the_embedder_vectors(text_art, tmp_path):
     pool.initialize({"model_config": json.dumps(__import__("google.protobuf.json_format", fromlist=["x"]).MessageToDict(
         cfg(repo, "emb_pooling"), preserving_proto_field_name=True))})
     texts = ["A man is playing a guitar.", "", "Café naïve résumé", "emoji 🎉", "long " * 200, "x"]
-    batch = np.array([[t.encode()] for t in texts], dtype=object)  # what the ensemble passes: TEXT [b, 1]
+    # what the ensemble passes: TEXT [b, 1], which the config reshapes to the graph's [b]; Triton hands the bytes
+    # to ONNX Runtime as they are, the Python binding needs str (it would str() a bytes object)
+    batch = np.array([[t] for t in texts], dtype=object)
     outs = dict(zip([o.name for o in tcfg.output], tok.run([o.name for o in tcfg.output],
                                                             {"text": batch.reshape(len(texts))})))
     assert outs["input_ids"].shape == (len(texts), 64)  # padded to the longest: the 200-word line, cut to 64

@@ -6,7 +6,8 @@
 //
 // stdin with --text: one sentence per line, UTF-8 (a final newline ends the last line; a trailing "\r" is
 // dropped, as `xdeploy embed` does); the artifact's tokenizer graph tokenizes it (export --tokenizer-graph).
-// --print-ids prints the token ids instead of vectors. Without --text: one sentence per line as token ids
+// --print-ids prints the token ids instead of vectors; --time N embeds the input N more times and prints the
+// seconds of each embed() call on stderr (studies/text_embed_bench.py). Without --text: one sentence per line as token ids
 // (special tokens included) separated by spaces or commas; a JSON array per line ("[101, 7592, 102]") also works.
 // stdout: one line per sentence, dim() floats printed with 9 significant digits (float32 round-trips exactly).
 // Errors: one line on stderr, exit 2.
