@@ -25,7 +25,7 @@ import os
 import re
 import resource
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -172,6 +172,142 @@ def allocate(probe: Probe, nbytes: int, keep: bool = True) -> int:
         del a
     probe.mark("run")
     return total
+
+
+# ------------------------------------------------------------------------------------- memory guard ----
+# Before a configuration runs, `xdeploy run` estimates its peak from the analytic model below and skips it when
+# it would not fit in the memory available, so one too-big configuration cannot take the whole job down.
+#
+#   peak ≈ runtime + WEIGHT_COPIES · fp32 weights + ACTIVATION_FACTOR · (per-layer activations + scores + outputs)
+#
+#   per-layer activations = B·T·(4d + d_ff)·4 bytes   (hidden states, q/k/v, the feed-forward intermediate)
+#   scores                = 2·B·h·T·S·4 bytes         (scores and softmax probabilities, where the lowering
+#                                                       materializes them; S = T, or the source length)
+#   outputs               = the graph outputs' elements at these sizes · 4 bytes
+#
+# Calibration (reports/reference, 60 latency records of bert base / gpt small / vit base16 on torch, ort, ov at
+# fp32/fp16/int8, this machine): peak RSS minus measured activations was at most 2.7× the fp32 weights (OpenVINO
+# int8: dequantized copies) and the import footprint (torch) about 0.22 GiB, so WEIGHT_COPIES = 3 and 0.5 GiB of
+# runtime are upper bounds; OpenVINO int8 gpt small at batch 8 measured 1.16 GiB of activations for 0.23 GiB of
+# analytic activations + logits, hence ACTIVATION_FACTOR = 4. The estimate is meant to be on the safe side.
+
+RUNTIME_BYTES = 0.5 * 2**30
+WEIGHT_COPIES = 3.0
+ACTIVATION_FACTOR = 4.0
+LIMIT_ENV = "XDEPLOY_MEMORY_LIMIT"  # e.g. "4GiB": the guard treats this as the memory available (tests, CI)
+GiB = float(2**30)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Estimated peak of one configuration, in bytes (see the formula above)."""
+
+    runtime_bytes: float
+    weights_bytes: float  # WEIGHT_COPIES (+ extra copies) × fp32 weights
+    activations_bytes: float  # ACTIVATION_FACTOR × (per-layer activations + outputs)
+    scores_bytes: float  # ACTIVATION_FACTOR × materialized scores (0 for fused lowerings)
+    extra_bytes: float = 0.0  # caller-specific: a KV cache, float64 copies of outputs (parity)
+
+    @property
+    def total(self) -> float:
+        return self.runtime_bytes + self.weights_bytes + self.activations_bytes + self.scores_bytes + \
+            self.extra_bytes
+
+
+def parse_bytes(text: str | float | int) -> float:
+    """'4GiB', '512MiB', '2.5G', '1e9' -> bytes (binary units; a plain number is bytes)."""
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([KMGT]?)(i?B?)\s*", text)
+        if not m:
+            raise XDeployError(f"memory size {text!r} not understood; expected e.g. 4GiB, 512MiB or a byte count")
+        value = float(m.group(1)) * 1024 ** "_KMGT".index(m.group(2) or "_")
+    if value <= 0:
+        raise XDeployError(f"memory size must be positive, got {text!r}")
+    return value
+
+
+def _cgroup_headroom() -> float | None:
+    """memory.max - memory.current of this process's cgroup (v2), where a container limit is set."""
+    try:
+        with open("/proc/self/cgroup", encoding="ascii") as f:
+            rel = next((line.split(":", 2)[2].strip() for line in f if line.startswith("0::")), None)
+        if rel is None:
+            return None
+        base = f"/sys/fs/cgroup{rel}"
+        with open(f"{base}/memory.max", encoding="ascii") as f:
+            mx = f.read().strip()
+        if mx == "max":
+            return None
+        with open(f"{base}/memory.current", encoding="ascii") as f:
+            return float(mx) - float(f.read().strip())
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def available_memory(limit: float | None = None) -> float:
+    """Bytes a new configuration may use: the system's available memory (psutil), a container's headroom, and
+    the configured limit (argument, or $XDEPLOY_MEMORY_LIMIT), whichever is smallest."""
+    import psutil
+
+    cands = [float(psutil.virtual_memory().available)]
+    if (cg := _cgroup_headroom()) is not None:
+        cands.append(cg)
+    if limit is None and os.environ.get(LIMIT_ENV):
+        limit = parse_bytes(os.environ[LIMIT_ENV])
+    if limit is not None:
+        cands.append(float(limit))
+    return min(cands)
+
+
+def _layers_and_dims(cfg: Any) -> tuple[int, int, int]:
+    d = int(cfg.d_model)
+    return d, int(getattr(cfg, "d_ff", 4 * d)), int(cfg.n_heads)
+
+
+def estimate_peak(cfg: Any, sizes: Mapping[str, int], *, weights_fp32_bytes: float, output_elems: float = 0.0,
+                  materialized: bool = True, weight_copies: float = WEIGHT_COPIES, extra_bytes: float = 0.0
+                  ) -> MemoryEstimate:
+    """Peak estimate of one forward of a model with config `cfg` at axis `sizes` (batch, seq/src_seq; ViT:
+    the config's token count). `output_elems`: elements of all graph outputs at these sizes."""
+    d, d_ff, h = _layers_and_dims(cfg)
+    b = int(sizes.get("batch", 1))
+    t = int(sizes.get("seq") or 0) or int(getattr(cfg, "n_tokens", 0) or sizes.get("src_seq") or 1)
+    s = max(t, int(sizes.get("src_seq") or 0))
+    act = b * t * (4 * d + d_ff) * 4.0 + output_elems * 4.0
+    scores = 2.0 * b * h * t * s * 4.0 if materialized else 0.0
+    return MemoryEstimate(runtime_bytes=RUNTIME_BYTES, weights_bytes=weight_copies * weights_fp32_bytes,
+                          activations_bytes=ACTIVATION_FACTOR * act, scores_bytes=ACTIVATION_FACTOR * scores,
+                          extra_bytes=float(extra_bytes))
+
+
+def output_elems(graph: Any, sizes: Mapping[str, int]) -> float:
+    """Elements of every output of `graph` (models/spec.py Graph) at these axis sizes (unknown axes: 1)."""
+    total = 0.0
+    for t in graph.outputs:
+        n = 1.0
+        for dim in t.dims:
+            n *= dim if isinstance(dim, int) else float(sizes.get(dim, 1))
+        total += n
+    return total
+
+
+class MemoryGuard:
+    """Decides, per configuration, whether its estimated peak fits in the memory available now."""
+
+    def __init__(self, limit: float | None = None) -> None:
+        self.limit = limit
+
+    def available(self) -> float:
+        return available_memory(self.limit)
+
+    def check(self, est: MemoryEstimate) -> str | None:
+        """None when it fits; otherwise the note the report shows."""
+        avail = self.available()
+        if est.total <= avail:
+            return None
+        return f"skipped: needs ≈{est.total / GiB:.2f} GiB, {avail / GiB:.2f} GiB available"
 
 
 if __name__ == "__main__":
