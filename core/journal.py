@@ -123,6 +123,16 @@ class JournalState:
         st = self.steps.get((phase, what))
         return st if st is not None and st.status in ("done", "reused") else None
 
+    def machine_at(self, attempt: int | None) -> dict[str, Any]:
+        """The machine identity of the segment that ran `attempt` (the start/resume event before its line)."""
+        seg = self.first
+        for ev in self.events:
+            if attempt is not None and ev["_line"] > attempt:
+                break
+            if ev["event"] in ("start", "resume"):
+                seg = ev
+        return dict(seg.get("machine") or {})
+
     def stop_point(self) -> tuple[str, str] | None:
         """The step the latest segment was in when it stopped (begun, never finished), if any."""
         if self.complete:

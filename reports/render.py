@@ -25,6 +25,7 @@ import datetime as _dt
 import json
 import math
 import os
+import shutil
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -34,6 +35,7 @@ import numpy as np
 
 from xdeploy.core.errors import XDeployError
 from xdeploy.core.fsutil import atomic_dir
+from xdeploy.core.journal import JOURNAL_NAME
 from xdeploy.core.records import KINDS as BENCH_KINDS
 from xdeploy.core.records import validate_record
 
@@ -643,6 +645,23 @@ def _other_section(other: list[Mapping[str, Any]]) -> list[str]:
     return out
 
 
+def _incomplete_banner(inc: Any) -> list[str]:
+    """The first thing an incomplete report says: where the run stopped and what is missing."""
+    if not isinstance(inc, Mapping) or inc.get("complete", True):
+        return []
+    where = inc.get("stopped_in")
+    pos = f" (step {inc['step_index']} of {inc['steps']})" if inc.get("step_index") else ""
+    how = "interrupted (Ctrl-C)" if inc.get("interrupted") else "killed or still running"
+    stop = f"stopped in **{where}**{pos}" if where else "stopped between steps"
+    missing = inc.get("missing") or []
+    out = [f"> **INCOMPLETE**: this run {stop}: {how}; last journal entry {inc.get('last_event') or '?'}.",
+           f"> Missing: {', '.join(missing) if missing else 'nothing but the final report'}.",
+           "> Continue it with `xdeploy run --resume` and the same `--out` and options."]
+    if inc.get("torn_tail"):
+        out.append("> The journal's last line was cut short by the crash and is ignored.")
+    return [*out, ""]
+
+
 def render_summary(records: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], plots: Sequence[str]) -> str:
     by_kind = _by(records, "kind")
     get = lambda k: list(by_kind.get((k,), []))  # noqa: E731
@@ -652,6 +671,7 @@ def render_summary(records: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]
     par = get("parity")
     title = meta.get("title") or "xdeploy report"
     lines = [f"# {title}", ""]
+    lines += _incomplete_banner(meta.get("incomplete"))
     lines += [f"- generated: {meta.get('generated', '?')}" + (f" in {meta['duration_s']:.0f} s"
                                                              if isinstance(meta.get("duration_s"), float) else "")]
     for k in ("command", "presets", "models", "note"):
@@ -668,6 +688,11 @@ def render_summary(records: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]
     stab = stability_summary(records)
     if stab:
         lines += [stab, ""]
+    if isinstance(meta.get("reused_steps"), list) and meta["reused_steps"]:
+        lines += [f"- resumed: {len(meta['reused_steps'])} step(s) taken from the journal (measured by the "
+                  "interrupted run, same configuration, artifacts and machine)", ""]
+    if isinstance(meta.get("errors"), list) and meta["errors"]:
+        lines += ["## Skipped or failed", "", *[f"- {e}" for e in meta["errors"]], ""]
     lines += _machine_section(fp)
     lines += _parity_section(par)
     lines += _latency_section(lat, sp)
@@ -710,10 +735,12 @@ def _flat(rec: Mapping[str, Any]) -> dict[str, Any]:
 
 def render_report(records: Iterable[Mapping[str, Any]], out: str | os.PathLike[str], *,
                   meta: Mapping[str, Any] | None = None,
-                  progress: Callable[[str], None] | None = None) -> Path:
+                  progress: Callable[[str], None] | None = None, carry: Sequence[str] = ()) -> Path:
     """Validate `records` and write the report directory `out` (replacing an existing one atomically).
 
-    `progress(name)` is called after each file is written (for progress bars)."""
+    `progress(name)` is called after each file is written (for progress bars). `carry`: names of files in the
+    existing `out` that move into the new report (the run's journal.jsonl), hard-linked so a later append to
+    the journal is an append to the report's copy."""
     import pandas as pd
 
     recs = [dict(r) for r in records]
@@ -725,8 +752,14 @@ def render_report(records: Iterable[Mapping[str, Any]], out: str | os.PathLike[s
     meta = {"generated": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")} | dict(meta or {})
     note = progress or (lambda _name: None)
     out = Path(out)
-    _check_replaceable(out)
+    check_report_dir(out)
     with atomic_dir(out, force=True) as tmp:
+        for name in carry:
+            if (out / name).is_file():
+                try:
+                    os.link(out / name, tmp / name)
+                except OSError:
+                    shutil.copy2(out / name, tmp / name)
         (tmp / "plots").mkdir()
         by_kind = _by(recs, "kind")
         scale = list(by_kind.get(("scale",), []))
@@ -753,14 +786,15 @@ def render_report(records: Iterable[Mapping[str, Any]], out: str | os.PathLike[s
     return out
 
 
-def _check_replaceable(out: Path) -> None:
-    """The report directory is replaced wholesale: refuse anything that is not an earlier report (or empty),
-    so `--out .` or `--out ~` can never delete a user's files."""
+def check_report_dir(out: Path) -> None:
+    """The report directory is replaced wholesale: refuse anything that is not an earlier report, a run's
+    journal alone (a run killed before its first report) or empty, so `--out .` or `--out ~` can never delete
+    a user's files."""
     if not out.exists():
         return
     if not out.is_dir():
         raise XDeployError(f"{out} exists and is not a directory; expected a report directory path")
-    if any(out.iterdir()) and not (out / "results.json").is_file():
+    if any(p.name != JOURNAL_NAME for p in out.iterdir()) and not (out / "results.json").is_file():
         raise XDeployError(f"{out} exists and is not an xdeploy report (no results.json); refusing to replace it "
                            "- choose a new --out directory")
     if (out / "results.json").is_file():

@@ -54,6 +54,8 @@ class RunConfig:
     presets: dict[str, str] = field(default_factory=dict)  # per-model override of the preset table
     tolerances: tuple[str, ...] = ()  # parity overrides, `xdeploy parity --tolerance` syntax: "[OUT:]atol=X,..."
     skip: tuple[str, ...] = ()  # optional phases not to run (SKIPPABLE); export, parity and report always run
+    resume: bool = False  # continue the journal in `out` (skip steps already measured with the same key)
+    memory_limit: float | None = None  # bytes the memory guard may assume available (None: what the OS says)
 
     def runs(self, phase: str) -> bool:
         return phase not in self.skip
@@ -94,6 +96,8 @@ class RunResult:
     phase_s: dict[str, float]  # wall seconds per phase (export, parity, ...)
     duration_s: float
     errors: tuple[str, ...] = ()  # phases that could not run here, with why (the report says so too)
+    journal: Path | None = None  # <out>/journal.jsonl: every step and record as it happened
+    reused_steps: tuple[str, ...] = ()  # "phase: what" taken from the journal by --resume
 
     @property
     def parity_passed(self) -> bool:
@@ -150,8 +154,11 @@ def _fp() -> dict[str, Any]:
     return fingerprint()
 
 
-def export_all(cfg: RunConfig, model: str, prog: _Progress) -> dict[str, Path]:
-    """fp32 through the torch exporter, the other precisions converted from it (no second torch export)."""
+def export_all(cfg: RunConfig, model: str, prog: _Progress,
+               reuse: Callable[[str, str, Path, Callable[[], Path]], Path] | None = None) -> dict[str, Path]:
+    """fp32 through the torch exporter, the other precisions converted from it (no second torch export).
+    `reuse(model, precision, out, export)` may return an artifact already exported instead of calling export
+    (--resume: the journal's artifact, if it still verifies)."""
     from xdeploy.export.convert import convert_artifact
     from xdeploy.export.onnx_export import export
 
@@ -159,12 +166,14 @@ def export_all(cfg: RunConfig, model: str, prog: _Progress) -> dict[str, Path]:
     root = Path(cfg.artifacts)
     paths: dict[str, Path] = {}
     for prec in cfg.precisions:
-        with prog.step("export", f"{model} {preset} {prec}"):
-            out = root / f"{model}-{preset}-{prec}"
-            if prec == "fp32":
-                paths[prec] = export(model, preset=preset, out=out, force=True)
-            else:
-                paths[prec] = convert_artifact(paths["fp32"], out, prec, force=True)
+        out = root / f"{model}-{preset}-{prec}"
+
+        def one(prec: str = prec, out: Path = out) -> Path:
+            with prog.step("export", f"{model} {preset} {prec}"):
+                if prec == "fp32":
+                    return export(model, preset=preset, out=out, force=True)
+                return convert_artifact(paths["fp32"], out, prec, force=True)
+        paths[prec] = reuse(model, prec, out, one) if reuse else one()
     return paths
 
 
@@ -173,6 +182,10 @@ PARITY_SHAPES_SMOKE: tuple[tuple[int, int | None], ...] = ((2, 17),)
 # padded row at batch >= 3), but the maximum at batch 1: gpt small's logits at 3 x 1024 x 50257 are 600 MB per
 # copy and the comparison holds several float64 copies - the job was OOM-killed on this 24 GiB machine.
 PARITY_SHAPES: tuple[tuple[int, int | None], ...] = ((1, 1), (2, 17), (3, 64), (1, None))
+
+
+def parity_shapes(cfg: RunConfig) -> tuple[tuple[int, int | None], ...]:
+    return PARITY_SHAPES_SMOKE if cfg.smoke else PARITY_SHAPES
 
 
 def parity_records(report: Any, model: str, preset: str) -> list[dict[str, Any]]:
@@ -210,7 +223,8 @@ def _divergence_text(finding: Any) -> str:
     return f"{d.node} ({d.op_type}) -> {d.output}: max_abs {d.max_abs:.3g}, cosine {d.cosine:.6f}"
 
 
-def parity_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progress) -> list[dict[str, Any]]:
+def parity_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progress,
+               shapes: Sequence[tuple[int, int | None]] | None = None) -> list[dict[str, Any]]:
     from xdeploy.export.artifact import load_artifact
     from xdeploy.verify.parity import check_artifact, parse_tolerance_overrides
 
@@ -220,13 +234,14 @@ def parity_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progre
     for prec, path in paths.items():
         with prog.step("parity", f"{model} {preset} {prec}"):
             art = load_artifact(path)
-            rep = check_artifact(art, list(cfg.runners), shapes=PARITY_SHAPES_SMOKE if cfg.smoke else PARITY_SHAPES,
+            rep = check_artifact(art, list(cfg.runners), shapes=shapes or parity_shapes(cfg),
                                  layerwise="on-failure", threads=cfg.threads, overrides=overrides)
             recs += parity_records(rep, model, preset)
     return recs
 
 
-def bench_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progress) -> list[dict[str, Any]]:
+def bench_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progress,
+              guard: _Guard | None = None) -> list[dict[str, Any]]:
     """Latency, throughput and peak memory via bench/suite.py: per (batch, seq), PyTorch eager (the fp32
     reference weights) and every candidate runner on every artifact precision timed interleaved in one child
     (paired speed-ups, stability verdicts), plus one isolated memory child per (runner, precision)."""
@@ -236,6 +251,11 @@ def bench_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progres
     preset = cfg.preset(model)
     batches = (1, 4) if cfg.smoke else (1, 8)
     seqs = (32,) if cfg.smoke else (128,)
+    if guard is not None:  # drop the (batch, seq) configurations whose estimated peak does not fit
+        batches, seqs = guard.bench(model, preset, paths["fp32"], batches, seqs)
+        if not batches:
+            return []
+    failures: list[str] = []  # configurations whose child failed or died: recorded, the job goes on
     # per comparison: rotated rounds of every (runner, precision), at least min_iters and until max_seconds (at
     # most max_iters), re-measured once while unstable; the children's start-up costs more than the timing
     timing = {"warmup": 2, "min_iters": 3, "max_iters": 8, "max_seconds": 0.5} if cfg.smoke else \
@@ -243,8 +263,10 @@ def bench_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progres
         {"warmup": 2, "min_iters": 6, "max_iters": 60, "max_seconds": 20.0}  # base presets: up to 1 s per call
     with prog.step("bench", f"{model} {preset}"):
         arts = [load_artifact(paths[p]) for p in cfg.precisions]  # fp32 first: torch runs with it
-        return bench_artifacts(arts, runners=["torch", *cfg.runners], batches=batches, seqs=seqs,
-                               threads=cfg.threads, **timing)
+        recs = bench_artifacts(arts, runners=["torch", *cfg.runners], batches=batches, seqs=seqs,
+                               threads=cfg.threads, failures=failures, **timing)
+    prog.notes += [f"bench {model} {preset}: failed: {f}" for f in failures]
+    return recs
 
 
 def decode_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progress) -> list[dict[str, Any]]:
@@ -301,18 +323,23 @@ def decode_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progre
     return recs
 
 
-def scale_all(cfg: RunConfig, model: str, prog: _Progress) -> list[dict[str, Any]]:
+def scale_max_t(cfg: RunConfig) -> int:
+    """The largest T of the attention sweep (before the memory guard lowers it)."""
+    return 256 if cfg.smoke else 4096 if cfg.full else 2048
+
+
+def scale_all(cfg: RunConfig, model: str, prog: _Progress, max_t: int | None = None) -> list[dict[str, Any]]:
     """Attention scaling sweep over T (bench/scale.py): every attention lowering, latency and memory per T,
     fitted exponents, the onnxruntime per-op profile; `--full` adds the ViT patch-size rows."""
     from xdeploy.bench.scale import run_scale
 
     with prog.step("scale", model):
         if cfg.smoke:
-            return run_scale(model, smoke=True, budget=20.0, max_t=256, threads=cfg.threads)
+            return run_scale(model, smoke=True, budget=20.0, max_t=max_t or 256, threads=cfg.threads)
         if cfg.full:  # scale.py's own defaults: bert minilm (all layers) to T=4096 in 600 s, ViT patches 32/16/8
-            return run_scale(model, threads=cfg.threads)
+            return run_scale(model, threads=cfg.threads, max_t=max_t)
         # default job: 2 layers of the model's quick preset to T=2048 within 90 s (sized for the 10-minute job)
-        return run_scale(model, preset=cfg.preset(model), quick=True, max_t=2048, budget=90.0, vit_patches=(),
+        return run_scale(model, preset=cfg.preset(model), quick=True, max_t=max_t or 2048, budget=90.0, vit_patches=(),
                          threads=cfg.threads)
 
 
@@ -324,14 +351,257 @@ def roofline_records(cfg: RunConfig, prog: _Progress) -> list[dict[str, Any]]:
         return list(get_roofline(quick=not cfg.full)["records"])
 
 
+# ------------------------------------------------------------------------------------ memory guard ----
+
+class _Guard:
+    """Before each configuration: its estimated peak (bench/memory.py `estimate_peak`) against the memory available
+    now; what does not fit is left out with a note ("skipped: needs ≈X GiB, Y GiB available")."""
+
+    def __init__(self, cfg: RunConfig, prog: _Progress, on_skip: Callable[[str, str, str], None]) -> None:
+        from xdeploy.bench.memory import MemoryGuard
+
+        self.cfg, self.prog, self.on_skip = cfg, prog, on_skip
+        self.guard = MemoryGuard(cfg.memory_limit)
+
+    def _skip(self, phase: str, what: str, note: str) -> None:
+        self.prog.notes.append(f"{phase} {what}: {note}")
+        self.on_skip(phase, what, note)
+
+    @staticmethod
+    def _weights(fp32: Path) -> float:
+        """fp32 weights in bytes: the fp32 artifact's ONNX files (graph + external data)."""
+        return float(sum(p.stat().st_size for p in Path(fp32).iterdir() if p.suffix in (".onnx", ".data")
+                         or p.name.endswith(".onnx.data")))
+
+    def estimate(self, fp32: Path, sizes: dict[str, int], **kw: Any) -> Any:
+        """MemoryEstimate of the model of the fp32 artifact at these axis sizes (inputs it does not use dropped)."""
+        from xdeploy.bench.memory import estimate_peak, output_elems
+        from xdeploy.export.artifact import load_artifact
+
+        art = load_artifact(fp32, verify=False)  # verified when exported / reused
+        g = art.graph("model")
+        used = {d for t in g.inputs for d in t.dims if isinstance(d, str)}
+        sizes = {k: v for k, v in sizes.items() if k == "batch" or k in used}
+        return estimate_peak(art.config, sizes, weights_fp32_bytes=self._weights(fp32),
+                             output_elems=output_elems(g, sizes), **kw)
+
+    def bench(self, model: str, preset: str, fp32: Path, batches: Sequence[int], seqs: Sequence[int]
+              ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The batches and seqs whose every combination fits (estimates grow with both)."""
+        def note(b: int, t: int) -> str | None:
+            return self.guard.check(self.estimate(fp32, {"batch": b, "seq": t, "src_seq": t}))
+
+        keep_s = [t for t in seqs if note(min(batches), t) is None]
+        keep_b = [b for b in batches if all(note(b, t) is None for t in keep_s)]
+        for b in batches:
+            for t in seqs:
+                if b not in keep_b or t not in keep_s:
+                    self._skip("bench", f"{model} {preset} batch {b} seq {t}", note(b, t) or
+                               "skipped: its batch/seq row has a configuration that does not fit")
+        return tuple(keep_b), tuple(keep_s)
+
+    def parity(self, model: str, preset: str, prec: str, path: Path, fp32: Path,
+               shapes: Sequence[tuple[int, int | None]]) -> list[tuple[int, int | None]]:
+        """The parity shapes that fit (parity runs in this process)."""
+        keep = []
+        for b, t in shapes:
+            est, sizes = self.parity_estimate(fp32, b, t)
+            why = self.guard.check(est)
+            if why is None:
+                keep.append((b, t))
+            else:
+                self._skip("parity", f"{model} {preset} {prec} shape {b}x{sizes.get('seq', '-')}", why)
+        return keep
+
+    def parity_estimate(self, fp32: Path, batch: int, seq: int | None) -> tuple[Any, dict[str, int]]:
+        """(MemoryEstimate, sizes) of one parity shape: the reference model in this process besides the runner,
+        and float64 copies of the outputs (reference, candidate, difference, ratio)."""
+        from xdeploy.bench.memory import WEIGHT_COPIES, output_elems
+        from xdeploy.export.artifact import load_artifact
+
+        art = load_artifact(fp32, verify=False)
+        seq_max = art.spec.axes["seq"].max if "seq" in art.spec.axes else None
+        sizes = {"batch": batch} | ({"seq": seq or seq_max, "src_seq": seq or seq_max} if seq_max else {})
+        f64 = 4 * 8.0 * output_elems(art.graph("model"), sizes)
+        return self.estimate(fp32, sizes, weight_copies=WEIGHT_COPIES + 1, extra_bytes=f64), sizes
+
+    def decode(self, model: str, preset: str, fp32: Path, prompt: int, new: int) -> str | None:
+        """Decoding runs in this process: the reference and each runner, a KV cache of prompt + new tokens."""
+        from xdeploy.bench.memory import WEIGHT_COPIES
+        from xdeploy.export.artifact import load_artifact
+
+        c = load_artifact(fp32, verify=False).config
+        layers = getattr(c, "n_layers", 0) or getattr(c, "n_decoder_layers", 0)
+        kv = 2.0 * 2 * layers * (prompt + new) * c.d_model * 4  # keys + values, past and present copies
+        why = self.guard.check(self.estimate(fp32, {"batch": 1, "seq": prompt + new, "src_seq": prompt},
+                                              weight_copies=WEIGHT_COPIES + 1, extra_bytes=kv))
+        if why is not None:
+            self._skip("decode", f"{model} {preset}", why)
+        return why
+
+    def scale_max_t(self, model: str) -> int | None:
+        """The largest T of the sweep whose materialized scores fit; None when not even the smallest does."""
+        from xdeploy.bench.memory import estimate_peak
+        from xdeploy.bench.scale import t_values
+        from xdeploy.models.registry import get_config, param_count
+
+        preset = "tiny" if self.cfg.smoke else self.cfg.preset(model)
+        c = get_config(model, preset)
+        w = 4.0 * param_count(model, c)
+        ts = t_values(scale_max_t(self.cfg))
+        for t in ts:
+            why = self.guard.check(estimate_peak(c, {"batch": 1, "seq": t, "src_seq": t}, weights_fp32_bytes=w))
+            if why is not None:
+                self._skip("scale", f"{model} T={t}" + (f"..{ts[-1]}" if t != ts[-1] else ""), why)
+                return ts[ts.index(t) - 1] if t != ts[0] else None
+        return ts[-1]
+
+
+# ------------------------------------------------------------------------------------------- journal ----
+
+class _Journal:
+    """The run's journal (core/journal.py) and --resume: each step is journaled as it runs; a step already
+    finished in the journal with the same key (configuration, artifact hashes, machine) is reused."""
+
+    def __init__(self, cfg: RunConfig, prog: _Progress, steps: list[tuple[str, str]]) -> None:
+        from xdeploy.core.journal import JOURNAL_NAME, JournalWriter, digest, machine_identity
+
+        self.cfg, self.prog = cfg, prog
+        self.fp = _fp()
+        self.machine = machine_identity(self.fp)
+        self.machine_key = digest(self.machine)
+        self.path = Path(cfg.out) / JOURNAL_NAME
+        self.reused: list[str] = []
+        self._seen: set[int] = set()  # ids of records already journaled (the records.py sink, when present)
+        self._keep: list[dict[str, Any]] = []  # keeps those ids valid
+        header = {"config": self.config_json(), "fingerprint": self.fp, "plan": steps,
+                  "command": _command(cfg)}
+        self.prior = None
+        Path(cfg.out).mkdir(parents=True, exist_ok=True)
+        if cfg.resume and self.path.exists():
+            self.writer, self.prior = JournalWriter.resume(self.path, **header)
+        else:
+            self.writer = JournalWriter.create(self.path, **header)
+            if cfg.resume:
+                self.note(f"--resume: no journal in {cfg.out}; started a new run")
+
+    def config_json(self) -> dict[str, Any]:
+        d = {f.name: getattr(self.cfg, f.name) for f in dataclasses.fields(self.cfg) if f.name != "resume"}
+        return {k: str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+    def step_key(self, phase: str, model: str | None, artifacts: dict[str, Path] | None = None) -> dict[str, Any]:
+        """What a step's result depends on: the job settings that shape it, the artifacts' manifest hashes,
+        the machine. Phases that do not use the run's artifacts (roofline, scale) have none."""
+        from xdeploy.core.fsutil import sha256_file
+        from xdeploy.core.journal import digest
+        from xdeploy.export.artifact import MANIFEST
+
+        c = self.cfg
+        conf = {"phase": phase, "model": model, "preset": c.preset(model) if model else None, "smoke": c.smoke,
+                "full": c.full, "threads": c.threads, "runners": list(c.runners), "tolerances": list(c.tolerances),
+                "memory_limit": c.memory_limit}
+        arts = {p: sha256_file(Path(a) / MANIFEST) for p, a in (artifacts or {}).items()}
+        return {"config": digest(conf), "artifacts": arts, "machine": self.machine_key}
+
+    def note(self, text: str) -> None:
+        self.prog.notes.append(text)
+        self.writer.note(text)
+
+    def sink(self, rec: dict[str, Any]) -> None:
+        """Journal one record the moment it is made (registered with core/records.py's sink where available)."""
+        if id(rec) in self._seen:
+            return
+        self._seen.add(id(rec))
+        self._keep.append(rec)
+        self.writer.record(rec)
+
+    def _why_again(self, prior: Any, key: dict[str, Any]) -> str:
+        from xdeploy.core.journal import identity_changes
+
+        why = []
+        if prior.key.get("machine") != key["machine"]:
+            old = self.prior.machine_at(prior.attempt) if self.prior else {}
+            why.append("machine changed: " + ("; ".join(identity_changes(old, self.machine)[:4]) or "fingerprint"))
+        changed = sorted(p for p in set(prior.key.get("artifacts", {})) | set(key["artifacts"])
+                         if prior.key.get("artifacts", {}).get(p) != key["artifacts"].get(p))
+        if changed:
+            why.append(f"artifact changed: {', '.join(changed)}")
+        if prior.key.get("config") != key["config"]:
+            why.append("settings changed")
+        return "; ".join(why) or "key changed"
+
+    def unit(self, phase: str, what: str, key: dict[str, Any], fn: Callable[[], list[dict[str, Any]]]
+             ) -> list[dict[str, Any]]:
+        """Run one step with its journal events, or reuse its records from the journal being resumed."""
+        prior = self.prior.finished(phase, what) if self.prior else None
+        if prior is not None and prior.key == key:
+            self.writer.reused(phase, what, prior.attempt, key)
+            self.reused.append(f"{phase}: {what}")
+            self.prog.callback(f"{phase}: {what} (journal)", 1)
+            return list(prior.records)
+        if prior is not None:
+            self.note(f"{phase} {what}: re-measured ({self._why_again(prior, key)})")
+        t0 = time.perf_counter()
+        self.writer.begin(phase, what)
+        try:
+            recs = fn()
+        except XDeployError as e:
+            self.writer.failed(phase, what, str(e))
+            raise
+        for r in recs:  # records the sink has not seen (made outside core/records.py's constructor)
+            self.sink(r)
+        self.writer.done(phase, what, key, time.perf_counter() - t0, len(recs))
+        return recs
+
+    def export(self, model: str, prec: str, out: Path, fn: Callable[[], Path]) -> Path:
+        """Export one artifact, or reuse the one the journal recorded if it still verifies with the same hash."""
+        from xdeploy.core.fsutil import sha256_file
+        from xdeploy.export.artifact import MANIFEST, load_artifact
+
+        what = f"{model} {self.cfg.preset(model)} {prec}"
+        prior = self.prior.finished("export", what) if self.prior else None
+        if prior is not None and (out / MANIFEST).is_file():
+            try:
+                load_artifact(out)  # every file's sha256 against the manifest
+                if sha256_file(out / MANIFEST) == prior.key.get("artifact"):
+                    self.writer.reused("export", what, prior.attempt, prior.key)
+                    self.reused.append(f"export: {what}")
+                    self.prog.callback(f"export: {what} (journal)", 1)
+                    return out
+            except XDeployError as e:
+                self.note(f"export {what}: re-exported ({e})")
+        t0 = time.perf_counter()
+        self.writer.begin("export", what)
+        path = fn()
+        self.writer.done("export", what, {"artifact": sha256_file(Path(path) / MANIFEST)}, time.perf_counter() - t0, 0)
+        return path
+
+
+def _command(cfg: RunConfig) -> str:
+    return ("xdeploy run" + (" --full" if cfg.full else "") + (" --smoke" if cfg.smoke else "")
+            + (" --resume" if cfg.resume else ""))
+
+
 # ------------------------------------------------------------------------------------------- the job ----
 
 def run_job(cfg: RunConfig, *, progress: Callable[[str, int], None] | None = None) -> RunResult:
     """Run every phase for every model, write the report to `cfg.out`, and return what happened.
 
-    A phase that cannot run on this machine (e.g. a missing optional runtime) is recorded in `errors` and in
-    the report, and the job continues; parity failures are collected, never raised here (the CLI exits 1)."""
+    Every step is journaled in `cfg.out`/journal.jsonl as it runs (core/journal.py): a killed run leaves what
+    it measured; `resume=True` continues that journal, reusing the steps it finished. Before each configuration
+    the memory guard estimates its peak and skips it, with a note, when it would not fit. A phase that cannot
+    run on this machine (e.g. a missing optional runtime) is recorded in `errors` and in the report, and the
+    job continues; parity failures are collected, never raised here (the CLI exits 1)."""
+    from xdeploy.reports.render import check_report_dir, render_report
+
     cfg.check()
+    check_report_dir(Path(cfg.out))  # before any work: never run for minutes and then refuse the directory
+    t0 = time.perf_counter()
+    prog = _Progress(progress)
+    records: list[dict[str, Any]] = []
+    errors: list[str] = []
+    # journaled with the settings as given (threads 0 = "the free cores"), so a resume keys on what was asked
+    jr = _Journal(cfg, prog, plan(cfg))
     from xdeploy.bench.suite import apply_thread_env
 
     apply_thread_env()  # before torch loads OpenMP in this process (decode runs here): passive waiting
@@ -339,10 +609,7 @@ def run_job(cfg: RunConfig, *, progress: Callable[[str, int], None] | None = Non
         from xdeploy.bench.interleave import free_cores
 
         cfg = dataclasses.replace(cfg, threads=free_cores())
-    t0 = time.perf_counter()
-    prog = _Progress(progress)
-    records: list[dict[str, Any]] = []
-    errors: list[str] = []
+    guard = _Guard(cfg, prog, jr.writer.skip)
 
     def attempt(what: str, fn: Callable[[], list[dict[str, Any]]]) -> None:
         try:
@@ -350,20 +617,41 @@ def run_job(cfg: RunConfig, *, progress: Callable[[str, int], None] | None = Non
         except XDeployError as e:
             errors.append(f"{what}: {e}")
 
-    if cfg.runs("roofline"):
-        attempt("roofline", lambda: roofline_records(cfg, prog))
-    for model in cfg.models:
-        paths = export_all(cfg, model, prog)  # nothing else can run without the artifacts: errors propagate
-        attempt(f"parity {model}", lambda: parity_all(cfg, model, paths, prog))  # noqa: B023
-        if cfg.runs("bench"):
-            attempt(f"bench {model}", lambda: bench_all(cfg, model, paths, prog))  # noqa: B023
-        if model in GENERATIVE and cfg.runs("decode"):
-            attempt(f"decode {model}", lambda: decode_all(cfg, model, paths, prog))  # noqa: B023
-    for model in _scale_models(cfg) if cfg.runs("scale") else []:
-        attempt(f"scale {model}", lambda: scale_all(cfg, model, prog))  # noqa: B023
+    try:
+        if cfg.runs("roofline"):
+            attempt("roofline", lambda: jr.unit("roofline", "machine peaks", jr.step_key("roofline", None),
+                                                lambda: roofline_records(cfg, prog)))
+        for model in cfg.models:
+            preset = cfg.preset(model)
+            paths = export_all(cfg, model, prog, jr.export)  # nothing runs without the artifacts: errors propagate
+            for prec, path in paths.items():
+                shapes = guard.parity(model, preset, prec, path, paths["fp32"], parity_shapes(cfg))
+                if shapes:
+                    attempt(f"parity {model}", lambda: jr.unit(  # noqa: B023
+                        "parity", f"{model} {preset} {prec}", jr.step_key("parity", model, {prec: path}),  # noqa: B023
+                        lambda: parity_all(cfg, model, {prec: path}, prog, shapes)))  # noqa: B023
+            if cfg.runs("bench"):
+                attempt(f"bench {model}", lambda: jr.unit(  # noqa: B023
+                    "bench", f"{model} {preset}", jr.step_key("bench", model, paths),  # noqa: B023
+                    lambda: bench_all(cfg, model, paths, prog, guard)))  # noqa: B023
+            if model in GENERATIVE and cfg.runs("decode"):
+                new = 16 if cfg.smoke else (128 if cfg.full else 64)
+                if guard.decode(model, preset, paths["fp32"], 8 if cfg.smoke else 32, new) is None:
+                    attempt(f"decode {model}", lambda: jr.unit(  # noqa: B023
+                        "decode", f"{model} {preset}", jr.step_key("decode", model, paths),  # noqa: B023
+                        lambda: decode_all(cfg, model, paths, prog)))  # noqa: B023
+        for model in _scale_models(cfg) if cfg.runs("scale") else []:
+            max_t = guard.scale_max_t(model)
+            if max_t is not None:
+                attempt(f"scale {model}", lambda: jr.unit(  # noqa: B023
+                    "scale", model, jr.step_key("scale", model) | {"max_t": max_t},  # noqa: B023
+                    lambda: scale_all(cfg, model, prog, max_t)))  # noqa: B023
+    except KeyboardInterrupt:
+        jr.writer.interrupted("SIGINT")
+        jr.writer.close()
+        raise
 
     from xdeploy.bench.roofline import reconcile
-    from xdeploy.reports.render import render_report
 
     records = reconcile(records)  # no record above 100% of its peak: a peak it beats is measured again
     errors += prog.notes
@@ -372,12 +660,16 @@ def run_job(cfg: RunConfig, *, progress: Callable[[str, int], None] | None = Non
                      if r["kind"] == "parity" and not r["passed"])
     duration = time.perf_counter() - t0
     meta = {"title": f"xdeploy run ({'full: base presets' if cfg.full else 'default presets'})",
-            "command": "xdeploy run" + (" --full" if cfg.full else "") + (" --smoke" if cfg.smoke else ""),
+            "command": _command(cfg),
             "presets": ", ".join(f"{m} {cfg.preset(m)}" for m in cfg.models),
             "precisions": list(cfg.precisions), "runners": ["torch (reference)", *cfg.runners],
             "duration_s": float(duration), "phase_s": prog.phase_s, "errors": errors,
-            "note": "; ".join(errors) if errors else None}
+            "note": "; ".join(errors) if errors else None, "journal": str(jr.path),
+            "reused_steps": list(jr.reused)}
     with prog.step("report", str(cfg.out)):
-        out = render_report(records, cfg.out, meta=meta)
+        out = render_report(records, cfg.out, meta=meta, carry=(jr.path.name,))
+    jr.writer.end(time.perf_counter() - t0, str(out))
+    jr.writer.close()
     return RunResult(out=out, records=tuple(records), parity_failures=failures, phase_s=dict(prog.phase_s),
-                     duration_s=time.perf_counter() - t0, errors=tuple(errors))
+                     duration_s=time.perf_counter() - t0, errors=tuple(errors), journal=jr.path,
+                     reused_steps=tuple(jr.reused))

@@ -17,7 +17,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r = sub.add_parser("render", help="records (JSON lines, or a report's results.json) -> report directory",
                        description="Render benchmark records into summary.md, results.csv/json and plots.")
     r.add_argument("inputs", nargs="+", metavar="FILE", help="records as JSON lines (xdeploy bench/scale/roofline "
-                   "--records) or a report directory / results.json")
+                   "--records), a run's journal.jsonl (a killed run gives an INCOMPLETE report naming where it "
+                   "stopped) or a report directory / results.json")
     r.add_argument("--out", required=True, metavar="DIR", help="report directory (replaced atomically)")
     r.add_argument("--title", help="title of summary.md")
     add_json_option(r)
@@ -31,17 +32,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_json_option(c)
 
 
-def _read_inputs(paths: list[str]) -> list[dict]:
+def _read_inputs(paths: list[str], meta: dict) -> list[dict]:
+    """Records of every input; a journal adds its run's status to `meta` (incomplete: where it stopped)."""
     from pathlib import Path
 
     from xdeploy.core.errors import XDeployError
+    from xdeploy.core.journal import is_journal, read_journal
     from xdeploy.core.records import read_records
     from xdeploy.reports.render import load_results
 
     records: list[dict] = []
     for path in paths:
         p = Path(path)
-        if p.is_dir() or p.name == "results.json":
+        if p.is_file() and is_journal(p):
+            st = read_journal(p)
+            records += st.records()
+            if not st.complete:
+                meta["incomplete"] = st.status()
+            meta["errors"] = list(meta.get("errors", [])) + list(st.notes)
+            meta.setdefault("title", f"{st.first.get('command') or 'xdeploy run'} (from its journal"
+                                     f"{'' if st.complete else ', INCOMPLETE'})")
+        elif p.is_dir() or p.name == "results.json":
             records += load_results(p)["records"]
         elif p.exists():
             records += read_records(p)
@@ -55,13 +66,24 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console()
     if args.action == "render":
+        from pathlib import Path
+
+        from xdeploy.core.journal import JOURNAL_NAME
         from xdeploy.reports.render import render_report
 
-        records = _read_inputs(args.inputs)
-        out = render_report(records, args.out, meta={"title": args.title or "xdeploy report",
-                                                     "command": "xdeploy report render " + " ".join(args.inputs)})
-        console.print(f"rendered {len(records)} records -> {out}/summary.md")
-        write_json(args.json, {"out": str(out), "records": len(records)})
+        meta: dict = {}
+        records = _read_inputs(args.inputs, meta)
+        meta |= {"title": args.title or meta.get("title") or "xdeploy report",
+                 "command": "xdeploy report render " + " ".join(args.inputs)}
+        # rendering a run's own journal into its own directory keeps the journal there (--resume still works)
+        carry = [JOURNAL_NAME] if any(Path(i).resolve() == (Path(args.out) / JOURNAL_NAME).resolve()
+                                      for i in args.inputs) else []
+        out = render_report(records, args.out, meta=meta, carry=carry)
+        inc = meta.get("incomplete")
+        console.print(f"rendered {len(records)} records -> {out}/summary.md"
+                      + (f" (INCOMPLETE: stopped {'in ' + inc['stopped_in'] if inc['stopped_in'] else 'between steps'})"
+                         if inc else ""))
+        write_json(args.json, {"out": str(out), "records": len(records), "incomplete": inc})
         return 0
 
     from xdeploy.reports.compare import compare_runs, render_table

@@ -29,6 +29,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="phases not to run: roofline, bench, decode, scale (export, parity, report always run)")
     p.add_argument("--threads", type=int, default=0,
                    help="threads per runner (0 = the cores free at the start, measured)")
+    p.add_argument("--resume", action="store_true", help="continue the run journaled in --out (after a crash, "
+                   "kill or Ctrl-C): steps already measured with the same configuration, artifacts and machine "
+                   "are taken from the journal")
+    p.add_argument("--memory-limit", metavar="SIZE", help="memory the guard may assume available, e.g. 4GiB "
+                   "(default: what the OS reports; also $XDEPLOY_MEMORY_LIMIT)")
     add_json_option(p)
 
 
@@ -40,12 +45,15 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from xdeploy.bench.memory import parse_bytes
     from xdeploy.core.errors import ParityError
     from xdeploy.pipeline import RunConfig, plan, run_job
 
     cfg = RunConfig(out=args.out, artifacts=args.artifacts, models=_split(args.models), full=args.full,
                     smoke=args.smoke, precisions=_split(args.precisions), runners=_split(args.runners),
-                    threads=args.threads, tolerances=tuple(args.tolerance), skip=_split(args.skip))
+                    threads=args.threads, tolerances=tuple(args.tolerance), skip=_split(args.skip),
+                    resume=args.resume,
+                    memory_limit=parse_bytes(args.memory_limit) if args.memory_limit else None)
     cfg.check()
     console = Console(stderr=True)
     steps = plan(cfg)
@@ -56,7 +64,13 @@ def run(args: argparse.Namespace) -> int:
         def progress(what: str, advance: int) -> None:
             bar.update(task, description=what[:42], advance=advance)
 
-        result = run_job(cfg, progress=progress)
+        try:
+            result = run_job(cfg, progress=progress)
+        except KeyboardInterrupt:
+            console.print(f"journal kept: {cfg.out}/journal.jsonl — `xdeploy run --resume --out {cfg.out}` "
+                          f"continues it; `xdeploy report render {cfg.out}/journal.jsonl --out DIR` shows what "
+                          "was measured", soft_wrap=True)
+            raise
         bar.update(task, description="done", completed=len(steps))
 
     out = Console()
@@ -64,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
     write_json(args.json, {"out": str(result.out), "summary": str(result.out / "summary.md"),
                            "parity_passed": result.parity_passed, "parity_failures": list(result.parity_failures),
                            "errors": list(result.errors), "duration_s": result.duration_s,
-                           "phase_s": result.phase_s, "records": len(result.records)})
+                           "phase_s": result.phase_s, "records": len(result.records),
+                           "journal": str(result.journal), "reused_steps": list(result.reused_steps)})
     if not result.parity_passed:
         raise ParityError(f"{len(result.parity_failures)} parity check(s) failed (first: "
                           f"{result.parity_failures[0]}); report in {result.out}/summary.md")
