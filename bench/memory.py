@@ -305,9 +305,16 @@ class MemoryGuard:
     def check(self, est: MemoryEstimate) -> str | None:
         """None when it fits; otherwise the note the report shows."""
         avail = self.available()
-        if est.total <= avail:
-            return None
-        return f"skipped: needs ≈{est.total / GiB:.2f} GiB, {avail / GiB:.2f} GiB available"
+        return None if est.total <= avail else skip_note(est.total, avail)
+
+
+def _size(b: float) -> str:
+    return f"{b / GiB:.2f} GiB" if b >= GiB else f"{b / 2**20:.1f} MiB"
+
+
+def skip_note(need: float, available: float) -> str:
+    """'skipped: needs ≈3.10 GiB, 2.00 GiB available' (MiB below 1 GiB, so close figures stay distinct)."""
+    return f"skipped: needs ≈{_size(need)}, {_size(available)} available"
 
 
 if __name__ == "__main__":

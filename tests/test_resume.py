@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from xdeploy.bench.memory import skip_note
 from xdeploy.cli import main
 from xdeploy.core.journal import read_journal
 from xdeploy.reports.compare import identity
@@ -31,10 +32,26 @@ def _ids(records):
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    """One uninterrupted run: its records (the reference set) and its directory (out/, art/)."""
+    """One uninterrupted run under a memory limit that only its biggest configuration exceeds: the reference
+    records for the resume tests, and the memory guard's test case (one run serves both: runs cost seconds)."""
+    from xdeploy.export.onnx_export import export
+    from xdeploy.pipeline import PARITY_SHAPES_SMOKE, RunConfig, _Guard, _Progress
+
     d = tmp_path_factory.mktemp("base")
-    assert main(["run", *ARGS, "--out", str(d / "out"), "--artifacts", str(d / "art")]) == 0
-    return load_results(d / "out")["records"], d
+    fp32 = export("vit", preset="tiny", out=d / "model")  # the model the run exports: for the estimates
+    g = _Guard(RunConfig(smoke=True), _Progress(None), lambda *_: None)
+    (pb, ps), = PARITY_SHAPES_SMOKE
+    est = {"bench batch 1": g.estimate(fp32, {"batch": 1}).total,  # the smoke bench: batch 1 and 4
+           "bench batch 4": g.estimate(fp32, {"batch": 4}).total,
+           "parity": g.parity_estimate(fp32, pb, ps)[0].total}  # parity holds a reference model too
+    (big, need), (_, second) = sorted(est.items(), key=lambda kv: -kv[1])[:2]
+    limit = int((need + second) / 2)  # only the biggest configuration does not fit
+    LIMIT[:] = ["--memory-limit", str(limit)]
+    assert main(["run", *ARGS, *LIMIT, "--out", str(d / "out"), "--artifacts", str(d / "art")]) == 0
+    return {"records": load_results(d / "out")["records"], "dir": d, "big": big, "need": need, "limit": limit}
+
+
+LIMIT: list[str] = []  # the memory limit of the reference run, used by every run compared with it
 
 
 def _work_lines(journal: Path) -> int:
@@ -49,8 +66,9 @@ def _run_until(out: Path, art: Path, new_lines: int) -> int:
     Returns the child's exit code (-9 when killed, 0 when it finished first)."""
     journal = out / "journal.jsonl"
     before = _work_lines(journal)
-    child = subprocess.Popen([sys.executable, "-m", "xdeploy.cli", "run", *ARGS, "--out", str(out), "--artifacts",
-                              str(art), "--resume"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    child = subprocess.Popen([sys.executable, "-m", "xdeploy.cli", "run", *ARGS, *LIMIT, "--out", str(out),
+                              "--artifacts", str(art), "--resume"], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 300
         while child.poll() is None and time.monotonic() < deadline:
@@ -96,14 +114,14 @@ def test_sigkill_at_seeded_points_then_resume_gives_the_uninterrupted_records(tm
     st = read_journal(out / "journal.jsonl")
     assert st.complete and not st.torn and st.missing() == [("report", str(out))]
     final = load_results(out)
-    assert _ids(final["records"]) == _ids(uninterrupted[0])  # same set, no duplicates from the killed attempts
+    assert _ids(final["records"]) == _ids(uninterrupted["records"])  # same set, no duplicates from the killed attempts
     assert final["meta"]["reused_steps"]  # finished steps were not measured again
     assert "export: vit tiny fp32" in final["meta"]["reused_steps"]  # the verified artifact was reused
     assert not [p for p in art.iterdir() if p.name.startswith(".")]  # no temporaries left by the kills
 
 
 def test_resume_on_another_machine_remeasures_and_says_why(tmp_path, uninterrupted):
-    base = uninterrupted[1]
+    base = uninterrupted["dir"]
     out, art = tmp_path / "out", tmp_path / "art"
     shutil.copytree(base / "out", out)
     shutil.copytree(base / "art", art)
@@ -115,44 +133,33 @@ def test_resume_on_another_machine_remeasures_and_says_why(tmp_path, uninterrupt
         if isinstance(ev.get("key"), dict) and "machine" in ev["key"]:
             ev["key"]["machine"] = "0000000000000000"
     (out / "journal.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
-    # (bench skipped here only to keep the test short: parity shows the same rule)
-    args = [a if a != "roofline,scale,decode" else "roofline,scale,decode,bench" for a in ARGS]
-    assert main(["run", *args, "--out", str(out), "--artifacts", str(art), "--resume", "--json",
+    assert main(["run", *ARGS, *LIMIT, "--out", str(out), "--artifacts", str(art), "--resume", "--json",
                  str(tmp_path / "r.json")]) == 0
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["reused_steps"] == ["export: vit tiny fp32"]  # the artifact still verifies; measurements do not stand
     md = (out / "summary.md").read_text()
-    assert "parity vit tiny fp32: re-measured (machine changed: cpu_model: Other CPU 9000 -> " in md
-    par = [r for r in load_results(out)["records"] if r["kind"] == "parity"]
-    assert _ids(par) == _ids([r for r in uninterrupted[0] if r["kind"] == "parity"])
+    assert "bench vit tiny: re-measured (machine changed: cpu_model: Other CPU 9000 -> " in md
+    assert _ids(load_results(out)["records"]) == _ids(uninterrupted["records"])
 
 
-def test_memory_guard_skips_what_does_not_fit_and_the_job_goes_on(tmp_path, uninterrupted):
-    from xdeploy.pipeline import PARITY_SHAPES_SMOKE, RunConfig, _Guard, _Progress
-
-    art = tmp_path / "art"
-    fp32 = uninterrupted[1] / "art" / "vit-tiny-fp32"  # the same model the run below exports
-    g = _Guard(RunConfig(smoke=True), _Progress(None), lambda *_: None)
-    (pb, ps), = PARITY_SHAPES_SMOKE
-    est = {"bench batch 1": g.estimate(fp32, {"batch": 1}).total,  # the smoke bench: batch 1 and 4
-           "bench batch 4": g.estimate(fp32, {"batch": 4}).total,
-           "parity": g.parity_estimate(fp32, pb, ps)[0].total}  # parity holds a reference model too
-    (big, need), (_, second) = sorted(est.items(), key=lambda kv: -kv[1])[:2]
-    limit = (need + second) / 2  # only the biggest configuration does not fit
-    out = tmp_path / "out"
-    rc = main(["run", *ARGS, "--out", str(out), "--artifacts", str(art), "--memory-limit", str(int(limit))])
-    assert rc == 0
+def test_memory_guard_skips_what_does_not_fit_and_the_job_goes_on(uninterrupted):
+    """The reference run (exit 0 asserted by the fixture) under a limit only its biggest configuration exceeds."""
+    u = uninterrupted
+    out = u["dir"] / "out"
     res = load_results(out)
     lat = sorted((r["runner"], r["batch"]) for r in res["records"] if r["kind"] == "latency")
     par = [r["passed"] for r in res["records"] if r["kind"] == "parity"]
-    gib = 2**30
-    note = f"skipped: needs ≈{need / gib:.2f} GiB, {limit / gib:.2f} GiB available"
+    note = skip_note(u["need"], u["limit"])  # "skipped: needs ≈X MiB, Y MiB available"
+    assert note.startswith("skipped: needs ≈") and note.endswith(" available")
     md = (out / "summary.md").read_text()
-    skips = [e for e in read_journal(out).events if e["event"] == "skip"]
-    assert len(skips) == 1 and skips[0]["note"] == note and note in md
-    if big == "parity":
+    skips = [(e["what"], e["note"]) for e in read_journal(out).events if e["event"] == "skip"]
+    if u["big"] == "parity":  # the only parity shape: the step is skipped, everything else measured
         assert par == [] and lat == [("ort", 1), ("ort", 4), ("torch", 1), ("torch", 4)]
-        assert skips[0]["what"] == f"vit tiny fp32 shape {pb}x-"
-    else:
+        assert skips == [("vit tiny fp32 shape 2x-", note),
+                         ("vit tiny fp32", "every parity shape skipped by the memory guard")]
+        assert f"parity vit tiny fp32 shape 2x-: {note}" in md
+    else:  # bench at batch 4 skipped, everything else measured
         assert par == [True] and lat == [("ort", 1), ("torch", 1)]
-        assert skips[0]["what"] == "vit tiny batch 4 seq 32"
+        assert skips == [("vit tiny batch 4 seq 32", note)]
+        assert f"bench vit tiny batch 4 seq 32: {note}" in md
+    assert read_journal(out).missing() == [("report", str(out))]  # a skipped step is accounted for

@@ -398,6 +398,9 @@ class _Guard:
                 if b not in keep_b or t not in keep_s:
                     self._skip("bench", f"{model} {preset} batch {b} seq {t}", note(b, t) or
                                "skipped: its batch/seq row has a configuration that does not fit")
+        if not keep_b or not keep_s:
+            self.on_skip("bench", f"{model} {preset}", "every configuration skipped by the memory guard")
+            return (), ()
         return tuple(keep_b), tuple(keep_s)
 
     def parity(self, model: str, preset: str, prec: str, path: Path, fp32: Path,
@@ -411,6 +414,8 @@ class _Guard:
                 keep.append((b, t))
             else:
                 self._skip("parity", f"{model} {preset} {prec} shape {b}x{sizes.get('seq', '-')}", why)
+        if not keep:  # the whole step: the journal knows it was not forgotten
+            self.on_skip("parity", f"{model} {preset} {prec}", "every parity shape skipped by the memory guard")
         return keep
 
     def parity_estimate(self, fp32: Path, batch: int, seq: int | None) -> tuple[Any, dict[str, int]]:
@@ -453,7 +458,10 @@ class _Guard:
             why = self.guard.check(estimate_peak(c, {"batch": 1, "seq": t, "src_seq": t}, weights_fp32_bytes=w))
             if why is not None:
                 self._skip("scale", f"{model} T={t}" + (f"..{ts[-1]}" if t != ts[-1] else ""), why)
-                return ts[ts.index(t) - 1] if t != ts[0] else None
+                if t == ts[0]:
+                    self.on_skip("scale", model, "every T skipped by the memory guard")
+                    return None
+                return ts[ts.index(t) - 1]
         return ts[-1]
 
 
