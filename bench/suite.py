@@ -35,7 +35,8 @@ import numpy as np
 
 from xdeploy.core.errors import XDeployError
 from xdeploy.core.fingerprint import fingerprint
-from xdeploy.core.records import make_record
+from xdeploy.core.records import best, identity, make_record, speedup_interval, speedups, unstable
+from xdeploy.core.targets import TARGETS
 
 from .memory import MemoryStats, Probe, run_isolated
 
@@ -445,17 +446,15 @@ def _mib(x: float | None) -> str:
 
 
 def latency_table(records: Sequence[Mapping[str, Any]], *, baseline: str | None = "torch") -> Any:
-    """A rich table of latency records; the speed-up is the paired one from the interleaved rounds (median and
-    95% interval), "unstable (load|noise)" where the comparison stayed unstable; records without a
-    `stability` block (older files) fall back to baseline p50 / p50."""
+    """A rich table of latency records. The speed-up is core/records.py's `speedups`: the paired one from the
+    interleaved rounds (median and 95% interval), "unstable (load|noise)" where the comparison stayed unstable;
+    records without a `stability` block (older files) fall back to the baseline's fp32 p50 / p50."""
     from rich.table import Table
 
     from xdeploy.core.fingerprint import summary
 
-    from .interleave import speedup_text
-
-    base = {(r["model"], r["batch"], r["seq"]): r["latency_s"]["p50"] for r in records
-            if baseline and r["runner"] == baseline}
+    sp = speedups(records, baseline) if baseline else {}
+    unst = unstable(records)
     models = sorted({f"{r['model']} {r['preset'] or ''}".strip() for r in records})
     caption = summary(records[0]["fingerprint"]) if records else None
     t = Table(title=f"xdeploy bench {', '.join(models)} — latency per call, memory = child RSS (MiB)",
@@ -465,8 +464,7 @@ def latency_table(records: Sequence[Mapping[str, Any]], *, baseline: str | None 
     for c in cols:
         t.add_column(c, justify="left" if c in ("runner", "prec", "parity") else "right")
     for r in records:
-        lat = r["latency_s"]
-        b = base.get((r["model"], r["batch"], r["seq"]))
+        lat, ident = r["latency_s"], identity(r)
         prec = r["precision"] if r["precision"] == r["artifact_precision"] else \
             f"{r['artifact_precision']}>{r['precision']}"
         m = r["memory"]
@@ -475,53 +473,50 @@ def latency_table(records: Sequence[Mapping[str, Any]], *, baseline: str | None 
             f"{lat['p50'] * 1e3:.2f}", f"{lat['p99'] * 1e3:.2f}", f"{lat['std'] * 1e3:.2f}", str(r["iterations"]),
             f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else f"{r['items_per_s']:.1f}/s",
             f"{r['achieved_flops'] / 1e9:.1f}", f"{r['pct_of_peak']:.0f}%" if r["pct_of_peak"] is not None else "-",
-            speedup_text(r.get("stability")) if r.get("stability") else f"{b / lat['p50']:.2f}" if b else "-",
+            _speedup_text(sp.get(ident), speedup_interval(r), unst.get(ident)),
             _mib(m["weights_bytes"]), _mib(m["activations_bytes"]),
             {True: "pass", False: "FAIL", None: "-"}[r["parity_passed"]])
     return t
 
 
-def best_vs_baseline(records: Sequence[Mapping[str, Any]], baseline: str = "torch", *, min_speedup: float = 6.0,
-                     min_pct: float = 70.0) -> list[dict[str, Any]]:
-    """Per (model, batch, seq): the fastest record whose parity passed (or was not checked) against the
-    baseline runner's fp32 p50, its % of the GEMM peak, and whether the performance targets are met."""
+def _speedup_text(x: float | None, interval: tuple[float, float] | None, unstable: str | None) -> str:
+    """'3.41x (3.30-3.52)' (paired, 95% interval), '3.41x' (p50 ratio), 'unstable (load)', or '-'."""
+    if unstable:
+        return f"unstable ({unstable})"
+    if x is None:
+        return "-"
+    return f"{x:.2f}x" + (f" ({interval[0]:.2f}-{interval[1]:.2f})" if interval else "")
+
+
+def best_vs_baseline(records: Sequence[Mapping[str, Any]], baseline: str = "torch") -> list[dict[str, Any]]:
+    """Per configuration: the fastest record whose parity passed (or was not checked) and its speed-up over
+    PyTorch eager fp32 (core/records.py `best`: paired when interleaved, None when unstable), its % of the
+    GEMM peak, and whether the targets (core/targets.py) are met."""
+    speedup, peak = TARGETS["speedup_vs_eager"], TARGETS["pct_of_gemm_peak"]
     out = []
-    groups: dict[tuple, list[Mapping[str, Any]]] = {}
-    for r in records:
-        groups.setdefault((r["model"], r["preset"], r["batch"], r["seq"]), []).append(r)
-    for (model, preset, batch, seq), rs in groups.items():
-        base = [r for r in rs if r["runner"] == baseline and r["precision"] == "fp32"]
-        cands = [r for r in rs if r["runner"] != baseline and r["parity_passed"] is not False]
-        if not base or not cands:
-            continue
-        best = min(cands, key=lambda r: r["latency_s"]["p50"])
-        st = best.get("stability")
-        if st and st.get("speedup"):  # paired rounds: median ratio, None when the comparison stayed unstable
-            speedup = st["speedup"]["median"] if st["stable"] else None
-            interval = (st["speedup"]["low"], st["speedup"]["high"])
-        else:
-            speedup, interval = base[0]["latency_s"]["p50"] / best["latency_s"]["p50"], None
-        out.append({"model": model, "preset": preset, "batch": batch, "seq": seq, "runner": best["runner"],
-                    "artifact_precision": best["artifact_precision"], "precision": best["precision"],
-                    "p50_s": best["latency_s"]["p50"], "baseline_p50_s": base[0]["latency_s"]["p50"],
-                    "speedup": speedup, "speedup_interval": interval,
-                    "unstable": None if not st or st["stable"] else st["cause"],
-                    "pct_of_peak": best["pct_of_peak"], "parity_passed": best["parity_passed"],
-                    "meets_speedup": speedup is not None and speedup >= min_speedup,
-                    "meets_peak": best["pct_of_peak"] is not None and best["pct_of_peak"] >= min_pct})
+    for b in best(records, baseline):
+        r = b.record
+        out.append({"model": r["model"], "preset": r["preset"], "graph": r["graph"], "batch": r["batch"],
+                    "seq": r["seq"], "runner": r["runner"], "artifact_precision": r["artifact_precision"],
+                    "precision": r["precision"], "p50_s": r["latency_s"]["p50"],
+                    "baseline_p50_s": b.baseline["latency_s"]["p50"] if b.baseline else None,
+                    "speedup": b.speedup, "speedup_interval": b.interval, "unstable": b.unstable,
+                    "pct_of_peak": r["pct_of_peak"], "parity_passed": r["parity_passed"],
+                    "meets_speedup": speedup.met(b.speedup), "meets_peak": peak.met(r["pct_of_peak"])})
     return out
 
 
 def best_text(b: Mapping[str, Any]) -> str:
     pct = "-" if b["pct_of_peak"] is None else f"{b['pct_of_peak']:.0f}%"
     parity = {True: "parity pass", None: "parity not checked"}.get(b["parity_passed"], "parity FAIL")
+    speedup, peak = TARGETS["speedup_vs_eager"], TARGETS["pct_of_gemm_peak"]
     if b["speedup"] is None:
         sp = f"speed-up unstable ({b['unstable']}) vs PyTorch eager fp32"
     else:
         ci = f" (95% {b['speedup_interval'][0]:.2f}-{b['speedup_interval'][1]:.2f})" if b["speedup_interval"] else ""
         sp = (f"{b['speedup']:.2f}x{ci} PyTorch eager fp32 ({'meets' if b['meets_speedup'] else 'misses'} "
-              ">= 6x)")
+              f"{speedup.text()})")
     return (f"best for {b['model']} {b['preset'] or ''} b{b['batch']} s{b['seq'] or '-'}: {b['runner']} "
             f"({b['artifact_precision']} graph, {b['precision']} compute) p50 {b['p50_s'] * 1e3:.2f} ms = {sp}, "
-            f"{pct} of the {b['precision']} GEMM peak ({'meets' if b['meets_peak'] else 'misses'} >= 70%), "
+            f"{pct} of the {b['precision']} GEMM peak ({'meets' if b['meets_peak'] else 'misses'} {peak.text()}), "
             f"{parity}")

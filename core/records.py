@@ -1,10 +1,19 @@
-"""Benchmark records: one JSON object per measurement, stored as JSON lines, validated against SCHEMA.
+"""The record contract: every measurement or verdict is one JSON object of a declared kind, built by `make_record`.
 
-Every record has the common fields (schema, version, kind, timestamp, fingerprint) plus the fields of its kind:
-"latency" (`xdeploy bench`), "roofline" (`xdeploy roofline`), "scale" and "profile" (`xdeploy scale`). Measured
-quantities are floats in SI units (seconds, bytes, FLOP/s); counts and sizes are ints; a quantity that could
-not be measured on this machine is null (e.g. GPU device memory on a CPU-only machine). docs/benchmarks.md
-documents every field; `validate_record` is the executable form of that table.
+    rec = make_record("latency", fp, model="bert", ...)   # stamps schema/version/kind/timestamp/fingerprint,
+                                                          # validates, hands it to every sink, returns a dict
+    with record_sink(journal.append): ...                  # every record made inside is passed to the sink
+
+One table (`KINDS`) declares every kind: latency (`xdeploy bench`), roofline (`xdeploy roofline`), scale and
+profile (`xdeploy scale`), loadtest (`xdeploy loadtest`), parity (one graph output vs PyTorch fp32) and decode
+(one generation run). One rule (`validate_record`) checks them: the common fields (schema, version, kind,
+timestamp, fingerprint, note) plus exactly the fields of the kind, no missing and no unknown ones (a typo cannot
+silently produce a record the renderer ignores). Measured quantities are floats in SI units (seconds, bytes,
+FLOP/s); counts and sizes are ints; a quantity that could not be measured here is null (e.g. GPU device memory
+on a CPU-only machine). docs/benchmarks.md documents every field.
+
+A record's identity (`IDENTITY`: the fields that say *what* was measured, not the measurement) keys everything
+that matches records: `report compare`, the speed-ups and the "best per configuration" (`speedups`, `best`).
 """
 
 from __future__ import annotations
@@ -12,7 +21,10 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +34,13 @@ from xdeploy.core.fsutil import atomic_write_text
 SCHEMA = "xdeploy-bench"
 VERSION = 1
 
-# field -> (allowed JSON types, nullable). "num" = int or float, finite. Extra fields are rejected so that
-# typos cannot silently produce records the report renderer ignores.
-_NUM, _INT, _STR, _BOOL, _OBJ = "num", "int", "str", "bool", "obj"
+Record = dict[str, Any]
+
+# field -> (allowed JSON type, nullable). "num" = int or float, finite; "list"/"obj" = JSON array/object.
+_NUM, _INT, _STR, _BOOL, _OBJ, _LIST = "num", "int", "str", "bool", "obj", "list"
 LATENCY_STATS = ("p50", "p90", "p99", "mean", "std", "min", "max")
 MEMORY_FIELDS = ("weights_bytes", "load_peak_bytes", "activations_bytes", "peak_rss_bytes", "device_bytes")
+PROFILE_SHARES = ("attention", "matmul", "normalization", "other")
 
 COMMON: dict[str, tuple[str, bool]] = {
     "schema": (_STR, False), "version": (_INT, False), "kind": (_STR, False), "timestamp": (_STR, False),
@@ -48,12 +62,12 @@ KINDS: dict[str, dict[str, tuple[str, bool]]] = {
         "stability": (_OBJ, True),
     },
     "roofline": {
-        "measure": (_STR, False),  # "gemm" | "memory"
+        "measure": (_STR, False),  # "gemm" | "memory_read" | "memory_copy"
         "precision": (_STR, True),  # gemm: fp32 | bf16 | fp16 | int8; memory: null
         "path": (_STR, False),  # which implementation achieved it, e.g. "torch.matmul n=2048 threads=2"
         "value": (_NUM, False),  # FLOP/s (gemm) or bytes/s (memory)
         "unit": (_STR, False),  # "FLOP/s" | "B/s"
-        "trials": (_OBJ, False),  # list of {path, value} for every configuration tried
+        "trials": (_LIST, False),  # list of {path, value} for every configuration tried
     },
     "scale": {
         "model": (_STR, False), "runner": (_STR, False), "lowering": (_STR, False), "T": (_INT, False),
@@ -77,27 +91,105 @@ KINDS: dict[str, dict[str, tuple[str, bool]]] = {
         "op_times_s": (_OBJ, False),  # {op_type: seconds per call}
         "total_s": (_NUM, False),  # summed kernel time per call
     },
+    "parity": {  # one graph output of one (model, artifact precision, runner) vs PyTorch fp32, worst over cases
+        "model": (_STR, False), "preset": (_STR, True), "graph": (_STR, False), "runner": (_STR, False),
+        "artifact_precision": (_STR, False), "output": (_STR, False),
+        "tolerance_precision": (_STR, False),  # whose tolerance applied (the looser of artifact and compute)
+        "max_abs": (_NUM, False), "max_rel": (_NUM, False), "mean_abs": (_NUM, False),  # worst over cases
+        "cosine": (_NUM, False), "nonfinite": (_INT, False),  # min cosine; NaN/Inf summed over cases
+        "top1": (_NUM, True),  # min argmax agreement (outputs named *logits); null otherwise
+        "passed": (_BOOL, False), "reason": (_STR, True),  # reason: the first failing case, null when passed
+        "cases": (_INT, False), "atol": (_NUM, False), "rtol": (_NUM, False), "min_cosine": (_NUM, False),
+        "first_divergence": (_STR, True),  # where the ONNX graph first leaves tolerance (failing graphs only)
+    },
+    "decode": {  # one greedy generation run: time to first token, then every later step (context grows by one)
+        "model": (_STR, False), "preset": (_STR, True), "runner": (_STR, False),
+        "artifact_precision": (_STR, False), "mode": (_STR, False),  # "cache" | "recompute"
+        "batch": (_INT, False), "prompt_len": (_INT, False), "new_tokens": (_INT, False),
+        "ttft_s": (_NUM, False), "step_s": (_LIST, False), "tokens_per_s": (_NUM, False),
+        "total_s": (_NUM, False),
+        "agreement": (_NUM, True),  # fraction of tokens equal to the PyTorch fp32 reference's
+        "first_divergence": (_INT, True),  # index of the first new token that differs; null: none
+        "threads": (_INT, True),  # threads per runner (0: all cores)
+        # rotated rounds of every generator (bench/interleave.py): paired speed-up vs torch fp32, stable, cause
+        "stability": (_OBJ, True),
+    },
 }
 
-
+# What a record *is* (not what was measured): two records with the same identity measure the same thing.
+IDENTITY: dict[str, tuple[str, ...]] = {
+    "latency": ("model", "preset", "graph", "runner", "precision", "artifact_precision", "attn_impl", "batch", "seq"),
+    "roofline": ("measure", "precision", "path"),
+    "scale": ("model", "runner", "lowering", "batch", "T", "d_model", "n_layers"),
+    "loadtest": ("target", "server", "model", "protocol", "concurrency", "batch"),
+    "profile": ("model", "runner", "lowering", "T", "batch"),
+    "parity": ("model", "preset", "graph", "runner", "artifact_precision", "output"),
+    "decode": ("model", "preset", "runner", "artifact_precision", "mode", "batch", "prompt_len", "new_tokens"),
+}
 # Fields added after version 1 was written: older records may lack them (read as null); new ones must have them.
-ADDED: dict[str, frozenset[str]] = {"latency": frozenset({"stability"})}
+ADDED: dict[str, frozenset[str]] = {"latency": frozenset({"stability"}), "decode": frozenset({"threads", "stability"})}
+
+# A latency record's configuration: the same work, whichever runner and precision did it (speed-ups compare these).
+CONFIG: tuple[str, ...] = ("model", "preset", "graph", "batch", "seq")
 
 
 def now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
-def make_record(kind: str, fingerprint: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
-    """A validated record dict of `kind` (timestamp filled in)."""
+# --------------------------------------------------------------------------------------------- sinks ----
+# Every record passes through `make_record`, which hands it to each registered sink (a journal, a live view)
+# the moment it exists. Records that were made earlier and are only re-used (a cached roofline, a records file
+# read back) are passed on with `emit`.
+
+RecordSink = Callable[[Record], None]
+_sinks: list[RecordSink] = []
+_sinks_lock = threading.Lock()
+
+
+@contextmanager
+def record_sink(sink: RecordSink) -> Iterator[RecordSink]:
+    """Call `sink(record)` for every record made (or emitted) in this process while the block runs.
+
+    Sinks run in the thread that made the record, in registration order; a sink that raises stops the phase that
+    made the record (a journal that cannot write must not be ignored)."""
+    with _sinks_lock:
+        _sinks.append(sink)
+    try:
+        yield sink
+    finally:
+        with _sinks_lock:
+            _sinks.remove(sink)
+
+
+def emit(rec: Record) -> Record:
+    """Validate `rec` and hand it to every registered sink; returns it (make_record calls this)."""
+    validate_record(rec)
+    with _sinks_lock:
+        sinks = list(_sinks)
+    for s in sinks:
+        s(rec)
+    return rec
+
+
+def make_record(kind: str, fingerprint: Mapping[str, Any] | None = None, /, **fields: Any) -> Record:
+    """The one constructor of records: a validated record dict of `kind`, stamped and emitted to the sinks.
+
+    `fingerprint` is the machine the figures come from: pass the one a measuring child process took (it holds
+    that process's thread settings); None takes this process's now (core/fingerprint.py)."""
+    if fingerprint is None:
+        from xdeploy.core.fingerprint import fingerprint as _take
+
+        fingerprint = _take()
     rec = {"schema": SCHEMA, "version": VERSION, "kind": kind, "timestamp": now(),
            "fingerprint": dict(fingerprint), "note": fields.pop("note", None)} | fields
     missing_added = ADDED.get(kind, frozenset()) - set(fields)
     if missing_added:
         raise XDeployError(f"invalid {kind} record: missing {sorted(missing_added)}")
-    validate_record(rec)
-    return rec
+    return emit(rec)
 
+
+# ---------------------------------------------------------------------------------------- validation ----
 
 def _check(value: Any, typ: str, nullable: bool, where: str) -> None:
     if value is None:
@@ -111,6 +203,7 @@ def _check(value: Any, typ: str, nullable: bool, where: str) -> None:
         _STR: isinstance(value, str),
         _BOOL: isinstance(value, bool),
         _OBJ: isinstance(value, (dict, list)),
+        _LIST: isinstance(value, list),
     }[typ]
     if not ok:
         want = "finite number" if typ == _NUM else typ
@@ -118,7 +211,7 @@ def _check(value: Any, typ: str, nullable: bool, where: str) -> None:
 
 
 def validate_record(rec: Any) -> None:
-    """Raise XDeployError naming the first field that does not match the schema."""
+    """Raise XDeployError naming the first field that does not match the contract."""
     if not isinstance(rec, dict):
         raise XDeployError(f"invalid record: expected a JSON object, got {type(rec).__name__}")
     if rec.get("schema") != SCHEMA or rec.get("version") != VERSION:
@@ -152,18 +245,138 @@ def validate_record(rec: Any) -> None:
             _check(mem[k], _NUM, True, f"memory.{k}")  # null: not measured (--no-isolate, or no GPU)
     if kind == "profile":
         sh = rec["shares"]
-        if not isinstance(sh, dict) or set(sh) != {"attention", "matmul", "normalization", "other"}:
+        if not isinstance(sh, dict) or set(sh) != set(PROFILE_SHARES):
             raise XDeployError("invalid profile record: shares must have attention, matmul, normalization, other")
         for k, v in sh.items():
             _check(v, _NUM, False, f"shares.{k}")
         if abs(sum(sh.values()) - 1.0) > 1e-6:
             raise XDeployError("invalid profile record: shares do not sum to 1")
+    if kind == "decode":
+        for i, s in enumerate(rec["step_s"]):
+            _check(s, _NUM, False, f"step_s[{i}]")
+            if s < 0:
+                raise XDeployError("invalid decode record: step_s must be a list of non-negative seconds")
     fp = rec["fingerprint"]
     if not isinstance(fp, dict) or not isinstance(fp.get("cpu_model"), str) or not isinstance(fp.get("isa"), list):
         raise XDeployError(f"invalid {kind} record: fingerprint needs cpu_model and isa")
     if kind == "latency" and rec["iterations"] < 1:
         raise XDeployError("invalid latency record: iterations must be >= 1")
 
+
+def upgrade_legacy(rec: Any, *, timestamp: str, fingerprint: Mapping[str, Any] | None) -> Any:
+    """A parity/decode record of a report written before they joined the contract (no schema, version,
+    timestamp, note; parity also without a fingerprint), completed from its report; anything else as it is.
+
+    Only `load_results` calls this: reports already on disk (reports/reference/) stay readable."""
+    if not isinstance(rec, dict) or "schema" in rec or rec.get("kind") not in ("parity", "decode"):
+        return rec
+    fp = rec.get("fingerprint", fingerprint)
+    head = {"schema": SCHEMA, "version": VERSION, "kind": rec["kind"], "timestamp": timestamp,
+            "fingerprint": dict(fp) if isinstance(fp, Mapping) else fp, "note": None}
+    body = {k: v for k, v in rec.items() if k not in head}
+    if rec["kind"] == "parity":
+        body.setdefault("first_divergence", None)
+    return head | body
+
+
+# ----------------------------------------------------------------------------------------- identity ----
+
+def identity(rec: Mapping[str, Any]) -> tuple[Any, ...]:
+    """(kind, *the kind's IDENTITY values): equal for two records that measure the same thing."""
+    kind = rec["kind"]
+    return (kind, *(rec.get(f) for f in IDENTITY[kind]))
+
+
+def config_key(rec: Mapping[str, Any]) -> tuple[Any, ...]:
+    """A latency record's configuration (model, preset, graph, batch, seq): what its speed-up is relative to."""
+    return tuple(rec.get(f) for f in CONFIG)
+
+
+def is_baseline(rec: Mapping[str, Any], baseline: str = "torch") -> bool:
+    """The denominator of every speed-up: the `baseline` runner (PyTorch eager) computing in fp32. Its artifact
+    precision does not matter: the torch runner runs the reference weights whatever artifact it was given."""
+    return rec.get("kind") == "latency" and rec.get("runner") == baseline and rec.get("precision") == "fp32"
+
+
+def _stability(rec: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    st = rec.get("stability")
+    return st if isinstance(st, dict) else None
+
+
+def speedups(records: Iterable[Mapping[str, Any]], baseline: str = "torch") -> dict[tuple[Any, ...], float]:
+    """identity(latency record) -> its speed-up over PyTorch eager fp32 in the same configuration (`config_key`:
+    graph included, a decode graph is not a prefill graph).
+
+    Interleaved records (a `stability` block, bench/interleave.py): the median of the paired round ratios against
+    the comparison's own baseline; left out where that comparison stayed unstable (`unstable` says why), never a
+    figure from a disturbed measurement. Records without the block: the first `baseline` record's p50 / p50."""
+    lat = [r for r in records if r.get("kind") == "latency"]
+    base: dict[tuple[Any, ...], float] = {}
+    for r in lat:
+        if is_baseline(r, baseline):
+            base.setdefault(config_key(r), float(r["latency_s"]["p50"]))
+    out: dict[tuple[Any, ...], float] = {}
+    for r in lat:
+        st = _stability(r)
+        if st is not None:
+            if st["stable"] and st.get("speedup"):
+                out[identity(r)] = float(st["speedup"]["median"])
+            elif is_baseline(r, baseline):
+                out[identity(r)] = 1.0  # the reference itself: 1 by definition, not a measured ratio
+        elif config_key(r) in base and r["latency_s"]["p50"] > 0:
+            out[identity(r)] = base[config_key(r)] / float(r["latency_s"]["p50"])
+    return out
+
+
+def unstable(records: Iterable[Mapping[str, Any]]) -> dict[tuple[Any, ...], str]:
+    """identity(latency record) -> "load" | "noise": interleaved comparisons that stayed unstable."""
+    return {identity(r): str(st.get("cause") or "noise") for r in records if r.get("kind") == "latency"
+            and (st := _stability(r)) is not None and not st["stable"]}
+
+
+def speedup_interval(rec: Mapping[str, Any]) -> tuple[float, float] | None:
+    """The 95% interval of a stable paired speed-up; None for p50-ratio records and unstable ones."""
+    st = _stability(rec)
+    if st is None or not st["stable"] or not st.get("speedup"):
+        return None
+    return float(st["speedup"]["low"]), float(st["speedup"]["high"])
+
+
+@dataclass(frozen=True)
+class Best:
+    """The fastest record of one latency configuration and its speed-up over the baseline."""
+
+    config: tuple[Any, ...]  # config_key
+    record: Mapping[str, Any]  # never the baseline itself
+    baseline: Mapping[str, Any] | None  # the configuration's baseline record (None: only paired figures)
+    speedup: float | None  # None: the comparison stayed unstable (see `unstable`)
+    interval: tuple[float, float] | None  # 95% interval of a paired speed-up
+    unstable: str | None  # "load" | "noise" when unstable
+
+
+def best(records: Sequence[Mapping[str, Any]], baseline: str = "torch") -> list[Best]:
+    """Per configuration with a speed-up or an unstable verdict: the fastest deployment - the record with the lowest
+    p50 among those that are not the baseline and whose parity passed or was not checked (`parity_passed` is not
+    False) - with its speed-up (below 1 when eager PyTorch is faster); in order of first appearance."""
+    lat = [r for r in records if r.get("kind") == "latency"]
+    sp, unst = speedups(lat, baseline), unstable(lat)
+    groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
+    bases: dict[tuple[Any, ...], Mapping[str, Any]] = {}
+    for r in lat:
+        groups.setdefault(config_key(r), []).append(r)
+        if is_baseline(r, baseline):
+            bases.setdefault(config_key(r), r)
+    out = []
+    for key, rs in groups.items():
+        cands = [r for r in rs if (identity(r) in sp or identity(r) in unst) and not is_baseline(r, baseline)
+                 and r.get("parity_passed") is not False]
+        if cands:
+            r = min(cands, key=lambda r: r["latency_s"]["p50"])
+            out.append(Best(key, r, bases.get(key), sp.get(identity(r)), speedup_interval(r), unst.get(identity(r))))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ io ----
 
 def write_records(path: str | Path, records: Iterable[Mapping[str, Any]]) -> None:
     """Validate and write records as JSON lines (atomically: readers see the old or the new file)."""
@@ -174,7 +387,7 @@ def write_records(path: str | Path, records: Iterable[Mapping[str, Any]]) -> Non
     atomic_write_text(path, "\n".join(lines) + ("\n" if lines else ""))
 
 
-def read_records(path: str | Path) -> list[dict[str, Any]]:
+def read_records(path: str | Path) -> list[Record]:
     """Read and validate a JSON-lines file of records; errors name the line."""
     out = []
     try:

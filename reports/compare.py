@@ -1,8 +1,9 @@
 """Compare two reports record by record and flag regressions (for CI: `xdeploy report compare A B`).
 
-Records match on their identity (kind + model, preset, graph, runner, precisions, batch, seq, T, lowering,
-mode, ...). The compared quantity is a time in seconds (lower is better): latency p50 for latency and scale
-records, the per-token p50 for decode records. A slowdown is a *regression* only when it exceeds BOTH
+Records match on their identity (core/records.py `IDENTITY`: kind + model, preset, graph, runner, precisions,
+batch, seq, T, lowering, mode, ...). The compared quantity is a time in seconds (lower is better): latency p50
+for latency and scale records, the per-token p50 for decode records. A slowdown is a *regression* only when it
+exceeds BOTH
 
     the relative threshold             (b - a) / a > threshold          (default 10%)
     the recorded noise                 b - a > (p90_a - p50_a) + (p90_b - p50_b)
@@ -20,17 +21,13 @@ from typing import Any
 import numpy as np
 
 from xdeploy.core.errors import XDeployError
+from xdeploy.core.records import IDENTITY
 from xdeploy.reports.render import load_results
 
 DEFAULT_THRESHOLD = 0.10
 
-# Identity fields per kind (absent fields are None); everything else is measurement.
-IDENTITY: dict[str, tuple[str, ...]] = {
-    "latency": ("model", "preset", "graph", "runner", "precision", "artifact_precision", "attn_impl", "batch", "seq"),
-    "scale": ("model", "runner", "lowering", "batch", "T", "d_model", "n_layers"),
-    "decode": ("model", "preset", "runner", "artifact_precision", "mode", "batch", "prompt_len", "new_tokens"),
-    "parity": ("model", "preset", "graph", "runner", "artifact_precision", "output"),
-}
+# The kinds compared (timed ones, and parity verdicts); their identity fields are core/records.py's IDENTITY.
+COMPARED = ("latency", "scale", "decode", "parity")
 
 _PREFIX = {"batch": "b", "seq": "s", "T": "T=", "d_model": "d", "n_layers": "L", "prompt_len": "prompt=",
            "new_tokens": "new="}
@@ -66,9 +63,9 @@ class Comparison:
 
 def identity(rec: Mapping[str, Any]) -> tuple[str, str] | None:
     kind = rec.get("kind")
-    fields = IDENTITY.get(kind)  # type: ignore[arg-type]
-    if fields is None:
+    if kind not in COMPARED:
         return None
+    fields = IDENTITY[kind]
     # Compact but unique: strings as they are, numbers with a short prefix ("b1 s128", "T=512").
     parts: list[str] = []
     for f in fields:

@@ -13,17 +13,16 @@ writes, atomically (a temp dir renamed into place, so a crash leaves the previou
     plots/*.png     latency vs T (log-log, fitted slope per runner), peak memory vs T, throughput vs batch,
                     decode per-token latency vs context length, speed vs error per precision
 
-Records are dicts with a "kind". Kinds of core/records.py ("latency", "roofline", "scale") are validated by
-`validate_record`; the report adds "parity" (one per graph output checked) and "decode" (one per generation
-run), whose fields are documented in `REPORT_KINDS` and docs/report.md. Records of any other kind are kept in
-results.json/csv and listed in the summary. Numbers stay floats until `_fmt_*` renders them.
+Records are those of core/records.py (every kind declared there, built by `make_record`, checked by
+`validate_record`); kinds without a section of their own (`SECTIONS`) are listed under "Other records".
+Speed-ups and the fastest record per configuration are core/records.py's `speedups` / `unstable` / `best`,
+keyed by record identity. Numbers stay floats until `_fmt_*` renders them.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
-import math
 import os
 import shutil
 from collections import defaultdict
@@ -36,68 +35,28 @@ import numpy as np
 from xdeploy.core.errors import XDeployError
 from xdeploy.core.fsutil import atomic_dir
 from xdeploy.core.journal import JOURNAL_NAME
-from xdeploy.core.records import KINDS as BENCH_KINDS
-from xdeploy.core.records import validate_record
+from xdeploy.core.records import (
+    best,
+    config_key,
+    identity,
+    is_baseline,
+    speedup_interval,
+    speedups,
+    unstable,
+    upgrade_legacy,
+    validate_record,
+)
 
 REPORT_SCHEMA = "xdeploy-report"
 REPORT_VERSION = 1
 
-# Kinds the report itself defines: field -> (python types, nullable). Extra fields are allowed (kept in
-# results.json) but these must be present, so a renamed field fails loudly instead of vanishing from a table.
-_NUM = (int, float)
-REPORT_KINDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
-    # one graph output of one (model, artifact precision, runner) compared against PyTorch fp32
-    "parity": {"model": ((str,), False), "preset": ((str,), True), "graph": ((str,), False),
-               "runner": ((str,), False), "artifact_precision": ((str,), False), "output": ((str,), False),
-               "max_abs": (_NUM, False), "max_rel": (_NUM, False), "mean_abs": (_NUM, False),
-               "cosine": (_NUM, False), "nonfinite": ((int,), False), "top1": (_NUM, True),
-               "passed": ((bool,), False), "reason": ((str,), True)},
-    # one generation run: time to first token, every later step's latency (context grows by one per step)
-    "decode": {"model": ((str,), False), "preset": ((str,), True), "runner": ((str,), False),
-               "artifact_precision": ((str,), False), "mode": ((str,), False), "batch": ((int,), False),
-               "prompt_len": ((int,), False), "new_tokens": ((int,), False), "ttft_s": (_NUM, False),
-               "step_s": ((list,), False), "tokens_per_s": (_NUM, False), "agreement": (_NUM, True)},
-}
-
 PLOTS = ("latency_vs_T.png", "memory_vs_T.png", "throughput_vs_batch.png", "decode_latency_vs_context.png",
          "speed_vs_error.png")
+# Kinds with a section of their own in summary.md; records of the other kinds are listed under "Other records".
+SECTIONS = ("parity", "latency", "roofline", "decode", "scale", "profile")
 
 
 # ------------------------------------------------------------------------------------------ records ----
-
-def validate_any(rec: Any) -> None:
-    """Validate a record of a bench kind (records.py schema) or a report kind (REPORT_KINDS)."""
-    if not isinstance(rec, dict) or not isinstance(rec.get("kind"), str):
-        raise XDeployError("invalid record: expected a JSON object with a string 'kind'")
-    kind = rec["kind"]
-    if kind in BENCH_KINDS:
-        validate_record(rec)
-        return
-    fields = REPORT_KINDS.get(kind)
-    if fields is None:
-        return  # unknown kinds (embedding, serving, ...) are carried through untouched
-    for k, (types, nullable) in fields.items():
-        if k not in rec:
-            raise XDeployError(f"invalid {kind} record: missing field {k!r}")
-        v = rec[k]
-        if v is None and nullable:
-            continue
-        if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
-            raise XDeployError(f"invalid {kind} record: {k} is {v!r}; expected {'/'.join(t.__name__ for t in types)}")
-        if isinstance(v, float) and not math.isfinite(v):
-            raise XDeployError(f"invalid {kind} record: {k} is not finite")
-    if kind == "decode" and not all(isinstance(x, (int, float)) and x >= 0 for x in rec["step_s"]):
-        raise XDeployError("invalid decode record: step_s must be a list of non-negative seconds")
-
-
-def base_runner(runner: str) -> str:
-    return runner.partition(":")[0]
-
-
-def is_eager_baseline(rec: Mapping[str, Any]) -> bool:
-    """PyTorch eager at fp32: the denominator of every speedup."""
-    return rec.get("runner") == "torch" and rec.get("precision") == "fp32" and rec.get("artifact_precision") == "fp32"
-
 
 def fitted_exponent(ts: Sequence[float], ys: Sequence[float]) -> float | None:
     """The exponent `xdeploy scale` reports: log-log slope over the upper range of T (bench/scale.py)."""
@@ -116,52 +75,21 @@ def is_noisy(r: Mapping[str, Any]) -> bool:
     return lat["p50"] > 0 and lat["p90"] / lat["p50"] > NOISY
 
 
-def latency_key(r: Mapping[str, Any]) -> tuple:
-    return (r["model"], r.get("preset"), r["graph"], r["batch"], r.get("seq"))
-
-
 def _stability(r: Mapping[str, Any]) -> Mapping[str, Any] | None:
     st = r.get("stability")
     return st if isinstance(st, dict) else None
 
 
-def speedups(records: Iterable[Mapping[str, Any]]) -> dict[int, float]:
-    """id(latency record) -> speed-up vs PyTorch eager fp32 at the same config.
-
-    Interleaved records (a `stability` block, bench/interleave.py): the median of the paired round ratios;
-    left out where that comparison stayed unstable (`unstable` says why) - never a figure from a disturbed
-    measurement. Older records without the block: eager p50 / p50."""
-    lat = [r for r in records if r.get("kind") == "latency"]
-    base = {latency_key(r): r["latency_s"]["p50"] for r in lat if is_eager_baseline(r)}
-    out: dict[int, float] = {}
-    for r in lat:
-        st = _stability(r)
-        if st is not None:
-            if st["stable"] and st.get("speedup"):
-                out[id(r)] = float(st["speedup"]["median"])
-            elif is_eager_baseline(r):
-                out[id(r)] = 1.0  # the reference itself: 1 by definition, not a measured ratio
-        elif latency_key(r) in base and r["latency_s"]["p50"] > 0:
-            out[id(r)] = base[latency_key(r)] / r["latency_s"]["p50"]
-    return out
-
-
-def unstable(records: Iterable[Mapping[str, Any]]) -> dict[int, str]:
-    """id(latency record) -> "load" | "noise": comparisons that stayed unstable after re-measuring."""
-    return {id(r): str(st.get("cause") or "noise") for r in records if r.get("kind") == "latency"
-            and (st := _stability(r)) is not None and not st["stable"]}
-
-
-def speedup_cell(r: Mapping[str, Any], sp: Mapping[int, float], unst: Mapping[int, str]) -> str:
+def speedup_cell(r: Mapping[str, Any], sp: Mapping[tuple[Any, ...], float],
+                 unst: Mapping[tuple[Any, ...], str]) -> str:
     """'3.41× (3.30–3.52)' (paired median, 95% interval), 'unstable (load)', or '–'."""
-    if id(r) in unst:
-        return f"unstable ({unst[id(r)]})"
-    if id(r) not in sp:
+    ident = identity(r)
+    if ident in unst:
+        return f"unstable ({unst[ident]})"
+    if ident not in sp:
         return "–"
-    st = _stability(r)
-    if st and st.get("speedup"):
-        return f"{sp[id(r)]:.2f}× ({st['speedup']['low']:.2f}–{st['speedup']['high']:.2f})"
-    return f"{sp[id(r)]:.2f}×"
+    ci = speedup_interval(r)
+    return f"{sp[ident]:.2f}×" + (f" ({ci[0]:.2f}–{ci[1]:.2f})" if ci else "")
 
 
 def stability_summary(records: Sequence[Mapping[str, Any]]) -> str | None:
@@ -227,7 +155,8 @@ def _fmt_num(x: float | None, spec: str = ".3g") -> str:
     return "–" if x is None else format(x, spec)
 
 
-def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A GitHub-flavoured markdown table (summary.md, and the studies' output); `|` in cells is escaped."""
     def cell(v: Any) -> str:
         return str(v).replace("|", "\\|")
 
@@ -385,22 +314,22 @@ def speed_error_points(records: Sequence[Mapping[str, Any]]) -> list[dict[str, A
     par = _by([r for r in records if r.get("kind") == "parity"], "model", "runner", "artifact_precision")
     out = []
     for model in sorted({r["model"] for r in lat}):
-        cfgs = _by([r for r in lat if r["model"] == model and id(r) in sp], "batch", "seq")
+        cfgs = _by([r for r in lat if r["model"] == model and identity(r) in sp], "batch", "seq")
         if not cfgs:
             continue
         # prefer a config whose eager baseline was timed undisturbed, then the most runners, then the most work
         (batch, seq), rs = max(cfgs.items(), key=lambda kv: (
-            not any(is_eager_baseline(r) and is_noisy(r) for r in kv[1]), len(kv[1]), (kv[0][1] or 0) * kv[0][0]))
+            not any(is_baseline(r) and is_noisy(r) for r in kv[1]), len(kv[1]), (kv[0][1] or 0) * kv[0][0]))
         for r in rs:
             ps = par.get((model, r["runner"], r["artifact_precision"]))
-            if not ps and is_eager_baseline(r):
+            if not ps and is_baseline(r):
                 err = 0.0  # the reference itself
             elif ps:
                 err = max(p["max_abs"] for p in ps)
             else:
                 continue
             out.append({"model": model, "runner": r["runner"], "artifact_precision": r["artifact_precision"],
-                        "batch": batch, "seq": seq, "max_abs": err, "speedup": sp[id(r)],
+                        "batch": batch, "seq": seq, "max_abs": err, "speedup": sp[identity(r)],
                         "passed": all(p["passed"] for p in ps) if ps else True})
     return out
 
@@ -478,7 +407,7 @@ def _parity_section(par: list[Mapping[str, Any]]) -> list[str]:
             + (f"; **{n_fail} fail**." if n_fail else ".")
             + " Tolerances per artifact precision (models/spec.py): an output passes when every element is within "
               "atol + rtol·|ref| or its cosine similarity reaches the precision's floor; NaN/Inf always fails.", "",
-            _table(["model", "graph", "artifact", "runner", "output", "max abs", "max rel", "cosine", "NaN/Inf",
+            markdown_table(["model", "graph", "artifact", "runner", "output", "max abs", "max rel", "cosine", "NaN/Inf",
                     "top-1 %", "verdict"], rows), ""]
 
 
@@ -488,10 +417,13 @@ def _latency_section(lat: list[Mapping[str, Any]], sp: Mapping[int, float]) -> l
     unst = unstable(lat)
     srt = sorted(lat, key=lambda r: (r["model"], r["graph"], r["batch"], r.get("seq") or 0, r["runner"],
                                      r["artifact_precision"]))
-    base = {latency_key(r): r for r in srt if is_eager_baseline(r)}
+    base: dict[tuple[Any, ...], Mapping[str, Any]] = {}
+    for r in lat:
+        if is_baseline(r):
+            base.setdefault(config_key(r), r)
     # the p90/p50 dagger is for older records only: interleaved ones carry their own stability verdict
-    noisy = {id(r) for r in srt if _stability(r) is None and (
-        is_noisy(r) or (latency_key(r) in base and is_noisy(base[latency_key(r)])))}
+    noisy = {identity(r) for r in srt if _stability(r) is None and (
+        is_noisy(r) or (config_key(r) in base and is_noisy(base[config_key(r)])))}
     rows = []
     for r in srt:
         L = r["latency_s"]
@@ -499,7 +431,7 @@ def _latency_section(lat: list[Mapping[str, Any]], sp: Mapping[int, float]) -> l
                      r["precision"], r["batch"], r.get("seq") or "–", _fmt_s(L["p50"]), _fmt_s(L["p90"]),
                      _fmt_s(L["p99"]), _fmt_s(L["mean"]), _fmt_s(L["std"]), r["iterations"],
                      _fmt_num(r["items_per_s"], ".4g"), _fmt_rate(r.get("tokens_per_s")),
-                     speedup_cell(r, sp, unst) + ("†" if id(r) in noisy else ""),
+                     speedup_cell(r, sp, unst) + ("†" if identity(r) in noisy else ""),
                      _fmt_rate(r["achieved_flops"], "FLOP/s"),
                      _fmt_num(r.get("pct_of_peak"), ".1f") + ("%" if r.get("pct_of_peak") is not None else "")))
     mem_rows = [(_model_label(r["model"], r.get("preset")), r["graph"], r["runner"], r["artifact_precision"],
@@ -507,18 +439,13 @@ def _latency_section(lat: list[Mapping[str, Any]], sp: Mapping[int, float]) -> l
                  _fmt_bytes(r["memory"]["load_peak_bytes"]), _fmt_bytes(r["memory"]["activations_bytes"]),
                  _fmt_bytes(r["memory"]["peak_rss_bytes"]), _fmt_bytes(r["memory"].get("device_bytes")))
                 for r in srt]
-    best = []
-    for (model, graph, batch, seq), rs in sorted(_by(srt, "model", "graph", "batch", "seq").items(),
-                                                 key=lambda kv: tuple(map(str, kv[0]))):
-        cand = [r for r in rs if id(r) in sp]
-        if cand:
-            b = max(cand, key=lambda r: sp[id(r)])
-            dagger = "†" if id(b) in noisy else ""
-            best.append((model, graph, batch, seq or "–", f"{b['runner']} {b['artifact_precision']}",
-                         _fmt_s(b["latency_s"]["p50"]), speedup_cell(b, sp, unst) + dagger))
-        elif any(id(r) in unst for r in rs):
-            best.append((model, graph, batch, seq or "–", "–", "–",
-                         f"unstable ({next(unst[id(r)] for r in rs if id(r) in unst)})"))
+    fastest = []
+    for b in sorted(best(srt), key=lambda b: tuple(str(b.record[k]) for k in ("model", "graph", "batch", "seq"))):
+        r = b.record
+        dagger = "†" if identity(r) in noisy else ""
+        fastest.append((r["model"], r["graph"], r["batch"], r.get("seq") or "–",
+                        f"{r['runner']} {r['artifact_precision']}", _fmt_s(r["latency_s"]["p50"]),
+                        speedup_cell(r, sp, unst) + dagger))
     out = ["## Latency and throughput", "",
            "Per-call latency over `iterations` timed calls after warm-up (seconds rendered as ms/µs); throughput "
            "= items (sequences/images) per second at the median. PyTorch eager fp32 and every runner × precision of "
@@ -528,20 +455,22 @@ def _latency_section(lat: list[Mapping[str, Any]], sp: Mapping[int, float]) -> l
            "docs/benchmarks.md). Achieved FLOP/s from the model's analytic FLOPs; % of peak = achieved / the "
            "measured GEMM roofline for that compute precision and thread count (never above 100%: a peak a record "
            "beats is measured again; \"–\" where it still does).", "",
-           _table(["model", "graph", "runner", "artifact", "compute", "batch", "seq", "p50", "p90", "p99", "mean",
-                   "std", "iters", "items/s", "tokens/s", "speedup", "achieved", "% of peak"], rows), ""]
+           markdown_table(["model", "graph", "runner", "artifact", "compute", "batch", "seq", "p50", "p90", "p99",
+                           "mean", "std", "iters", "items/s", "tokens/s", "speedup", "achieved", "% of peak"], rows),
+           ""]
     if noisy:
         out += [f"† disturbed timing: p90 > {NOISY}× p50 in this row or in its PyTorch baseline (other work was "
                 "running on the machine); that speedup is not reliable.", ""]
-    if best:
+    if fastest:
         out += ["### Fastest per configuration", "",
-                _table(["model", "graph", "batch", "seq", "best runner", "p50", "speedup vs eager"], best), ""]
+                markdown_table(["model", "graph", "batch", "seq", "best runner", "p50", "speedup vs eager"],
+                               fastest), ""]
     out += ["## Peak memory", "",
             "Host RSS measured in an isolated child process per (runner, config): weights = RSS kept after "
             "loading, load peak = transient peak while loading, activations = extra at the peak of inference, "
             "peak RSS = highest RSS of the child (includes the Python interpreter and runtime libraries).", "",
-            _table(["model", "graph", "runner", "artifact", "batch", "seq", "weights", "load peak", "activations",
-                    "peak RSS", "device"], mem_rows), ""]
+            markdown_table(["model", "graph", "runner", "artifact", "batch", "seq", "weights", "load peak",
+                            "activations", "peak RSS", "device"], mem_rows), ""]
     return out
 
 
@@ -551,7 +480,7 @@ def _roofline_section(roof: list[Mapping[str, Any]]) -> list[str]:
     rows = [(r["measure"], r.get("precision") or "–", _fmt_rate(r["value"], r["unit"]), r["path"])
             for r in sorted(roof, key=lambda r: (r["measure"], r.get("precision") or ""))]
     return ["## Machine roofline", "", "Best measured value over the configurations tried (`xdeploy roofline`).", "",
-            _table(["measure", "precision", "peak", "achieved by"], rows), ""]
+            markdown_table(["measure", "precision", "peak", "achieved by"], rows), ""]
 
 
 def scale_fits(scale: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -579,8 +508,8 @@ def _scale_section(scale: list[Mapping[str, Any]], prof: list[Mapping[str, Any]]
                 "the FLOPs exponent is the same fit of the model's analytic FLOPs (24·T·d² + 4·T²·d per layer), "
                 "so k moves from 1 towards 2 once attention dominates, above the crossover T* = 2d + d_ff. "
                 "Memory exponent: activation memory (peak RSS above the loaded model) over the same T.", "",
-                _table(["model", "lowering", "fitted over T", "max T", "latency exp.", "FLOPs exp.", "memory exp.",
-                        "p50 at max T", "crossover T*"], rows), ""]
+                markdown_table(["model", "lowering", "fitted over T", "max T", "latency exp.", "FLOPs exp.",
+                                "memory exp.", "p50 at max T", "crossover T*"], rows), ""]
     if prof:
         rows = [(r["model"], r["lowering"], r["T"], r["batch"],
                  *(f"{100 * r['shares'][k]:.0f}%" for k in ("attention", "matmul", "normalization", "other")),
@@ -589,7 +518,7 @@ def _scale_section(scale: list[Mapping[str, Any]], prof: list[Mapping[str, Any]]
         out += ["### Where the time goes (onnxruntime profiler)", "",
                 "Share of kernel time per op class at one T (attention = Attention/Softmax and the score MatMuls "
                 "around them; matmul = projections and feed-forward).", "",
-                _table(["model", "lowering", "T", "batch", "attention", "matmul", "normalization", "other",
+                markdown_table(["model", "lowering", "T", "batch", "attention", "matmul", "normalization", "other",
                         "kernel time / call"], rows), ""]
     return out
 
@@ -618,7 +547,7 @@ def _decode_section(dec: list[Mapping[str, Any]]) -> list[str]:
             "same prompt once per round, order rotated); vs torch = median of the paired ratios PyTorch round / "
             "runner round with its 95% interval, or \"unstable\"; agreement = greedy tokens identical to the "
             "PyTorch fp32 reference (position by position).", "",
-            _table(["model", "runner", "artifact", "mode", "batch", "prompt", "new", "TTFT", "per-token p50",
+            markdown_table(["model", "runner", "artifact", "mode", "batch", "prompt", "new", "TTFT", "per-token p50",
                     "per-token p90", "tokens/s", "vs torch", "agreement"], rows), ""]
 
 
@@ -640,7 +569,7 @@ def _other_section(other: list[Mapping[str, Any]]) -> list[str]:
         keys = [k for k in rs[0] if k not in ("schema", "version", "kind", "timestamp", "fingerprint", "note")
                 and all(isinstance(r.get(k), (str, int, float, bool, type(None))) for r in rs)][:12]
         out += [f"### {kind[0]}", "",
-                _table(keys, [[_fmt_num(r.get(k), ".4g") if isinstance(r.get(k), float) else r.get(k, "–")
+                markdown_table(keys, [[_fmt_num(r.get(k), ".4g") if isinstance(r.get(k), float) else r.get(k, "–")
                                for k in keys] for r in rs]), ""]
     return out
 
@@ -699,8 +628,7 @@ def render_summary(records: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]
     lines += _roofline_section(get("roofline"))
     lines += _decode_section(get("decode"))
     lines += _scale_section(get("scale"), get("profile"))
-    known = set(BENCH_KINDS) | set(REPORT_KINDS)
-    lines += _other_section([r for r in records if r.get("kind") not in known])
+    lines += _other_section([r for r in records if r.get("kind") not in SECTIONS])
     if plots:
         lines += ["## Plots", ""]
         captions = {"latency_vs_T.png": "Latency vs sequence length (log-log; fitted slope in the legend)",
@@ -746,7 +674,7 @@ def render_report(records: Iterable[Mapping[str, Any]], out: str | os.PathLike[s
     recs = [dict(r) for r in records]
     for i, r in enumerate(recs):
         try:
-            validate_any(r)
+            validate_record(r)
         except XDeployError as e:
             raise XDeployError(f"record {i}: {e}") from None
     meta = {"generated": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")} | dict(meta or {})
@@ -815,9 +743,15 @@ def load_results(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise XDeployError(f"{p}: not JSON ({e.msg}); expected an xdeploy report results.json") from None
     if not isinstance(doc, dict) or doc.get("schema") != REPORT_SCHEMA or not isinstance(doc.get("records"), list):
         raise XDeployError(f"{p} is not an xdeploy report (schema {REPORT_SCHEMA!r} with a records list expected)")
+    # reports written before parity/decode records joined the contract: complete them from the report
+    meta = doc.get("meta") if isinstance(doc.get("meta"), dict) else {}
+    stamp = meta.get("generated") if isinstance(meta.get("generated"), str) else "unknown"
+    fp = next((r["fingerprint"] for r in doc["records"]
+               if isinstance(r, dict) and isinstance(r.get("fingerprint"), dict)), None)
+    doc["records"] = [upgrade_legacy(r, timestamp=stamp, fingerprint=fp) for r in doc["records"]]
     for i, r in enumerate(doc["records"]):
         try:
-            validate_any(r)
+            validate_record(r)
         except XDeployError as e:
             raise XDeployError(f"{p}: record {i}: {e}") from None
     return doc

@@ -157,7 +157,7 @@ def test_tiny_models_pass_fp32_on_every_runner(arts, model):
     graphs = {g.name for g in arts[model].spec.graphs}
     assert {(c.runner, c.graph) for c in rep.checks} == {(r, g) for r in RUNNERS for g in graphs}
     ort = [c for c in rep.checks if c.runner == "ort"]
-    assert all(0.0 < c.max_abs < FP32.atol * 10 and c.cosine > 0.99999 for c in ort)
+    assert all(0.0 < c.comparison.max_abs < FP32.atol * 10 and c.comparison.cosine > 0.99999 for c in ort)
     if model == "gpt":
         assert all(c.top1 == 1.0 for c in rep.checks if c.output == "logits")
 
@@ -170,7 +170,7 @@ def test_bert_lower_precisions_pass_at_default_tolerances(tmp_path, precision):
     # torch computes from the fp32 reference weights whatever the artifact's precision; ort runs the graph
     assert {(c.runner, c.precision) for c in rep.checks} == {("torch", "fp32"), ("ort", precision)}
     ort = [c for c in rep.checks if c.runner == "ort"]
-    assert max(c.max_abs for c in ort) > FP32.atol  # really lower precision, judged by its own tolerance
+    assert max(c.comparison.max_abs for c in ort) > FP32.atol  # really lower precision, judged by its own tolerance
 
 
 # -------------------------------------------------------------------------------------- planted defects ----
@@ -216,7 +216,7 @@ def test_fp16_overflow_is_caught_and_located(arts, tmp_path):
     art = load_artifact(art_dir)
     rep = check_artifact(art, ["ort"], shapes=[(2, 16)], reference_onnx=lambda g: ref_path)
     assert not rep.passed
-    assert all(c.nonfinite > 0 and "NaN/Inf" in c.reason for c in rep.failures)
+    assert all(c.comparison.nonfinite > 0 and "NaN/Inf" in c.reason for c in rep.failures)
     (finding,) = rep.layerwise
     assert finding.divergence is not None and finding.divergence.node == node and finding.runtime == "ort"
     assert np.isinf(finding.divergence.cand_range).any()

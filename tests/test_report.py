@@ -19,9 +19,9 @@ import pytest
 from xdeploy.cli import main
 from xdeploy.core.errors import XDeployError
 from xdeploy.core.fingerprint import fingerprint
-from xdeploy.core.records import KINDS, make_record
+from xdeploy.core.records import KINDS, identity, make_record, speedups
 from xdeploy.reports.compare import compare_records, compare_runs
-from xdeploy.reports.render import PLOTS, fitted_exponent, load_results, render_report, speedups
+from xdeploy.reports.render import PLOTS, fitted_exponent, load_results, render_report
 
 MEM = {"weights_bytes": 50e6, "load_peak_bytes": 80e6, "activations_bytes": 10e6, "peak_rss_bytes": 300e6,
        "device_bytes": None}
@@ -58,10 +58,10 @@ def synthetic_records(slow: float = 1.0, spread: float = 0.05, seed: int = 0) ->
                     pct_of_peak=100 * 1e9 * batch / p50 / 2e11, memory=dict(MEM)))
         for runner, ap in (("ort", "fp32"), ("ort", "fp16"), ("ort", "int8"), ("ov", "fp32")):
             err = {"fp32": 1e-6, "fp16": 2e-3, "int8": 5e-2}[ap] * (1 + rng.random())
-            out.append({"kind": "parity", "model": model, "preset": "tiny", "graph": "model", "runner": runner,
-                        "artifact_precision": ap, "output": "hidden", "max_abs": err, "max_rel": err * 10,
-                        "mean_abs": err / 10, "cosine": 1 - err / 100, "nonfinite": 0, "top1": None,
-                        "passed": True, "reason": None})
+            out.append(make("parity", fp, model=model, preset="tiny", graph="model", runner=runner,
+                            artifact_precision=ap, output="hidden", tolerance_precision=ap, max_abs=err,
+                            max_rel=err * 10, mean_abs=err / 10, cosine=1 - err / 100, nonfinite=0, passed=True,
+                            cases=3, atol=1e-4, rtol=1e-3, min_cosine=0.999))
     for runner, lowering in (("ort", "opset23"), ("ort", "opset18"), ("torch", "sdpa")):
         for T in (64, 128, 256, 512, 1024, 2048):
             d = 128
@@ -79,9 +79,9 @@ def synthetic_records(slow: float = 1.0, spread: float = 0.05, seed: int = 0) ->
     for runner, ap, mode, base in (("ort", "fp32", "cache", 0.004), ("ort", "fp32", "recompute", 0.004),
                                    ("torch", "fp32", "cache", 0.008), ("ort", "int8", "cache", 0.002)):
         steps = [base * (1 + (i / 60 if mode == "cache" else i / 8)) * (1 + 0.05 * rng.random()) for i in range(63)]
-        out.append({"kind": "decode", "model": "gpt", "preset": "tiny", "runner": runner, "artifact_precision": ap,
-                    "mode": mode, "batch": 1, "prompt_len": 16, "new_tokens": 64, "ttft_s": base * 3,
-                    "step_s": steps, "tokens_per_s": 64 / (base * 3 + sum(steps)), "agreement": 1.0})
+        out.append(make("decode", fp, model="gpt", preset="tiny", runner=runner, artifact_precision=ap, mode=mode,
+                        batch=1, prompt_len=16, new_tokens=64, ttft_s=base * 3, step_s=steps,
+                        tokens_per_s=64 / (base * 3 + sum(steps)), total_s=base * 3 + sum(steps), agreement=1.0))
     return out
 
 
@@ -165,7 +165,7 @@ def test_speedups_only_against_eager_fp32_of_the_same_config():
     for r in lat:
         want = {"torch": 1.0, "ort": {"fp32": 2.0, "fp16": 1 / 0.7, "int8": 1 / 0.3}, "ov": 1 / 0.45}[r["runner"]]
         want = want[r["artifact_precision"]] if isinstance(want, dict) else want
-        assert sp[id(r)] == pytest.approx(want)
+        assert sp[identity(r)] == pytest.approx(want)
     no_base = [r for r in lat if r["runner"] != "torch"]
     assert speedups(no_base) == {}
 

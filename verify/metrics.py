@@ -39,6 +39,13 @@ class Comparison:
     passed: bool
     reason: str  # "" when passed; otherwise a short phrase ("2 NaN/Inf", "cosine 0.97 < 0.999")
 
+    @classmethod
+    def not_compared(cls, reason: str) -> Comparison:
+        """No comparison was possible (shape mismatch, the runner failed): NaN metrics, failed with `reason`."""
+        nan = float("nan")
+        return cls(max_abs=nan, max_rel=nan, mean_abs=nan, cosine=nan, within=nan, nonfinite=0, compared=0,
+                   passed=False, reason=reason)
+
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
     """Cosine similarity of two flattened float64 arrays; 1.0 when both are all zero, 0.0 when only one is."""

@@ -159,7 +159,11 @@ def meaningful(graph: Any, output: Any, feeds: dict[str, np.ndarray], shape: tup
 
 @dataclass(frozen=True)
 class OutputCheck:
-    """One output of one graph on one input case through one runner, against the PyTorch fp32 reference."""
+    """One output of one graph on one input case through one runner, against the PyTorch fp32 reference.
+
+    `comparison` holds the tensor metrics (verify/metrics.py; `Comparison.not_compared` when no comparison was
+    possible: a shape mismatch or a runner error); `passed`/`reason` are the verdict, which adds to the
+    comparison's a finite reference and, for outputs named *logits, top-1 agreement."""
 
     runner: str
     precision: str  # the precision whose tolerance applies
@@ -167,20 +171,23 @@ class OutputCheck:
     graph: str
     case: str
     output: str
-    max_abs: float
-    max_rel: float
-    mean_abs: float
-    cosine: float
-    within: float
-    nonfinite: int
-    ref_nonfinite: int  # NaN/Inf in the reference itself: the model is broken before any deployment
-    compared: int
-    top1: float | None  # fraction of meaningful positions whose argmax agrees (outputs named *logits)
-    atol: float
-    rtol: float
-    min_cosine: float
+    comparison: Comparison
+    tolerance: Tolerance  # after the per-output overrides
     passed: bool
     reason: str
+    ref_nonfinite: int = 0  # NaN/Inf in the reference itself: the model is broken before any deployment
+    top1: float | None = None  # fraction of meaningful positions whose argmax agrees (outputs named *logits)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Flat JSON-ready fields (`xdeploy parity --json`): the comparison's metrics beside the tolerance's."""
+        import dataclasses
+
+        metrics = {k: v for k, v in dataclasses.asdict(self.comparison).items() if k not in ("passed", "reason")}
+        return {"runner": self.runner, "precision": self.precision, "artifact_precision": self.artifact_precision,
+                "graph": self.graph, "case": self.case, "output": self.output, **metrics,
+                "ref_nonfinite": self.ref_nonfinite, "top1": self.top1, "atol": self.tolerance.atol,
+                "rtol": self.tolerance.rtol, "min_cosine": self.tolerance.cosine, "passed": self.passed,
+                "reason": self.reason}
 
 
 def tolerance_precision(artifact_precision: str, runner_precision: str) -> str:
@@ -228,10 +235,11 @@ def check_outputs(ref: dict[str, np.ndarray], cand: dict[str, np.ndarray], case:
     for t in graph.outputs:
         r, c = ref[t.name], cand[t.name]
         otol = output_tolerance(tol, t.name, overrides)
+        where = {"runner": runner, "precision": precision, "artifact_precision": artifact_precision,
+                 "graph": graph.name, "case": case.name, "output": t.name, "tolerance": otol}
         if r.shape != c.shape:
-            checks.append(OutputCheck(runner, precision, artifact_precision, graph.name, case.name, t.name,
-                                      *(float("nan"),) * 5, 0, 0, 0, None, otol.atol, otol.rtol, otol.cosine,
-                                      False, f"shape {c.shape} != reference {r.shape}"))
+            why = f"shape {c.shape} != reference {r.shape}"
+            checks.append(OutputCheck(**where, comparison=Comparison.not_compared(why), passed=False, reason=why))
             continue
         mask = meaningful(graph, t, case.feeds, r.shape)
         cmp = compare(r, c, otol, mask=mask)
@@ -247,9 +255,8 @@ def check_outputs(ref: dict[str, np.ndarray], cand: dict[str, np.ndarray], case:
             passed, reason = False, f"reference has {ref_bad} NaN/Inf"
         elif passed and top1 is not None and top1 < TOP1_MIN.get(precision, 1.0):
             passed, reason = False, f"top-1 agreement {top1:.4f} < {TOP1_MIN.get(precision, 1.0)}"
-        checks.append(OutputCheck(runner, precision, artifact_precision, graph.name, case.name, t.name,
-                                  cmp.max_abs, cmp.max_rel, cmp.mean_abs, cmp.cosine, cmp.within, cmp.nonfinite,
-                                  ref_bad, cmp.compared, top1, otol.atol, otol.rtol, otol.cosine, passed, reason))
+        checks.append(OutputCheck(**where, comparison=cmp, passed=passed, reason=reason, ref_nonfinite=ref_bad,
+                                  top1=top1))
     return checks
 
 
@@ -295,7 +302,7 @@ class ParityReport:
         def rec(obj: Any) -> dict[str, Any]:
             return clean(dataclasses.asdict(obj))
 
-        return {"passed": self.passed, "checks": [rec(c) for c in self.checks],
+        return {"passed": self.passed, "checks": [clean(c.as_dict()) for c in self.checks],
                 "layerwise": [rec(f) for f in self.layerwise], "runners": list(self.runners)}
 
 
@@ -337,10 +344,12 @@ def check_artifact(artifact: Any, runners: Sequence[str], *, shapes: Sequence[tu
     returns the fp32 ONNX to compare the artifact's graph with (path or ModelProto); default: re-exported
     from the artifact's reference weights."""
     from xdeploy.core.errors import XDeployError
-    from xdeploy.deploy.registry import open_runner
+    from xdeploy.deploy.registry import open_runner, parse_spec
 
     if layerwise not in ("never", "on-failure", "always"):
         raise XDeployError(f"layerwise mode {layerwise!r}; expected never, on-failure or always")
+    for spec in runners:
+        parse_spec(spec)  # an unknown runner name is the caller's error, not a parity failure
     graph_names = list(graphs) if graphs else [g.name for g in artifact.spec.graphs]
     checks: list[OutputCheck] = []
     infos: list[dict[str, Any]] = []
@@ -370,13 +379,12 @@ def check_artifact(artifact: Any, runners: Sequence[str], *, shapes: Sequence[tu
                         if bad:
                             failed_cases.append((case, bad[0]))
             except XDeployError as e:
-                if "unknown" in str(e) and "runner" in str(e):
-                    raise
                 # A runner that cannot load or run this artifact fails parity; the other runners still report.
-                tol = artifact.tolerance
+                # (Unknown runner names were refused before anything ran.)
+                why = f"runner error: {e}"
                 checks += [OutputCheck(spec, artifact.precision, artifact.precision, gname, "-", t.name,
-                                       *(float("nan"),) * 5, 0, 0, 0, None, tol.atol, tol.rtol, tol.cosine, False,
-                                       f"runner error: {e}") for t in g.outputs]
+                                       Comparison.not_compared(why), artifact.tolerance, False, why)
+                           for t in g.outputs]
         if layerwise == "always" or (layerwise == "on-failure" and failed_cases):
             findings.append(_layerwise(artifact, g, cases, failed_cases, reference_onnx, overrides))
     return ParityReport(tuple(checks), tuple(findings), tuple(infos))
@@ -394,8 +402,8 @@ def _layerwise(artifact: Any, g: Any, cases: list[InputCase], failed: list[tuple
     if graph_failures:
         case, chk = graph_failures[0]
         runtime = chk.runner if chk.runner in RUNTIMES else "ort"
-        precision, nonfinite = chk.precision, chk.nonfinite > 0
-        tol = Tolerance(chk.atol, chk.rtol, chk.min_cosine)  # the tolerance that failed, overrides included
+        precision, nonfinite = chk.precision, chk.comparison.nonfinite > 0
+        tol = chk.tolerance  # the tolerance that failed, overrides included
     elif failed:
         case, chk = failed[0]
         return LayerwiseFinding(artifact.precision, g.name, case.name, chk.precision, None,

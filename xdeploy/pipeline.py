@@ -190,6 +190,9 @@ def parity_shapes(cfg: RunConfig) -> tuple[tuple[int, int | None], ...]:
 
 def parity_records(report: Any, model: str, preset: str) -> list[dict[str, Any]]:
     """One "parity" record per (graph, runner, output), worst case over the input cases."""
+    from xdeploy.core.records import make_record
+
+    fp = _fp()
     groups: dict[tuple, list[Any]] = {}
     for c in report.checks:
         groups.setdefault((c.graph, c.runner, c.artifact_precision, c.output), []).append(c)
@@ -203,16 +206,17 @@ def parity_records(report: Any, model: str, preset: str) -> list[dict[str, Any]]
         top1 = worst([c.top1 for c in cs], min)
         # where the ONNX graph first leaves tolerance (verify/layerwise.py), found for failing graphs only
         where = next((_divergence_text(f) for f in report.layerwise if f.graph == graph and failed), None)
-        out.append({"kind": "parity", "model": model, "preset": preset, "graph": graph, "runner": runner,
-                    "artifact_precision": ap, "output": output, "tolerance_precision": cs[0].precision,
-                    "max_abs": worst([c.max_abs for c in cs], max) or 0.0,
-                    "max_rel": worst([c.max_rel for c in cs], max) or 0.0,
-                    "mean_abs": worst([c.mean_abs for c in cs], max) or 0.0,
-                    "cosine": cos if (cos := worst([c.cosine for c in cs], min)) is not None else 0.0,
-                    "nonfinite": int(sum(c.nonfinite for c in cs)), "top1": top1, "passed": not failed,
-                    "reason": f"case {failed[0].case}: {failed[0].reason}" if failed else None,
-                    "cases": len(cs), "atol": cs[0].atol, "rtol": cs[0].rtol, "min_cosine": cs[0].min_cosine,
-                    "first_divergence": where})
+        out.append(make_record(
+            "parity", fp, model=model, preset=preset, graph=graph, runner=runner, artifact_precision=ap,
+            output=output, tolerance_precision=cs[0].precision,
+            max_abs=worst([c.comparison.max_abs for c in cs], max) or 0.0,
+            max_rel=worst([c.comparison.max_rel for c in cs], max) or 0.0,
+            mean_abs=worst([c.comparison.mean_abs for c in cs], max) or 0.0,
+            cosine=cos if (cos := worst([c.comparison.cosine for c in cs], min)) is not None else 0.0,
+            nonfinite=int(sum(c.comparison.nonfinite for c in cs)), top1=top1, passed=not failed,
+            reason=f"case {failed[0].case}: {failed[0].reason}" if failed else None,
+            cases=len(cs), atol=float(cs[0].tolerance.atol), rtol=float(cs[0].tolerance.rtol),
+            min_cosine=float(cs[0].tolerance.cosine), first_divergence=where))
     return out
 
 
@@ -272,6 +276,7 @@ def bench_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progres
 def decode_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progress) -> list[dict[str, Any]]:
     """Greedy decoding with the KV cache on each runner and precision (and one recompute-everything run),
     against the PyTorch fp32 reference's tokens."""
+    from xdeploy.core.records import make_record
     from xdeploy.deploy.generate import GenerationConfig, Generator, token_agreement
     from xdeploy.export.artifact import load_artifact
 
@@ -313,13 +318,12 @@ def decode_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progre
                 ref = out
             agree = token_agreement(ref, out)
             med = cmp.series[k].median_s
-            recs.append({"kind": "decode", "model": model, "preset": preset, "runner": runner,
-                         "artifact_precision": prec, "mode": out.mode, "batch": 1, "prompt_len": prompt_len,
-                         "new_tokens": out.new_tokens, "ttft_s": out.time_to_first_token_s,
-                         "step_s": list(out.step_s), "tokens_per_s": out.new_tokens / med,
-                         "agreement": agree.agreement, "first_divergence": agree.first_divergence[0],
-                         "total_s": med, "threads": cfg.threads, "stability": cmp.stability(k),
-                         "fingerprint": fp})
+            recs.append(make_record(
+                "decode", fp, model=model, preset=preset, runner=runner, artifact_precision=prec, mode=out.mode,
+                batch=1, prompt_len=prompt_len, new_tokens=out.new_tokens, ttft_s=out.time_to_first_token_s,
+                step_s=list(out.step_s), tokens_per_s=out.new_tokens / med, total_s=med,
+                agreement=agree.agreement, first_divergence=agree.first_divergence[0], threads=cfg.threads,
+                stability=cmp.stability(k)))
     return recs
 
 

@@ -120,9 +120,10 @@ def _print(reports: list[tuple[str, Any]]) -> None:
         for (runner, graph, output), cs in groups.items():
             bad = [c for c in cs if not c.passed]
             top1 = [c.top1 for c in cs if c.top1 is not None]
+            ms = [c.comparison for c in cs]
             table.add_row(runner, cs[0].precision, f"{graph}/{output}", str(len(cs)),
-                          _fmt(max(c.max_abs for c in cs)), _fmt(max(c.max_rel for c in cs)),
-                          _fmt(min(c.cosine for c in cs), ".6f"), str(sum(c.nonfinite for c in cs)),
+                          _fmt(max(m.max_abs for m in ms)), _fmt(max(m.max_rel for m in ms)),
+                          _fmt(min(m.cosine for m in ms), ".6f"), str(sum(m.nonfinite for m in ms)),
                           _fmt(min(top1) if top1 else None, ".3f"),
                           "[green]pass[/green]" if not bad else f"[red]FAIL[/red] ({len(bad)}/{len(cs)})")
             notes += [f"  {runner} {graph}/{output} on {c.case}: {c.reason}" for c in bad[:2]]

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from xdeploy.commands import add_json_option, write_json
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from xdeploy.pipeline import RunResult
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -86,36 +92,32 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_summary(console, result) -> None:  # noqa: ANN001
+def _print_summary(console: Console, result: RunResult) -> None:
     from rich.table import Table
 
-    from xdeploy.reports.render import _fmt_s, speedup_cell, speedups, stability_summary, unstable
+    from xdeploy.core.records import best, config_key, identity, speedups, unstable
+    from xdeploy.reports.render import _fmt_s, speedup_cell, stability_summary
 
     recs = list(result.records)
     par = [r for r in recs if r["kind"] == "parity"]
-    lat = [r for r in recs if r["kind"] == "latency"]
-    sp, unst = speedups(lat), unstable(lat)
+    sp, unst = speedups(recs), unstable(recs)
     t = Table(title="xdeploy run: best runner per model (speedup vs PyTorch eager fp32, same batch and seq: "
                     "median of paired interleaved rounds, 95% interval)")
     for col in ("model", "batch", "seq", "best", "p50", "speedup", "parity"):
         t.add_column(col)
-    for model in dict.fromkeys(r["model"] for r in lat):
-        rs = [r for r in lat if r["model"] == model and (id(r) in sp or id(r) in unst)]
-        for b in sorted({r["batch"] for r in rs}):
-            cand = [r for r in rs if r["batch"] == b and id(r) in sp]
-            if not cand:  # every figure of this configuration stayed unstable: no number, the cause
-                r0 = next(r for r in rs if r["batch"] == b and id(r) in unst)
-                t.add_row(f"{model} {r0.get('preset') or ''}", str(b), str(r0.get("seq") or "–"), "–", "–",
-                          f"[yellow]unstable ({unst[id(r0)]})[/]", "–")
-                continue
-            best = max(cand, key=lambda r: sp[id(r)])
-            ps = [p for p in par if p["model"] == model and p["runner"] == best["runner"]
-                  and p["artifact_precision"] == best["artifact_precision"]]
-            ok = "–" if not ps else ("pass" if all(p["passed"] for p in ps) else "[red]FAIL[/]")
-            n_unst = sum(1 for r in rs if r["batch"] == b and id(r) in unst)
-            t.add_row(f"{model} {best.get('preset') or ''}", str(b), str(best.get("seq") or "–"),
-                      f"{best['runner']} {best['artifact_precision']}", _fmt_s(best["latency_s"]["p50"]),
-                      speedup_cell(best, sp, unst) + (f" [yellow]({n_unst} unstable)[/]" if n_unst else ""), ok)
+    order = {m: i for i, m in enumerate(dict.fromkeys(r["model"] for r in recs if r["kind"] == "latency"))}
+    fastest = best(recs)
+    for b in sorted(fastest, key=lambda b: (order[b.record["model"]], b.record["batch"], b.record["seq"] or 0)):
+        r = b.record
+        ps = [p for p in par if p["model"] == r["model"] and p["runner"] == r["runner"]
+              and p["artifact_precision"] == r["artifact_precision"]]
+        ok = "–" if not ps else ("pass" if all(p["passed"] for p in ps) else "[red]FAIL[/]")
+        n_unst = sum(1 for x in recs if x["kind"] == "latency" and identity(x) in unst and config_key(x) == b.config)
+        cell = speedup_cell(r, sp, unst)
+        t.add_row(f"{r['model']} {r.get('preset') or ''}", str(r["batch"]), str(r.get("seq") or "–"),
+                  f"{r['runner']} {r['artifact_precision']}", _fmt_s(r["latency_s"]["p50"]),
+                  (f"[yellow]{cell}[/]" if b.unstable else cell)
+                  + (f" [yellow]({n_unst} unstable)[/]" if n_unst and not b.unstable else ""), ok)
     stab = stability_summary(recs)
     if stab:
         console.print(stab.replace("**", ""), soft_wrap=True)
