@@ -25,19 +25,15 @@ from typing import Any
 
 import numpy as np
 
-from xdeploy.core.errors import XDeployError
 from xdeploy.core.fingerprint import fingerprint
 from xdeploy.core.fsutil import atomic_write_json
 from xdeploy.core.records import make_record
+from xdeploy.export.cache import cache_root
 
 from .latency import measure
 
 GEMM_PRECISIONS = ("fp32", "bf16", "int8")
 CACHE_FILE = "roofline.json"
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("XDEPLOY_CACHE") or Path.home() / ".cache" / "xdeploy")
 
 
 def _machine_key(fp: dict[str, Any]) -> dict[str, Any]:
@@ -281,14 +277,14 @@ def summarize(trials: list[Trial], *, quick: bool) -> dict[str, Any]:
 
 
 def save(result: dict[str, Any], path: Path | None = None) -> Path:
-    path = path or cache_dir() / CACHE_FILE
+    path = path or cache_root() / CACHE_FILE
     atomic_write_json(path, result)
     return path
 
 
 def load(path: Path | None = None) -> dict[str, Any] | None:
     """The cached roofline if it was measured on this machine with these library versions, else None."""
-    path = path or cache_dir() / CACHE_FILE
+    path = path or cache_root() / CACHE_FILE
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
@@ -376,15 +372,6 @@ def get_roofline(*, refresh: bool = False, quick: bool = False,
     return data
 
 
-def main() -> int:
-    from rich.console import Console
-
-    console = Console()
-    data = get_roofline(refresh=True, log=console.print)
-    render(data, console)
-    return 0
-
-
 def render(data: dict[str, Any], console: Any) -> None:
     from rich.table import Table
 
@@ -400,14 +387,3 @@ def render(data: dict[str, Any], console: Any) -> None:
         if data.get(kind):
             t.add_row(kind.replace("_", " "), "", f"{data[kind]['value'] / 1e9:.1f} GB/s", data[kind]["path"])
     console.print(t)
-
-
-def require_peaks() -> dict[str, float]:
-    peaks = load_peaks()
-    if not peaks:
-        raise XDeployError("no roofline measured on this machine yet; run `xdeploy roofline` first")
-    return peaks
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

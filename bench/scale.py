@@ -40,9 +40,10 @@ import numpy as np
 from xdeploy.core.errors import XDeployError, one_of
 from xdeploy.core.fingerprint import fingerprint
 from xdeploy.core.records import make_record
+from xdeploy.export.cache import cached_artifact
 
 from .memory import Probe, run_isolated
-from .suite import BenchJob, _mem_dict, cached_artifact, run_job
+from .suite import BenchJob, _mem_dict, run_job
 
 
 @dataclass(frozen=True)

@@ -16,15 +16,14 @@ process would report the first configuration's high-water mark for every later o
     from xdeploy.bench.suite import run_bench
     records = run_bench("bert", preset="tiny", runners=["torch", "ort"], batches=[1, 8], seqs=[32, 128])
 
-A model name is exported once per (precision, opset, attention kernel, config overrides) into a cached
-artifact under $XDEPLOY_CACHE/artifacts (keyed also by a hash of the model/export source, so a changed
+A model name is exported once per (precision, opset, attention kernel, config overrides) into the artifact
+cache (export/cache.py: $XDEPLOY_CACHE/artifacts, keyed also by a hash of the model/export source, so a changed
 exporter never serves a stale graph); an artifact directory is used as it is.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from xdeploy.core.errors import XDeployError
 from xdeploy.core.fingerprint import fingerprint
 from xdeploy.core.records import best, identity, make_record, speedup_interval, speedups, unstable
 from xdeploy.core.targets import TARGETS
+from xdeploy.export.cache import cached_artifact
 
 from .memory import MemoryStats, Probe, run_isolated
 
@@ -166,53 +166,6 @@ def compare_child(probe: Probe, job: CompareJob) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------ artifacts ----
-
-def _source_hash() -> str:
-    """Hash of the model and export source: a cached artifact is reused only if these files are unchanged."""
-    import xdeploy.export
-    import xdeploy.models
-
-    h = hashlib.sha256()
-    for pkg in (xdeploy.models, xdeploy.export):
-        for p in sorted(Path(pkg.__path__[0]).glob("*.py")):
-            h.update(p.name.encode())
-            h.update(p.read_bytes())
-    return h.hexdigest()[:10]
-
-
-def cached_artifact(model: str, *, preset: str | None, precision: str = "fp32", opset: int | None = None,
-                    attn_impl: str | None = None, overrides: Mapping[str, Any] | None = None,
-                    fresh: bool = False, log: Callable[[str], None] | None = None) -> Path:
-    """Export `model` once per key into the cache; later calls return the cached directory."""
-    from xdeploy.export.artifact import load_artifact
-    from xdeploy.export.onnx_export import DEFAULT_OPSET, export
-    from xdeploy.models.registry import get_family
-
-    from .roofline import cache_dir
-
-    family = get_family(model)
-    preset = preset or next(iter(family.presets))
-    opset = opset or DEFAULT_OPSET
-    base = family.presets.get(preset)
-    # overrides equal to the preset's own values do not change the graph: share the cache entry
-    overrides = {k: v for k, v in (overrides or {}).items() if getattr(base, k, object()) != v}
-    ov = "".join(f"-{k}{v}" for k, v in sorted((overrides or {}).items()))
-    name = f"{model}-{preset}-{precision}-o{opset}-{attn_impl or 'sdpa'}{ov}-{_source_hash()}"
-    path = cache_dir() / "artifacts" / name
-    if path.exists() and not fresh:
-        try:
-            load_artifact(path)
-            return path
-        except XDeployError:
-            pass  # damaged cache entry: export again
-    if log:
-        log(f"exporting {model} {preset} {precision} opset {opset} {attn_impl or 'sdpa'}{ov} -> {path}")
-    kwargs: dict[str, Any] = {}
-    if overrides:
-        kwargs["config_overrides"] = dict(overrides)
-    return export(model, preset=preset, out=path, opset=opset, precision=precision, attn_impl=attn_impl,
-                  force=True, **kwargs)
-
 
 # ------------------------------------------------------------------------------------------ configs ----
 

@@ -420,7 +420,8 @@ def _greedy_or_sample(engine: _Steps, b: int, gc: GenerationConfig, eos: int | N
     return tokens, stop, stamps[0] - t0, list(np.diff(stamps))
 
 
-def _beam_search(engine: _Steps, b: int, gc: GenerationConfig, eos: int | None, t0: float):  # noqa: ANN202
+def _beam_search(engine: _Steps, b: int, gc: GenerationConfig, eos: int | None, t0: float
+                 ) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...], tuple[float, ...], float, list[float]]:
     """Hugging Face's beam search (transformers 5, early_stopping=False), vectorized over the batch in numpy.
 
     running: k live beams per row with summed log-probs; finished: the k best hypotheses that ended (EOS or

@@ -98,7 +98,8 @@ class MultiHeadAttention(nn.Module):
             scores = scores + bias
         return torch.softmax(scores, dim=-1) @ v
 
-    def _attend_two(self, q, past, past_bias, new, new_bias) -> torch.Tensor:  # noqa: ANN001
+    def _attend_two(self, q: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor], past_bias: torch.Tensor | None,
+                    new: tuple[torch.Tensor, torch.Tensor], new_bias: torch.Tensor | None) -> torch.Tensor:
         # One softmax over [past keys ; new keys] without materializing their concatenation: only the
         # (B, nh, T, P + T) score matrix is concatenated, never the (B, nh, P, hs) cache.
         scale = 1.0 / math.sqrt(self.head_size)

@@ -3,6 +3,8 @@ with the residual/LayerNorm arrangement chosen per model (post-LN: Vaswani, BERT
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -39,7 +41,8 @@ class Layer(nn.Module):
         self.ffn = FeedForward(d_model, d_ff, act)
         self.ln2 = nn.LayerNorm(d_model, eps=eps)
 
-    def _residual(self, x: torch.Tensor, ln: nn.LayerNorm, f) -> torch.Tensor:  # noqa: ANN001
+    def _residual(self, x: torch.Tensor, ln: nn.LayerNorm, f: Callable[[torch.Tensor], torch.Tensor]
+                  ) -> torch.Tensor:
         # pre-LN: x + f(ln(x));  post-LN: ln(x + f(x))
         return x + f(ln(x)) if self.norm_first else ln(x + f(x))
 

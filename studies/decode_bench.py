@@ -29,7 +29,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import platform
+import os
 import sys
 import time
 from pathlib import Path
@@ -38,6 +38,8 @@ from typing import Any
 import numpy as np
 
 from xdeploy.core.errors import XDeployError
+from xdeploy.core.targets import TARGETS
+from xdeploy.studies import finish, machine, machine_line
 
 ROOT = Path("artifacts/decode-bench")
 CONTEXT_BUCKETS = (32, 64, 128, 192, 256, 320)
@@ -58,27 +60,12 @@ def hf_gpt2(root: Path, seed: int = 0) -> tuple[Any, Path]:
     return model, d
 
 
-def artifact_at(src: Path | str, out: Path, precision: str, *, model: str = "gpt", preset: str | None = None,
-                fp32: Path | None = None) -> Path | None:
-    """Export (fp32) or derive (fp16/int8) an artifact, reusing one already on disk. None if unavailable."""
-    from xdeploy.export.onnx_export import export
-    from xdeploy.export.precision import EXPORT_PRECISIONS
+def artifact_at(model: str, precision: str, root: Path, *, checkpoint: Path | None = None,
+                preset: str | None = None) -> Path:
+    """The study's artifacts come from the one artifact cache (export/cache.py), kept under `root`."""
+    from xdeploy.export.cache import cached_artifact
 
-    if (out / "manifest.json").exists():
-        return out
-    if precision == "fp32":
-        if preset:
-            return export(model, preset=preset, out=out)
-        return export(model, checkpoint=src, out=out)
-    try:
-        from xdeploy.export.convert import convert_artifact
-    except ImportError:
-        convert_artifact = None
-    if convert_artifact is not None and fp32 is not None:
-        return convert_artifact(fp32, out, precision)
-    if precision in EXPORT_PRECISIONS:
-        return export(model, checkpoint=src, out=out, precision=precision)
-    return None
+    return cached_artifact(model, preset=preset, checkpoint=checkpoint, precision=precision, root=root, log=print)
 
 
 def weight_bytes_per_token(onnx_path: Path) -> int:
@@ -178,28 +165,22 @@ def run(*, new: int = 256, prompt_len: int = 32, runners: tuple[str, ...] = ("to
 
     apply_thread_env()  # passive OpenMP waiting, before torch loads (docs/benchmarks.md)
     root.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {"machine": {"python": platform.python_version(), "cores": _cores()},
-                              "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                              "new_tokens": new, "prompt_len": prompt_len, "batch": 1, "threads": threads,
-                              "load_average": list(_loadavg()), "runs": []}
+    result: dict[str, Any] = {"machine": machine(), "new_tokens": new, "prompt_len": prompt_len, "batch": 1,
+                              "threads": threads, "runs": []}
     bw, bw_how = read_bandwidth()
     result["bandwidth"] = {"bytes_per_s": bw, "how": bw_how}
     log(f"read bandwidth {bw / 1e9:.1f} GB/s ({bw_how})")
 
     hf_model, ckpt = hf_gpt2(root)
     arts: dict[str, Path] = {}
-    fp32 = artifact_at(ckpt, root / "gpt-small-fp32", "fp32")
-    arts["fp32"] = fp32
+    arts["fp32"] = artifact_at("gpt", "fp32", root, checkpoint=ckpt)
     for p in precisions:
         if p == "fp32":
             continue
         try:
-            a = artifact_at(ckpt, root / f"gpt-small-{p}", p, fp32=fp32)
+            arts[p] = artifact_at("gpt", p, root, checkpoint=ckpt)
         except XDeployError as e:
             log(f"{p}: not available ({e})")
-            a = None
-        if a is not None:
-            arts[p] = a
     cfg = hf_model.config
     prompt = np.random.default_rng(0).integers(0, cfg.vocab_size - 1, size=prompt_len).tolist()
 
@@ -306,7 +287,7 @@ def run(*, new: int = 256, prompt_len: int = 32, runners: tuple[str, ...] = ("to
 
     if seq2seq:
         result["transformer_parity"] = transformer_parity(root, runners, log)
-    result["load_average_end"] = list(_loadavg())
+    result["load_average_end"] = list(os.getloadavg())
     result["summary"] = summarize(result)
     return result
 
@@ -350,7 +331,7 @@ def transformer_parity(root: Path, runners: tuple[str, ...], log: Any, new: int 
     sampled run is the one that exercises many tokens; it needs the logits to agree closely everywhere)."""
     from xdeploy.deploy.generate import GenerationConfig, Generator, token_agreement
 
-    art = artifact_at("", root / "transformer-base-fp32", "fp32", model="transformer", preset="base")
+    art = artifact_at("transformer", "fp32", root, preset="base")
     src = [np.random.default_rng(1).integers(3, 32000, size=24).tolist()]
     configs = {"greedy": GenerationConfig(max_new_tokens=new, eos_token_id=-1),
                "sampled": GenerationConfig(max_new_tokens=new, eos_token_id=-1, do_sample=True, temperature=30.0,
@@ -381,42 +362,43 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     fp32 = [r for r in runs if r["precision"] == "fp32" and r["runner"] != "torch" and ":" not in r["runner"]
             and r["vs_hf"] is not None]
     best_fp32 = max(fp32, key=lambda r: r["tokens_per_s"], default=None)
-    good = [r for r in runs if r["agreement"] >= 0.95 and r["runner"] != "torch" and r["vs_hf"] is not None]
+    good = [r for r in runs if TARGETS["decode_best_agreement"].met(r["agreement"]) and r["runner"] != "torch"
+            and r["vs_hf"] is not None]
     best = max(good, key=lambda r: r["tokens_per_s"], default=None)
     s: dict[str, Any] = {"hf_tokens_per_s": hf_tps}
     if best_fp32:
         s |= {"fp32_best": f"{best_fp32['runner']} fp32", "fp32_vs_hf": best_fp32["vs_hf"],
-              "fp32_target_1_5x_met": best_fp32["vs_hf"] >= 1.5}
+              "fp32_target_met": TARGETS["decode_fp32_vs_hf"].met(best_fp32["vs_hf"])}
     if best:
         s |= {"best_95pct": f"{best['runner']} {best['precision']}", "best_vs_hf": best["vs_hf"],
-              "best_agreement": best["agreement"], "best_target_3x_met": best["vs_hf"] >= 3.0}
+              "best_agreement": best["agreement"], "best_target_met": TARGETS["decode_best_vs_hf"].met(best["vs_hf"])}
     if "recompute" in result:
         s["cache_vs_recompute"] = result["recompute"]["cache_speedup_end_to_end"]
     return s
 
 
 def render(result: dict[str, Any]) -> str:
+    from xdeploy.reports.render import markdown_table
+
+    rows = []
+    for r in result["runs"]:
+        if "error" in r:
+            rows.append((r["runner"], r["precision"], f"unavailable: {r['error']}", *("–",) * 10))
+            continue
+        fd = "-" if r["first_divergence"] is None else str(r["first_divergence"])
+        rows.append((r["runner"], r["precision"], f"{r['ttft_s'] * 1e3:.1f}", f"{r['step_p50_s'] * 1e3:.2f}",
+                     f"{r['step_p90_s'] * 1e3:.2f}", f"{r['step_p99_s'] * 1e3:.2f}", f"{r['tokens_per_s']:.1f}",
+                     f"{r['decode_tokens_per_s']:.1f}", _vs_hf(r), f"{r['agreement']:.3f}", fd,
+                     f"{r['weight_bytes_per_token'] / 1e6:.0f}", f"{r['pct_of_roofline']:.0f}"))
     lines = [f"decode benchmark, gpt small (GPT-2 124M, random HF init), batch 1, prompt {result['prompt_len']}, "
-             f"{result['new_tokens']} new tokens, greedy; {result['date_utc']}, {result['machine']['cores']} cores, "
-             f"threads {result['threads'] or 'all'}, load average at start {result['load_average'][0]:.1f} "
-             f"(a shared machine: figures are noisy)",
+             f"{result['new_tokens']} new tokens, greedy, threads {result['threads'] or 'all'}",
+             machine_line(result["machine"]),
              f"read bandwidth {result['bandwidth']['bytes_per_s'] / 1e9:.1f} GB/s ({result['bandwidth']['how']})",
              f"Hugging Face transformers generate: {result['hf']['tokens_per_s']:.1f} tokens/s (median round; every "
              "generator and HF decode once per round, order rotated; x HF = median of paired round ratios, 95% "
              "interval, or unstable)", "",
-             "| runner | precision | TTFT ms | step p50 ms | p90 | p99 | tok/s | decode tok/s | x HF | agreement | "
-             "first div. | MB/token | % roofline |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for r in result["runs"]:
-        if "error" in r:
-            lines.append(f"| {r['runner']} | {r['precision']} | unavailable: {r['error']} |")
-            continue
-        fd = "-" if r["first_divergence"] is None else str(r["first_divergence"])
-        lines.append(f"| {r['runner']} | {r['precision']} | {r['ttft_s'] * 1e3:.1f} | {r['step_p50_s'] * 1e3:.2f} | "
-                     f"{r['step_p90_s'] * 1e3:.2f} | {r['step_p99_s'] * 1e3:.2f} | {r['tokens_per_s']:.1f} | "
-                     f"{r['decode_tokens_per_s']:.1f} | "
-                     f"{_vs_hf(r)} | {r['agreement']:.3f} | {fd} | {r['weight_bytes_per_token'] / 1e6:.0f} | "
-                     f"{r['pct_of_roofline']:.0f} |")
+             markdown_table(["runner", "precision", "TTFT ms", "step p50 ms", "p90", "p99", "tok/s", "decode tok/s",
+                             "x HF", "agreement", "first div.", "MB/token", "% roofline"], rows)]
     lines += ["", "per-token latency (median ms) by context length:"]
     for r in result["runs"]:
         if "error" not in r:
@@ -448,18 +430,6 @@ def _vs_hf(r: dict[str, Any]) -> str:
     return f"{r['vs_hf']:.2f} ({r['vs_hf_low']:.2f}-{r['vs_hf_high']:.2f})"
 
 
-def _loadavg() -> tuple[float, float, float]:
-    import os
-
-    return os.getloadavg()
-
-
-def _cores() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0))
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m xdeploy.studies.decode_bench", description=__doc__.splitlines()[0])
     p.add_argument("--new-tokens", type=int, default=256)
@@ -474,20 +444,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="threads for every runner and HF torch (0 = the cores free at the start)")
     p.add_argument("--json", metavar="FILE")
     a = p.parse_args(argv)
-    try:
-        res = run(new=64 if a.quick else a.new_tokens, prompt_len=a.prompt_len,
-                  runners=tuple(a.runners.split(",")), precisions=tuple(a.precisions.split(",")),
-                  recompute=not (a.quick or a.no_recompute), seq2seq=not (a.quick or a.no_transformer),
-                  root=Path(a.artifacts), threads=a.threads)
-    except XDeployError as e:
-        print(f"decode_bench: error: {e}", file=sys.stderr)
-        return e.exit_code
-    print(render(res))
-    if a.json:
-        from xdeploy.core.fsutil import atomic_write_json
-
-        atomic_write_json(a.json, res)
-    return 0
+    return finish("decode_bench", lambda: run(
+        new=64 if a.quick else a.new_tokens, prompt_len=a.prompt_len, runners=tuple(a.runners.split(",")),
+        precisions=tuple(a.precisions.split(",")), recompute=not (a.quick or a.no_recompute),
+        seq2seq=not (a.quick or a.no_transformer), root=Path(a.artifacts), threads=a.threads), render, a.json)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import numpy as np
 
 from xdeploy.bench.latency import summarize
 from xdeploy.core.errors import XDeployError
+from xdeploy.studies import finish, machine, machine_line
 
 
 def build_variants(model: str, preset: str | None, workdir: Path, *, opsets: Sequence[int] = (18, 23),
@@ -63,6 +64,7 @@ def run(model: str = "bert", preset: str | None = "base", batch: int = 1, seq: i
     if rounds < 1 or block < 1 or warmup < 0:
         raise XDeployError(f"need rounds >= 1, block >= 1 and warmup >= 0; got rounds={rounds}, block={block}, "
                            f"warmup={warmup}")
+    at_start = machine()  # the load average before the measurement
     with tempfile.TemporaryDirectory(prefix="xdeploy-lowering-") as d:
         arts = build_variants(model, preset, Path(d), opsets=opsets, precisions=precisions, log=log)
         first = load_artifact(next(iter(arts.values())))
@@ -114,44 +116,23 @@ def run(model: str = "bert", preset: str | None = "base", batch: int = 1, seq: i
                      "p90_ms": st.p90 * 1e3, "vs_" + base: st.p50 / med0, "n": st.n} | parity[n])
     return {"model": model, "preset": preset, "sizes": sizes, "rounds": rounds, "block": block,
             "threads": threads,
-            "rows": rows, "machine": _machine()}
-
-
-def _machine() -> dict[str, Any]:
-    import os
-    import platform
-
-    import onnxruntime
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        import cpuinfo
-
-        cpu = cpuinfo.get_cpu_info().get("brand_raw", cpu)
-    except Exception:  # py-cpuinfo is optional here
-        pass
-    return {"cpu": cpu, "cores": len(os.sched_getaffinity(0)), "onnxruntime": onnxruntime.__version__,
-            "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+            "rows": rows, "machine": at_start}
 
 
 def render(result: dict[str, Any]) -> str:
+    from xdeploy.reports.render import markdown_table
+
     base = next(k for k in result["rows"][0] if k.startswith("vs_"))
     sizes = " ".join(f"{k}={v}" for k, v in result["sizes"].items())
-    lines = [f"{result['model']} {result['preset']} ({sizes}), {result['rounds']} rounds x "
-             f"{result['block']} calls interleaved; {result['machine']['cpu']}, {result['machine']['cores']} cores, "
-             f"onnxruntime {result['machine']['onnxruntime']}, torch {result['machine']['torch']}",
-             f"| variant | p50 ms | p10 ms | p90 ms | {base.replace('_', ' ')} | cosine vs ref |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    for r in result["rows"]:
-        lines.append(f"| {r['variant']} | {r['p50_ms']:.1f} | {r['p10_ms']:.1f} | {r['p90_ms']:.1f} | "
-                     f"{r[base]:.2f} | {r['cosine']:.6f} |")
-    return "\n".join(lines)
+    rows = [(r["variant"], f"{r['p50_ms']:.1f}", f"{r['p10_ms']:.1f}", f"{r['p90_ms']:.1f}", f"{r[base]:.2f}",
+             f"{r['cosine']:.6f}") for r in result["rows"]]
+    return "\n".join([f"{result['model']} {result['preset']} ({sizes}), {result['rounds']} rounds x "
+                      f"{result['block']} calls interleaved", "",
+                      markdown_table(["variant", "p50 ms", "p10 ms", "p90 ms", base.replace("_", " "), "cosine vs ref"],
+                                     rows), "", machine_line(result["machine"])])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from xdeploy.core.fsutil import atomic_write_json
-
     p = argparse.ArgumentParser(prog="python -m xdeploy.studies.export_lowering", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="bert")
     p.add_argument("--preset", default="base")
@@ -165,16 +146,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-torch", action="store_true", help="skip the eager PyTorch baseline")
     p.add_argument("--json", metavar="FILE")
     a = p.parse_args(argv)
-    try:
-        res = run(a.model, a.preset, a.batch, a.seq, rounds=a.rounds, block=a.block, warmup=a.warmup, threads=a.threads,
-                  precisions=[x for x in a.precisions.split(",") if x], torch_eager=not a.no_torch)
-    except XDeployError as e:
-        print(f"error: {e}")
-        return 2
-    print(render(res))
-    if a.json:
-        atomic_write_json(a.json, res)
-    return 0
+    return finish("export_lowering", lambda: run(
+        a.model, a.preset, a.batch, a.seq, rounds=a.rounds, block=a.block, warmup=a.warmup, threads=a.threads,
+        precisions=[x for x in a.precisions.split(",") if x], torch_eager=not a.no_torch), render, a.json)
 
 
 if __name__ == "__main__":

@@ -8,30 +8,28 @@ All candidates live in one process and are timed *interleaved*: each round gives
 Each candidate is warmed up first, and each of its blocks starts with one untimed call; per-call samples
 are summarized with xdeploy.bench.latency.summarize.
 The timed call is the runner's prepared call (inputs already staged), the same for every backend.
-Ratios are torch-eager p50 / candidate p50 (higher = faster than PyTorch). Targets from issue #4:
-ORT fp32 >= 2x and OpenVINO bf16 >= 4x PyTorch eager fp32 (BERT-base b1 s128).
+Ratios are torch-eager p50 / candidate p50 (higher = faster than PyTorch). Targets (core/targets.py, issue #4):
+the ORT fp32 and OpenVINO bf16 speed-ups over PyTorch eager fp32 (BERT-base b1 s128).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from xdeploy.bench.latency import LatencyStats, summarize
 from xdeploy.core.errors import XDeployError
-from xdeploy.core.fsutil import atomic_write_json
-from xdeploy.export.artifact import Artifact, load_artifact
+from xdeploy.core.targets import TARGETS
+from xdeploy.export.artifact import load_artifact
+from xdeploy.studies import finish, machine, machine_line
 
-TARGETS = {"ort": 2.0, "ov:bf16": 4.0}  # candidate label -> minimum speed-up over torch eager fp32
+# candidate label -> its target (core/targets.py): minimum speed-up over torch eager fp32
+LABEL_TARGETS = {"ort": "ort_fp32_vs_eager", "ov:bf16": "ov_bf16_vs_eager"}
 
 
 @dataclass(frozen=True)
@@ -60,39 +58,24 @@ def candidates(precisions: tuple[str, ...]) -> list[Candidate]:
     return out
 
 
-def ensure_artifact(workdir: Path, model: str, preset: str, precision: str) -> Artifact:
-    """Reuse <workdir>/<model>-<preset>-<precision> when it loads and verifies; export it otherwise."""
-    from xdeploy.export.onnx_export import export
-
-    out = workdir / f"{model}-{preset}-{precision}"
-    if (out / "manifest.json").exists():
-        try:
-            return load_artifact(out)
-        except XDeployError as e:
-            print(f"re-exporting {out}: {e}", file=sys.stderr)
-    print(f"exporting {model}/{preset} at {precision} -> {out} ...", file=sys.stderr, flush=True)
-    return load_artifact(export(model, preset=preset, precision=precision, out=out, force=True))
-
-
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-30))
-
-
 def compare(model: str = "bert", preset: str = "base", batch: int = 1, seq: int = 128, *,
             precisions: tuple[str, ...] | None = None, workdir: str | Path = "artifacts/runner_compare",
             threads: int = 0, rounds: int = 15, per_round: int = 2, warmup: int = 3) -> dict[str, Any]:
     """Run the comparison; returns a JSON-able dict (numbers stay floats, seconds)."""
     from xdeploy.deploy.registry import open_runner
+    from xdeploy.export.cache import cached_artifact
     from xdeploy.export.precision import EXPORT_PRECISIONS
     from xdeploy.models.spec import make_feeds
+    from xdeploy.verify.metrics import cosine
 
     if rounds < 1 or per_round < 1 or warmup < 0:
         raise XDeployError("need rounds >= 1, per_round >= 1 and warmup >= 0")
+    at_start = machine()  # the load average before the measurement
     precisions = tuple(p for p in (precisions or EXPORT_PRECISIONS) if p in EXPORT_PRECISIONS)
     threads = threads or len(os.sched_getaffinity(0))
-    workdir = Path(workdir)
-    arts = {p: ensure_artifact(workdir, model, preset, p) for p in sorted({"fp32", *precisions})}
+    arts = {p: load_artifact(cached_artifact(model, preset=preset, precision=p, root=workdir,
+                                             log=lambda m: print(m, file=sys.stderr, flush=True)))
+            for p in sorted({"fp32", *precisions})}
     graph = arts["fp32"].graph()
     sizes = {"batch": batch, "seq": seq}
     sizes |= {k: a.opt for k, a in arts["fp32"].spec.axes.items() if k not in sizes}
@@ -131,53 +114,35 @@ def compare(model: str = "bert", preset: str = "base", batch: int = 1, seq: int 
     for c in cands:
         st = summarize(samples[c.label])
         results.append(Result(c.label, c.runner, c.precision, infos[c.label].precision, infos[c.label].threads, st,
-                              base / st.p50, _cosine(outputs["torch"], outputs[c.label])))
+                              base / st.p50, cosine(outputs["torch"], outputs[c.label])))
     return {
         "benchmark": "runner_compare", "model": model, "preset": preset, "batch": batch, "seq": seq,
         "threads": threads, "rounds": rounds, "per_round": per_round, "warmup": warmup,
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "machine": machine(), "versions": {k: v for i in infos.values() for k, v in i.versions.items()},
+        "machine": at_start, "versions": {k: v for i in infos.values() for k, v in i.versions.items()},
         "results": [{"label": r.label, "runner": r.runner, "artifact_precision": r.artifact_precision,
                      "compute_precision": r.compute_precision, "threads": r.threads, **r.stats.as_dict(),
                      "speedup_vs_torch": r.speedup, "cosine_vs_torch": r.cosine} for r in results],
-        "targets": {k: {"min_speedup": v, "measured": next((r.speedup for r in results if r.label == k), None)}
-                    for k, v in TARGETS.items()},
+        "targets": {k: {"min_speedup": TARGETS[t].minimum,
+                        "measured": next((r.speedup for r in results if r.label == k), None)}
+                    for k, t in LABEL_TARGETS.items()},
     }
 
 
-def machine() -> dict[str, Any]:
-    try:
-        import cpuinfo
+def render(report: dict[str, Any]) -> str:
+    from xdeploy.reports.render import markdown_table
 
-        cpu = cpuinfo.get_cpu_info().get("brand_raw", platform.processor())
-    except Exception:  # py-cpuinfo probes /proc and cpuid; never fail a benchmark over a label
-        cpu = platform.processor()
-    return {"cpu": cpu, "cores": len(os.sched_getaffinity(0)), "load_avg_1m": os.getloadavg()[0],
-            "python": platform.python_version(), "platform": platform.platform()}
-
-
-def render(report: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title=f"{report['model']}/{report['preset']} batch {report['batch']} seq {report['seq']}, "
-                    f"{report['threads']} threads, {report['rounds']}x{report['per_round']} interleaved calls")
-    for col in ("candidate", "compute", "p50 ms", "p90 ms", "min ms", "n", "x torch", "cosine vs torch"):
-        t.add_column(col, justify="left" if col in ("candidate", "compute") else "right")
-    for r in report["results"]:
-        t.add_row(r["label"], r["compute_precision"], f"{r['p50'] * 1e3:.1f}", f"{r['p90'] * 1e3:.1f}",
-                  f"{r['min'] * 1e3:.1f}", str(int(r["n"])), f"{r['speedup_vs_torch']:.2f}",
-                  f"{r['cosine_vs_torch']:.6f}")
-    con = Console()
-    con.print(t)
-    m = report["machine"]
-    con.print(f"machine: {m['cpu']}, {m['cores']} cores, 1-min load average {m['load_avg_1m']:.1f} at start "
-              f"(shared machine: timings are noisy), {report['date']}")
+    rows = [(r["label"], r["compute_precision"], f"{r['p50'] * 1e3:.1f}", f"{r['p90'] * 1e3:.1f}",
+             f"{r['min'] * 1e3:.1f}", str(int(r["n"])), f"{r['speedup_vs_torch']:.2f}", f"{r['cosine_vs_torch']:.6f}")
+            for r in report["results"]]
+    lines = [f"{report['model']}/{report['preset']} batch {report['batch']} seq {report['seq']}, "
+             f"{report['threads']} threads, {report['rounds']}x{report['per_round']} interleaved calls", "",
+             markdown_table(["candidate", "compute", "p50 ms", "p90 ms", "min ms", "n", "x torch",
+                             "cosine vs torch"], rows), "", machine_line(report["machine"])]
     for label, tgt in report["targets"].items():
-        got = tgt["measured"]
-        verdict = "n/a" if got is None else ("met" if got >= tgt["min_speedup"] else "NOT met")
-        con.print(f"target {label} >= {tgt['min_speedup']:.1f}x torch eager: "
-                  f"{'-' if got is None else f'{got:.2f}x'} ({verdict})")
+        got, target = tgt["measured"], TARGETS[LABEL_TARGETS[label]]
+        verdict = "n/a" if got is None else ("met" if target.met(got) else "NOT met")
+        lines.append(f"target {label} {target.text()} torch eager: {'-' if got is None else f'{got:.2f}x'} ({verdict})")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,17 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE (for machines)")
     a = p.parse_args(argv)
-    try:
-        report = compare(a.model, a.preset, a.batch, a.seq,
-                         precisions=tuple(x for x in a.precisions.split(",") if x) or None, workdir=a.workdir,
-                         threads=a.threads, rounds=a.rounds, per_round=a.per_round, warmup=a.warmup)
-    except XDeployError as e:
-        print(f"runner_compare: error: {e}", file=sys.stderr)
-        return e.exit_code
-    render(report)
-    if a.json:
-        atomic_write_json(a.json, report)
-    return 0
+    return finish("runner_compare", lambda: compare(
+        a.model, a.preset, a.batch, a.seq, precisions=tuple(x for x in a.precisions.split(",") if x) or None,
+        workdir=a.workdir, threads=a.threads, rounds=a.rounds, per_round=a.per_round, warmup=a.warmup),
+        render, a.json)
 
 
 if __name__ == "__main__":

@@ -208,20 +208,35 @@ def test_token_agreement():
 
 
 def test_reduced_precision_divergence_is_measured(hf, tmp_path):
-    """fp16 vs fp32 greedy on ort: the first divergence step and agreement rate are computed (not fixed)."""
+    """fp16 vs fp32 greedy on ort. The agreement and first divergences are those of a position-by-position count,
+    and every token fp16 picks is a near-tie of the fp32 model's choice on fp16's own history: its fp32 logit
+    (Hugging Face, teacher-forced) is within the fp16 tolerance band of the best one. A broken fp16 decode (stale
+    cache, shifted positions) picks tokens far down the fp32 ranking and fails here."""
     from xdeploy.export.precision import EXPORT_PRECISIONS
 
     if "fp16" not in EXPORT_PRECISIONS:
         pytest.skip("fp16 export not available")
-    _, art = hf
-    half = export("gpt", checkpoint=art.manifest["source"]["checkpoint"], out=tmp_path / "fp16", precision="fp16")
-    gc = GenerationConfig(max_new_tokens=24, eos_token_id=-1)
+    model, art = hf
+    half = load_artifact(export("gpt", checkpoint=art.manifest["source"]["checkpoint"], out=tmp_path / "fp16",
+                                precision="fp16"))
+    n = 24
+    gc = GenerationConfig(max_new_tokens=n, eos_token_id=-1)
     ref = generate(art, PROMPTS, gc, runner="ort")
     got = generate(half, PROMPTS, gc, runner="ort")
     ag = token_agreement(ref, got)
-    assert ag.compared == 3 * 24 and 0.0 <= ag.agreement <= 1.0
-    assert all(f is None or 0 <= f < 24 for f in ag.first_divergence)
-    assert (ag.agreement == 1.0) == all(f is None for f in ag.first_divergence)
+    same = sum(a == b for r, g in zip(ref.tokens, got.tokens) for a, b in zip(r, g))
+    firsts = tuple(next((i for i, (a, b) in enumerate(zip(r, g)) if a != b), None)
+                   for r, g in zip(ref.tokens, got.tokens))
+    assert ag.compared == 3 * n and ag.agreement == pytest.approx(same / (3 * n)) and ag.first_divergence == firsts
+    tol = half.spec.tolerances["fp16"]
+    for prompt, toks in zip(PROMPTS, got.tokens):
+        assert len(toks) == n
+        with torch.no_grad():  # logits[i] predicts the token after position i
+            logits = model(torch.tensor([prompt + list(toks)])).logits[0, len(prompt) - 1:-1].double().numpy()
+        best = logits.max(axis=-1)
+        chosen = logits[np.arange(n), list(toks)]
+        band = 2 * (tol.atol + tol.rtol * np.abs(best))  # both logits may move by atol + rtol*|logit|
+        assert np.all(best - chosen <= band), (best - chosen, band)
 
 
 def test_limits_and_bad_input(hf):

@@ -84,6 +84,17 @@ def test_compare_mask_saturation_and_relative_error():
     assert compare(ref, flip, FP32, mask=mask).nonfinite == 1
 
 
+def test_cosine_whole_and_per_row():
+    from xdeploy.verify.metrics import cosine
+
+    a = np.array([[1.0, 0.0], [0.0, 0.0], [3.0, 4.0], [0.0, 0.0]], np.float32)
+    b = np.array([[0.0, 2.0], [0.0, 0.0], [6.0, 8.0], [1.0, 0.0]], np.float32)
+    # per row: orthogonal, both zero (1 by definition), parallel, one zero (0 by definition)
+    np.testing.assert_array_equal(cosine(a, b, axis=1), [0.0, 1.0, 1.0, 0.0])
+    assert cosine(a, b) == pytest.approx((3 * 6 + 4 * 8) / (np.sqrt(1 + 9 + 16) * np.sqrt(4 + 36 + 64 + 1)))
+    assert cosine(a[2], -b[2]) == pytest.approx(-1.0) and isinstance(cosine(a, b), float)
+
+
 def test_tolerance_precision_and_overrides():
     assert tolerance_precision("fp32", "bf16") == "bf16"  # ov:bf16 / torch:bf16 on an fp32 artifact
     assert tolerance_precision("int8", "fp32") == "int8"

