@@ -27,7 +27,7 @@ import numpy as np
 
 from xdeploy.core.fingerprint import fingerprint
 from xdeploy.core.fsutil import atomic_write_json
-from xdeploy.core.records import make_record
+from xdeploy.core.records import make_record, revise
 from xdeploy.export.cache import cache_root
 
 from .latency import measure
@@ -353,12 +353,12 @@ def reconcile(records: list[dict[str, Any]], *, log: Callable[[str], None] | Non
             continue
         peak = peak_for(peaks, r["precision"], int(r["threads"]))
         pct = 100.0 * r["achieved_flops"] / peak if peak else None
-        r = dict(r, peak_flops=peak, pct_of_peak=pct)
+        note = r.get("note")
         if pct is not None and pct > 100.0:
             why = (f"peak underestimated: achieved {r['achieved_flops'] / 1e9:.0f} GFLOP/s > measured "
                    f"{r['precision']} peak {peak / 1e9:.0f} GFLOP/s even after re-measuring")
-            r = dict(r, pct_of_peak=None, note=f"{r['note']}; {why}" if r.get("note") else why)
-        out.append(r)
+            pct, note = None, f"{note}; {why}" if note else why
+        out.append(revise(r, peak_flops=peak, pct_of_peak=pct, note=note))
     return out
 
 

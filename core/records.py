@@ -189,6 +189,17 @@ def make_record(kind: str, fingerprint: Mapping[str, Any] | None = None, /, **fi
     return emit(rec)
 
 
+def revise(rec: Mapping[str, Any], **changes: Any) -> Record:
+    """A corrected copy of a record (the same measurement, some values re-judged: e.g. % of a peak measured
+    again), validated and handed to the sinks like a new one, so a journal holds the correction too. Its
+    identity cannot change: a different measurement is a new record (`make_record`)."""
+    new = dict(rec) | changes
+    if identity(new) != identity(rec):
+        raise XDeployError(f"revise cannot change what a {rec['kind']} record measured ({sorted(changes)}); "
+                           "expected a new record")
+    return emit(new)
+
+
 # ---------------------------------------------------------------------------------------- validation ----
 
 def _check(value: Any, typ: str, nullable: bool, where: str) -> None:

@@ -190,3 +190,17 @@ def test_paired_speedups_come_from_the_interleaved_rounds_and_unstable_ones_give
 
     (d,) = best_vs_baseline([torch_, ort, ov])
     assert d["speedup"] is None and not d["meets_speedup"] and "unstable (load)" in best_text(d)
+
+
+def test_revise_is_a_validated_emitted_copy_of_the_same_measurement():
+    from xdeploy.core.records import revise
+
+    r = lat("ort", 1e-3)
+    seen: list[dict] = []
+    with record_sink(seen.append):
+        fixed = revise(r, pct_of_peak=None, note="peak underestimated")
+    assert seen == [fixed] and fixed is not r and r["note"] is None and fixed["note"] == "peak underestimated"
+    with pytest.raises(XDeployError, match="cannot change what"):
+        revise(r, batch=8)
+    with pytest.raises(XDeployError, match="pct_of_peak"):
+        revise(r, pct_of_peak="high")
