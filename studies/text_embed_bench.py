@@ -81,6 +81,21 @@ def main() -> None:
             ratios = [g / h for g, h in zip(med["py-graph"], med["py-hf"])]
             print(f"  py-graph / py-hf time: median {statistics.median(ratios):.2f}x "
                   f"(rounds {min(ratios):.2f}..{max(ratios):.2f})")
+            # tokenization alone (Embedder.tokenize: cut, tokenize, truncate), interleaved the same way
+            tok: dict[str, list[float]] = {"hf": [], "graph": []}
+            for r in range(a.rounds):
+                for k, e in ((("hf", hf), ("graph", gr)) if r % 2 else (("graph", gr), ("hf", hf))):
+                    e.tokenize(lines)
+                    ts = []
+                    for _ in range(a.reps * 5):
+                        t0 = time.perf_counter()
+                        e.tokenize(lines)
+                        ts.append(time.perf_counter() - t0)
+                    tok[k].append(statistics.median(ts))
+            ratios = [g / h for g, h in zip(tok["graph"], tok["hf"])]
+            print(f"  tokenize only: hf {statistics.median(tok['hf']) * 1e6:.0f} us, graph "
+                  f"{statistics.median(tok['graph']) * 1e6:.0f} us per call; graph / hf median "
+                  f"{statistics.median(ratios):.2f}x (rounds {min(ratios):.2f}..{max(ratios):.2f})")
 
 
 if __name__ == "__main__":
