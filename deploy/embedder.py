@@ -301,11 +301,13 @@ class Embedder:
     def _tokenize_graph(self, strs: list[str], cut: list[str]) -> tuple[list[list[int]], list[list[int]], list[int]]:
         """tokenize() through the artifact's tokenizer graph: same cut, same truncation, exact overflow count."""
         sess = self.tokenizer
-        ids, mask, types, tokens = sess.encode(cut)
-        lens = mask.sum(axis=1).tolist()
-        rows = [ids[i, :k].tolist() for i, k in enumerate(lens)]
-        trows = [types[i, :k].tolist() for i, k in enumerate(lens)]
-        counts = tokens.tolist()
+        rows, trows, counts = [], [], []
+        for start in range(0, len(cut), 256):  # chunks: the graph's outputs are padded [b, s] int64 tensors
+            ids, mask, types, tokens = sess.encode(cut[start:start + 256])
+            lens = mask.sum(axis=1).tolist()
+            rows += [ids[i, :k].tolist() for i, k in enumerate(lens)]
+            trows += [types[i, :k].tolist() for i, k in enumerate(lens)]
+            counts += tokens.tolist()
         for i, (s, c) in enumerate(zip(strs, cut)):
             if c is not s and counts[i] <= self.max_length:  # whitespace-heavy line: the prefix was too short
                 one_ids, one_mask, one_types, one_tokens = sess.encode([s])

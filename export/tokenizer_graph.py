@@ -83,7 +83,16 @@ class BertTokenizerAttrs:
 
 
 def bert_attrs(tokenizer_json: Mapping[str, Any], source: str = "tokenizer.json") -> BertTokenizerAttrs:
-    """Map a Hugging Face tokenizer.json to BertTokenizer attributes, or raise naming what cannot be expressed."""
+    """Map a Hugging Face tokenizer.json to BertTokenizer attributes, or raise naming what cannot be expressed.
+    tokenizer.json is untrusted input: a field of the wrong type or shape is a one-line error too."""
+    try:
+        return _bert_attrs(tokenizer_json, source)
+    except (KeyError, IndexError, TypeError, AttributeError) as e:
+        raise NotExpressible(f"{source}: no tokenizer graph: malformed tokenizer.json ({type(e).__name__}: {e})"
+                             ) from None
+
+
+def _bert_attrs(tokenizer_json: Mapping[str, Any], source: str) -> BertTokenizerAttrs:
     def need(cond: bool, what: str) -> None:
         if not cond:
             raise NotExpressible(f"{source}: no tokenizer graph: {what}")

@@ -42,6 +42,13 @@ def test_attributes_follow_tokenizer_json():
     gpt2_like = {"model": {"type": "BPE", "vocab": {"a": 0}}, "normalizer": None}
     with pytest.raises(NotExpressible, match="only WordPiece"):
         bert_attrs(gpt2_like)
+    broken = json.loads(json.dumps(tj))
+    broken["post_processor"]["single"][0] = {"SpecialToken": []}  # untrusted file: wrong shapes are one line
+    with pytest.raises(NotExpressible, match="malformed tokenizer.json"):
+        bert_attrs(broken)
+    broken["model"] = "WordPiece"
+    with pytest.raises(NotExpressible, match="malformed tokenizer.json"):
+        bert_attrs(broken)
 
 
 def test_verification_names_the_differences_and_the_build_refuses(tmp_path):
@@ -107,6 +114,8 @@ def test_embedder_graph_equals_hf_and_handles_bad_input(art):
         gi, gt, gtr = g.tokenize(texts)
         hi, ht, htr = h.tokenize(texts)
         assert gi == hi and gt == ht and gtr == htr and len(gtr) >= 3  # same ids, same truncated inputs
+        many = texts[:5] * 120  # 600 inputs: tokenized in chunks of 256
+        assert g.tokenize(many) == h.tokenize(many)
         vg, sg = g.embed_with_stats(texts)
         vh, sh = h.embed_with_stats(texts)
         assert np.abs(vg - vh).max() <= 1e-5 and sg == sh
