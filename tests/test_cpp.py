@@ -243,3 +243,11 @@ def test_cpp_text_bad_input(binary, minilm, tmp_path):
     assert r.returncode == 2 and b"onnxruntime-extensions library" in r.stderr and b"does not exist" in r.stderr
     r = run_cpp(binary, minilm, [[101, 102]], "--print-ids")
     assert r.returncode == 2 and "--print-ids needs --text" in r.stderr
+
+
+def test_cpp_api_empty_lists_invalid_utf8_and_long_line(binary, minilm):
+    """deploy/cpp/tests/api_check.cpp: what the CLI cannot reach — empty text/id lists give empty results,
+    InvalidUtf8 carries the input index and byte, a 1 MB line is cut, reported truncated and gives a unit vector."""
+    r = subprocess.run([str(binary.with_name("xdeploy-embed-check")), str(minilm)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
