@@ -169,29 +169,34 @@ def ort_op_profile(artifact: Any, sizes: Mapping[str, int], *, threads: int = 0,
             "shares": {k: v / total for k, v in per_class.items()}, "total_s": total}
 
 
-# ------------------------------------------------------------------------------------------ ViT ----
+# ------------------------------------------------------------------ config sweeps (ViT's patches) ----
 
-def vit_child(probe: Probe, overrides: tuple[tuple[str, Any], ...], batch: int, threads: int,
-              iters: int) -> dict[str, Any]:
-    """Torch-only (no export): build ViT with `overrides` (patch size, attention kernel), time `iters` calls."""
+def sweep_child(probe: Probe, model: str, preset: str, overrides: tuple[tuple[str, Any], ...], batch: int,
+                threads: int, iters: int) -> dict[str, Any]:
+    """Torch-only (no export): build `model` with `overrides` (e.g. patch size, attention kernel) and time
+    `iters` calls of its graph "model" on seeded example inputs at `batch`."""
     import torch
 
-    from xdeploy.models.registry import build, get_config
+    from xdeploy.models.registry import build, get_config, get_family
+    from xdeploy.models.spec import make_feeds
 
     from .latency import measure
 
     if threads:
         torch.set_num_threads(threads)
-    cfg = get_config("vit", "base16", **dict(overrides))
+    family = get_family(model)
+    cfg = get_config(model, preset, **dict(overrides))
+    graph = family.spec(cfg).graph("model")
     probe.mark("imported")
-    model = build("vit", cfg)
-    x = torch.randn(batch, cfg.channels, cfg.image_size, cfg.image_size)
+    module = build(model, cfg)
+    feeds = make_feeds(graph, {"batch": batch})
+    args = [torch.from_numpy(feeds[t.name]) for t in graph.inputs]
     probe.mark("loaded")
     with torch.inference_mode():
-        st = measure(lambda: model(x), warmup=1, min_iters=1, max_iters=iters, max_seconds=2.0)
+        st = measure(lambda: module(*args), warmup=1, min_iters=1, max_iters=iters, max_seconds=2.0)
     probe.mark("run")
     return {"stats": st.as_dict(), "fingerprint": fingerprint(), "threads": torch.get_num_threads(),
-            "tokens": cfg.n_tokens}
+            "tokens": family.config_sweep.tokens(cfg) if family.config_sweep else None}
 
 
 def vit_table(image: int = 224, d: int = 768, heads: int = 12, patches: Sequence[int] = (32, 16, 14, 8, 4, 2, 1)
@@ -208,6 +213,12 @@ def vit_table(image: int = 224, d: int = 768, heads: int = 12, patches: Sequence
 
 # ------------------------------------------------------------------------------------------ the sweep ----
 
+def token_axes(spec: Any) -> list[str]:
+    """The dynamic axes of graph "model"'s inputs other than the batch: all set to T by the sweep (an
+    encoder-decoder's source and target length alike; none for a model whose config fixes its tokens)."""
+    return sorted({d for t in spec.graph("model").inputs for d in t.dims[1:] if isinstance(d, str)} - {"batch"})
+
+
 def _scale_record(model: str, lowering: str, t: int, batch: int, cfg: Any, result: dict[str, Any], mem: Any,
                   patch: int | None = None, note: str | None = None) -> dict[str, Any]:
     from xdeploy.models.registry import get_family
@@ -217,8 +228,10 @@ def _scale_record(model: str, lowering: str, t: int, batch: int, cfg: Any, resul
     an = analytic(d, cfg.d_ff, h, layers, t, batch)
     # the model's own analytic FLOPs (embeddings, LM head, cross-attention included); the attention part and
     # the score memory from the per-layer formula above
-    sizes = {"batch": batch} if model == "vit" else {"batch": batch, "seq": t, "src_seq": t}
-    flops = float(get_family(model).flops(cfg, sizes))
+    family = get_family(model)
+    # every token axis of the model at T (none for a model whose tokens its config fixes)
+    sizes = {"batch": batch} | dict.fromkeys(token_axes(family.spec(cfg)), t)
+    flops = float(family.flops(cfg, sizes))
     st = result["stats"]
     lat = {k: st[k] for k in ("p50", "p90", "p99", "mean", "std", "min", "max")}
     return make_record("scale", result["fingerprint"], model=model, runner=lowering.split("-")[0],
@@ -228,34 +241,42 @@ def _scale_record(model: str, lowering: str, t: int, batch: int, cfg: Any, resul
                        achieved_flops=flops / st["p50"], patch_size=patch, note=note)
 
 
-def run_scale(model: str = "bert", *, preset: str | None = None, lowerings: Sequence[str] = DEFAULT_LOWERINGS,
+def run_scale(model: str | None = None, *, preset: str | None = None, lowerings: Sequence[str] = DEFAULT_LOWERINGS,
               max_t: int | None = None, batch: int = 1, layers: int | None = None, budget: float | None = None,
-              threads: int = 0, profile_t: int | None = None, vit_patches: Sequence[int] | None = None,
+              threads: int = 0, profile_t: int | None = None, sweep_values: Sequence[int] | None = None,
               quick: bool = False, smoke: bool = False, fresh: bool = False,
               log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """The attention-scaling sweep; returns validated "scale" and "profile" records (see module docstring).
 
-    Defaults: bert `minilm` (d 384, 12 heads) to T=4096 with a 600 s budget; `quick`: 2 layers and 300 s;
-    `smoke`: the tiny preset to T=256 (seconds). Each lowering gets an equal share of the budget and stops
-    when the next T (predicted ×4 from the last) would not fit."""
+    `model` (default: the first registered model with a token axis) at `preset` (default: its quick preset,
+    e.g. bert `minilm`: d 384, 12 heads) to T=4096 with a 600 s budget; `quick`: 2 layers and 300 s; `smoke`:
+    its smallest preset to T=256 (seconds). Each lowering gets an equal share of the budget and stops when the
+    next T (predicted ×4 from the last) would not fit. Then every model with a config sweep (ViT: patch
+    sizes) at `sweep_values` (default: the family's; empty: none)."""
     from xdeploy.export.artifact import load_artifact
-    from xdeploy.models.registry import get_config, get_family
+    from xdeploy.models.registry import families, get_config, get_family
 
+    if model is None:
+        with_axis = families(token_axis=True)
+        if not with_axis:
+            raise XDeployError("no registered model has a token axis to scale")
+        model = with_axis[0].name
     family = get_family(model)
     if smoke:
-        preset, max_t, budget = preset or "tiny", max_t or 256, budget or 60.0
-        vit_patches = () if vit_patches is None else vit_patches
-    preset = preset or ("minilm" if model == "bert" and "minilm" in family.presets else next(iter(family.presets)))
+        preset, max_t, budget = preset or family.smallest_preset, max_t or 256, budget or 60.0
+        sweep_values = () if sweep_values is None else sweep_values
+    preset = preset or family.quick
     max_t = max_t or 4096
     budget = budget or (300.0 if quick else 600.0)
     layers = layers if layers is not None else (2 if quick else None)
-    vit_patches = (32, 16, 8) if vit_patches is None else vit_patches
     for name in lowerings:
         if name not in LOWERINGS:
             raise one_of("lowering", name, LOWERINGS)
     base = get_config(model, preset)
-    if not hasattr(base, "max_positions"):
-        raise XDeployError(f"model {model!r} has no sequence axis to scale (ViT: see --vit-patches)")
+    if family.capabilities.token_axis is None or not hasattr(base, "max_positions"):
+        sweeps = ", ".join(f.name for f in families() if f.config_sweep) or "none"
+        raise XDeployError(f"model {model!r} has no token axis to scale (models with a config sweep, measured "
+                           f"with --vit-patches: {sweeps})")
     overrides: dict[str, Any] = {"max_positions": max(max_t, base.max_positions)}
     if layers is not None:
         keys = [k for k in ("n_layers", "n_encoder_layers", "n_decoder_layers") if hasattr(base, k)]
@@ -279,7 +300,7 @@ def run_scale(model: str = "bert", *, preset: str | None = None, lowerings: Sequ
                 if log:
                     log(f"  {name}: stopping before T={t} (budget {per_lowering:.0f} s for this lowering)")
                 break
-            sizes = {"batch": batch, "seq": t} | ({"src_seq": t} if "src_seq" in art.spec.axes else {})
+            sizes = {"batch": batch} | dict.fromkeys(token_axes(art.spec), t)
             job = BenchJob(runner=low.runner, artifact=str(art.path), sizes=tuple(sizes.items()), threads=threads,
                            warmup=1, min_iters=2, max_iters=20, max_seconds=max(0.5, per_lowering / len(ts) / 2))
             try:
@@ -301,38 +322,44 @@ def run_scale(model: str = "bert", *, preset: str | None = None, lowerings: Sequ
             done = [r["T"] for r in records if r["lowering"] == name]
             pt = profile_t if profile_t in done else (max(t for t in done if t <= 2048) if done else None)
             if pt:
-                sizes = {"batch": batch, "seq": pt} | ({"src_seq": pt} if "src_seq" in art.spec.axes else {})
+                sizes = {"batch": batch} | dict.fromkeys(token_axes(art.spec), pt)
                 prof = ort_op_profile(art, sizes, threads=threads, runs=2)
                 records.append(make_record("profile", fingerprint(), model=model, runner="ort", lowering=name,
                                            T=pt, batch=batch, shares=prof["shares"], op_times_s=prof["op_times_s"],
                                            total_s=prof["total_s"], note=None))
-    if model != "vit" and vit_patches:
-        records += run_vit(vit_patches, threads=threads, log=log)
+    for f in families():
+        if f.config_sweep and f.name != model and (sweep_values is None or sweep_values):
+            records += run_config_sweep(f.name, sweep_values or f.config_sweep.values, threads=threads, log=log)
     return records
 
 
-def run_vit(patches: Sequence[int], *, threads: int = 0, impls: Sequence[str] = ("sdpa", "math"),
-            log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """ViT-B/16's shape at several patch sizes (224×224 image): latency and memory per token count."""
-    from xdeploy.models.registry import get_config
+def run_config_sweep(model: str, values: Sequence[int], *, threads: int = 0, impls: Sequence[str] = ("sdpa", "math"),
+                     log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """A model whose tokens its config fixes (ViT-B/16 at 224×224: the patch size) at each of `values`:
+    PyTorch latency and memory per token count, one isolated child per (kernel, value)."""
+    from xdeploy.models.registry import get_config, get_family
 
+    sweep = get_family(model).config_sweep
+    if sweep is None:
+        raise XDeployError(f"model {model!r} declares no config sweep")
+    for v in values:
+        get_config(model, sweep.preset, **{sweep.field: v})  # a value the config refuses is an error up front
     records = []
     for impl in impls:
-        for p in patches:
-            if 224 % p:
-                raise XDeployError(f"patch size {p} does not divide the 224-pixel image")
-            ov = (("patch_size", p), ("attn_impl", impl))
+        for v in values:
+            ov = ((sweep.field, v), ("attn_impl", impl))
             try:
-                result, _, mem = run_isolated(vit_child, ov, 1, threads, 5)
+                result, _, mem = run_isolated(sweep_child, model, sweep.preset, ov, 1, threads, 5)
             except XDeployError as e:
                 if log:
-                    log(f"  vit patch {p} {impl}: failed ({e})")
+                    log(f"  {model} {sweep.field} {v} {impl}: failed ({e})")
                 break
-            cfg = get_config("vit", "base16", **dict(ov))
-            rec = _scale_record("vit", f"torch-{impl}", cfg.n_tokens, 1, cfg, result, mem, patch=p)
+            cfg = get_config(model, sweep.preset, **dict(ov))
+            n = sweep.tokens(cfg)
+            rec = _scale_record(model, f"torch-{impl}", n, 1, cfg, result, mem, patch=v)
             records.append(rec)
             if log:
-                log(f"  vit torch-{impl:4s} patch {p:2d}: {cfg.n_tokens:5d} tokens, p50 "
+                log(f"  {model} torch-{impl:4s} {sweep.field} {v:2d}: {n:5d} tokens, p50 "
                     f"{rec['latency_s']['p50'] * 1e3:8.1f} ms, activations "
                     f"{rec['memory']['activations_bytes'] / 2**20:.0f} MiB")
     return records
@@ -370,7 +397,7 @@ def render(records: Sequence[Mapping[str, Any]], console: Any) -> None:
 
     from xdeploy.core.fingerprint import summary
 
-    scale = [r for r in records if r["kind"] == "scale" and r["model"] != "vit"]
+    scale = [r for r in records if r["kind"] == "scale" and r.get("patch_size") is None]
     if scale:
         lows = sorted({r["lowering"] for r in scale}, key=list(LOWERINGS).index)
         ts = sorted({r["T"] for r in scale})
@@ -412,9 +439,9 @@ def render(records: Sequence[Mapping[str, Any]], console: Any) -> None:
         console.print(f"onnxruntime profile {p['lowering']} T={p['T']}: attention {sh['attention']:.0%}, matmul "
                       f"{sh['matmul']:.0%}, normalization {sh['normalization']:.0%}, other {sh['other']:.0%} "
                       f"(top ops: {top})")
-    vit = [r for r in records if r["kind"] == "scale" and r["model"] == "vit"]
+    vit = [r for r in records if r["kind"] == "scale" and r.get("patch_size") is not None]
     if vit:
-        t = Table(title="ViT-B (224×224): tokens vs patch size — measured (torch, batch 1)")
+        t = Table(title=f"{vit[0]['model']} (config sweep): tokens vs patch size — measured (torch, batch 1)")
         for col in ("kernel", "patch", "tokens", "p50 ms", "activation MiB", "scores MiB/layer (fp32, analytic)"):
             t.add_column(col, justify="right")
         for r in vit:

@@ -43,6 +43,7 @@ import numpy as np
 
 from xdeploy.core.errors import XDeployError, one_of
 from xdeploy.export.artifact import Artifact, load_artifact
+from xdeploy.models.spec import TextFeeds
 
 from .base import Runner
 from .registry import open_runner
@@ -51,8 +52,6 @@ TRUNCATION = ("right", "error")
 TOKENIZERS = ("hf", "graph")
 SESSIONS = ("shared", "per-thread")
 POOLING_MODES = ("mean", "cls", "max")
-ID_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-HIDDEN = "last_hidden_state"
 
 
 @dataclass(frozen=True)
@@ -155,18 +154,23 @@ class Embedder:
         self.artifact = artifact if isinstance(artifact, Artifact) else load_artifact(artifact)
         graph = self.artifact.graph("model")
         names = [t.name for t in graph.inputs]
-        if "input_ids" not in names or not set(names) <= set(ID_INPUTS) or HIDDEN not in [
-                t.name for t in graph.outputs]:
+        # the feed names a text encoder declares (models/spec.py TextFeeds, read from the manifest)
+        text = self.artifact.capabilities.text or TextFeeds()
+        feeds = [n for n in (text.ids, text.mask, text.type_ids) if n]
+        caps = self.artifact.capabilities
+        if caps.text is None or caps.token_axis not in self.artifact.spec.axes or text.ids not in names \
+                or not set(names) <= set(feeds) or text.hidden not in [t.name for t in graph.outputs]:
             raise XDeployError(f"artifact {self.artifact.path} is not a text encoder: its graph takes {names} "
-                               f"and gives {[t.name for t in graph.outputs]}; expected input_ids (+ attention_mask, "
-                               f"token_type_ids) -> {HIDDEN}")
-        self.input_names = names
+                               f"and gives {[t.name for t in graph.outputs]}; expected {text.ids} (+ "
+                               f"{', '.join(feeds[1:])}) -> {text.hidden}")
+        self.input_names, self.text = names, text
         if truncation not in TRUNCATION:
             raise one_of("truncation policy", truncation, TRUNCATION)
         if sessions not in SESSIONS:
             raise one_of("sessions mode", sessions, SESSIONS)
         axes = self.artifact.spec.axes
-        bmax, smax = axes["batch"].max, axes["seq"].max
+        self.token_axis = str(caps.token_axis)
+        bmax, smax = axes["batch"].max, axes[self.token_axis].max
         if not isinstance(batch_size, int) or not 1 <= batch_size <= bmax:
             raise XDeployError(f"batch_size must be 1..{bmax} (the artifact's batch axis), got {batch_size!r}")
         if not isinstance(pad_to, int) or pad_to < 1:
@@ -177,7 +181,7 @@ class Embedder:
         self.pooling = Pooling(pooling or p.mode, p.normalize if normalize is None else normalize, p.max_length)
         limit = max_length or p.max_length or smax
         if not 2 <= limit <= smax:
-            raise XDeployError(f"max_length must be 2..{smax} (the artifact's seq axis), got {limit}")
+            raise XDeployError(f"max_length must be 2..{smax} (the artifact's token axis), got {limit}")
         if tokenizer not in TOKENIZERS:
             raise one_of("tokenizer", tokenizer, TOKENIZERS)
         if tokenizer == "graph":
@@ -191,7 +195,7 @@ class Embedder:
             limit = min(graph_max, smax)
         self.tokenizer_kind = tokenizer
         self.max_length, self.batch_size, self.pad_to, self.truncation = limit, batch_size, pad_to, truncation
-        self.dim = graph.outputs[[t.name for t in graph.outputs].index(HIDDEN)].dims[-1]
+        self.dim = graph.outputs[[t.name for t in graph.outputs].index(text.hidden)].dims[-1]
         self.sessions, self.runner_spec = sessions, runner
         self._runner_kwargs = dict(runner_options, threads=threads)
         self._tokenizer: Any = None  # loaded on first text call: embed_ids works without a tokenizer
@@ -216,11 +220,11 @@ class Embedder:
             raise XDeployError("this Embedder is closed; create a new one")
         if self._runner is not None:
             with self._lock:
-                return self._runner.infer(feeds)[HIDDEN]
+                return self._runner.infer(feeds)[self.text.hidden]
         r = getattr(self._local, "runner", None)
         if r is None:
             r = self._local.runner = self._open()
-        return r.infer(feeds)[HIDDEN]
+        return r.infer(feeds)[self.text.hidden]
 
     @property
     def runner(self) -> Runner:
@@ -348,7 +352,7 @@ class Embedder:
         n = len(ids)
         out = np.empty((n, self.dim), np.float32)
         order = sorted(range(n), key=lambda i: len(ids[i]))  # similar lengths share a batch: little padding
-        smax = self.artifact.spec.axes["seq"].max
+        smax = self.artifact.spec.axes[self.token_axis].max
         batches = real = padded = 0
         for start in range(0, n, self.batch_size):
             idx = order[start:start + self.batch_size]
@@ -363,7 +367,9 @@ class Embedder:
                 input_ids[row, :k] = ids[i]
                 mask[row, :k] = 1
                 type_ids[row, :k] = types[i]
-            all_feeds = {"input_ids": input_ids, "attention_mask": mask, "token_type_ids": type_ids}
+            t = self.text
+            all_feeds = {t.ids: input_ids} | ({t.mask: mask} if t.mask else {}) | \
+                ({t.type_ids: type_ids} if t.type_ids else {})
             hidden = self._run({k: all_feeds[k] for k in self.input_names})  # [b, s, d]
             out[idx] = pool(hidden, mask, self.pooling.mode, self.pooling.normalize)
             batches, real, padded = batches + 1, real + int(mask.sum()), padded + b * s

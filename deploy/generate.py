@@ -5,7 +5,9 @@
         out = g.generate([[5, 7, 11], [3]], GenerationConfig(max_new_tokens=32))
     out.tokens          # per prompt row, the new token ids (ending with EOS when it stopped there)
 
-How a step works (gpt; the transformer is the same with `encoder` instead of the prefill):
+How a step works (a decoder such as gpt; an encoder-decoder such as the transformer runs its `encoder` instead of
+the prefill). Graph and feed names come from the model's declared `DecoderFeeds` (models/spec.py), read from
+the artifact's manifest; below are gpt's:
 
   prefill   graph `model` on the left-padded prompt (B, T) -> logits (B, T, V), present (L, 2, B, nh, T, hs);
             present is copied once into slots [0, T) of the cache (L, 2, B, nh, C, hs), C = T + new - 1.
@@ -40,13 +42,19 @@ import numpy as np
 
 from xdeploy.core.errors import XDeployError
 from xdeploy.export.artifact import Artifact, load_artifact
+from xdeploy.models.spec import DecoderFeeds
 
 from .base import Runner
 from .registry import open_runner
 
-# Models whose artifacts this loop knows how to drive: prefill graph (or encoder) + decode graph.
-DECODER_ONLY = ("gpt",)
-ENCODER_DECODER = ("transformer",)
+
+def decoding_feeds(artifact: Artifact) -> DecoderFeeds:
+    """The decoding feeds the artifact's model declares; one clear line when it does not generate."""
+    caps = artifact.capabilities
+    if caps.decoding is None:
+        raise XDeployError(f"model {artifact.model!r} does not generate text: it is an {caps.role} model "
+                           "(generation needs a decoder or encoder-decoder model)")
+    return caps.decoding
 
 
 @dataclass(frozen=True)
@@ -188,6 +196,15 @@ def _dtype(graph: Any, name: str) -> np.dtype:
     return np.dtype(next(t.dtype for t in graph.inputs if t.name == name))
 
 
+def _axis(graph: Any, name: str) -> str:
+    """The dynamic axis along dim 1 of input `name` (a (batch, tokens) ids or mask input)."""
+    t = next((t for t in graph.inputs if t.name == name), None)
+    if t is None or len(t.dims) < 2 or not isinstance(t.dims[1], str):
+        raise XDeployError(f"graph {graph.name!r} has no (batch, tokens) input {name!r} that the model's "
+                           "decoding feeds name")
+    return t.dims[1]
+
+
 class _CachedSteps(_Steps):
     """Preallocated cache + one bound decode call (see the module docstring)."""
 
@@ -197,21 +214,20 @@ class _CachedSteps(_Steps):
         self.new = new
 
     def _alloc(self, n: int, capacity: int, extra: Mapping[str, np.ndarray]) -> None:
-        g = self.gen
+        g, f = self.gen, self.gen.feeds
         dec = g.decode.graph
-        cache_spec = next(t for t in dec.inputs if t.name == "cache")
+        cache_spec = next(t for t in dec.inputs if t.name == f.cache)
         l, _, _, nh, _, hs = cache_spec.dims
-        self.cache = np.zeros((l, 2, n, nh, capacity, hs), _dtype(dec, "cache"))
+        self.cache = np.zeros((l, 2, n, nh, capacity, hs), _dtype(dec, f.cache))
         self.cache_mask = np.zeros((n, capacity), np.int64)
         self.tok = np.zeros((n, 1), np.int64)
         self.pos = np.zeros((n, 1), np.int64)
         out = {t.name: t for t in dec.outputs}
-        v = out["logits"].dims[-1]
-        self.logits = np.zeros((n, 1, v), np.dtype(out["logits"].dtype))
-        self.new_kv = np.zeros((l, 2, n, nh, 1, hs), np.dtype(out["new_kv"].dtype))
-        ids_name = dec.inputs[0].name  # input_ids (gpt) / tgt_ids (transformer)
-        feeds = {ids_name: self.tok, "position_ids": self.pos, "cache": self.cache, "cache_mask": self.cache_mask}
-        self.call = g.decode.bind(feeds | dict(extra), {"logits": self.logits, "new_kv": self.new_kv})
+        v = out[f.logits].dims[-1]
+        self.logits = np.zeros((n, 1, v), np.dtype(out[f.logits].dtype))
+        self.new_kv = np.zeros((l, 2, n, nh, 1, hs), np.dtype(out[f.new_kv].dtype))
+        feeds = {f.step_ids: self.tok, f.positions: self.pos, f.cache: self.cache, f.cache_mask: self.cache_mask}
+        self.call = g.decode.bind(feeds | dict(extra), {f.logits: self.logits, f.new_kv: self.new_kv})
         self.slot = 0  # next cache slot to write
 
     def _run_step(self, tokens: np.ndarray) -> np.ndarray:
@@ -238,30 +254,30 @@ class _CachedSteps(_Steps):
         self.pos[:] = self.pos[rows]
 
 
-class _GPTCached(_CachedSteps):
+class _DecoderCached(_CachedSteps):
     def start(self) -> np.ndarray:
-        g, k = self.gen, self.beams
+        g, k, f = self.gen, self.beams, self.gen.feeds
         b, t = self.ids.shape
-        out = g.prefill.infer({"input_ids": self.ids, "attention_mask": self.mask})
+        out = g.prefill.infer({f.prompt_ids: self.ids, f.prompt_mask: self.mask})
         n = b * k
         self._alloc(n, t + self.new - 1, {})
         rep = np.repeat(np.arange(b), k)  # beam copies of each prompt row: row r -> prompt r // k
-        self.cache[:, :, :, :, :t] = out["present"][:, :, rep]  # the one whole-prompt copy, at prefill
+        self.cache[:, :, :, :, :t] = out[f.present][:, :, rep]  # the one whole-prompt copy, at prefill
         self.cache_mask[:, :t] = self.mask[rep]
         self.pos[:, 0] = self.mask.sum(-1)[rep]  # next position = number of real prompt tokens
         self.slot = t
-        return out["logits"][rep, -1]  # left padding: the last column is a real token in every row
+        return out[f.logits][rep, -1]  # left padding: the last column is a real token in every row
 
 
 class _Seq2SeqCached(_CachedSteps):
     def start(self) -> np.ndarray:
-        g, k = self.gen, self.beams
-        mem = g.prefill.infer({"src_ids": self.ids, "src_mask": self.mask})["memory"]
+        g, k, f = self.gen, self.beams, self.gen.feeds
+        mem = g.prefill.infer({f.prompt_ids: self.ids, f.prompt_mask: self.mask})[f.memory]
         rep = np.repeat(np.arange(self.ids.shape[0]), k)
         n = len(rep)
         self.memory = np.ascontiguousarray(mem[:, :, rep])  # (L, 2, N, nh, S, hs), fixed for the sequence
         self.src_mask = np.ascontiguousarray(self.mask[rep])
-        self._alloc(n, self.new, {"memory": self.memory, "src_mask": self.src_mask})
+        self._alloc(n, self.new, {f.memory: self.memory, f.prompt_mask: self.src_mask})
         return self._run_step(np.full(n, g.cfg.bos_token_id, np.int64))  # position 0: BOS
 
 
@@ -273,19 +289,20 @@ class _Recompute(_Steps):
         self.gen = gen
         rep = np.repeat(np.arange(ids.shape[0]), beams)
         self.ids, self.mask = ids[rep], mask[rep]
-        self.seq2seq = gen.artifact.model in ENCODER_DECODER
+        self.seq2seq = gen.seq2seq
         n = len(rep)
         self.tgt = np.full((n, 1), gen.cfg.bos_token_id, np.int64) if self.seq2seq else np.zeros((n, 0), np.int64)
 
     def _run(self) -> np.ndarray:
+        f = self.gen.feeds
         if self.seq2seq:
-            feeds = {"src_ids": self.ids, "src_mask": self.mask, "tgt_ids": self.tgt,
-                     "tgt_mask": np.ones_like(self.tgt)}
+            feeds = {f.prompt_ids: self.ids, f.prompt_mask: self.mask, f.target_ids: self.tgt,
+                     f.target_mask: np.ones_like(self.tgt)}
         else:
             ids = np.concatenate([self.ids, self.tgt], 1)
             mask = np.concatenate([self.mask, np.ones_like(self.tgt)], 1)
-            feeds = {"input_ids": ids, "attention_mask": mask}
-        return self.gen.prefill.infer(feeds)["logits"][:, -1]
+            feeds = {f.prompt_ids: ids, f.prompt_mask: mask}
+        return self.gen.prefill.infer(feeds)[f.logits][:, -1]
 
     def start(self) -> np.ndarray:
         return self._run()
@@ -306,15 +323,13 @@ class Generator:
     def __init__(self, artifact: Artifact | str | Path, runner: str = "ort", *, use_cache: bool = True,
                  threads: int = 0, **options: Any) -> None:
         self.artifact = artifact if isinstance(artifact, Artifact) else load_artifact(artifact)
-        model = self.artifact.model
-        if model not in DECODER_ONLY + ENCODER_DECODER:
-            raise XDeployError(f"model {model!r} does not generate text; generation supports: "
-                               f"{', '.join(DECODER_ONLY + ENCODER_DECODER)}")
+        self.feeds = f = decoding_feeds(self.artifact)
+        self.seq2seq = self.artifact.capabilities.role == "encoder-decoder"
         self.cfg = self.artifact.config
         self.runner_spec, self.use_cache = runner, use_cache
         names = [g.name for g in self.artifact.spec.graphs]
-        first = "encoder" if model in ENCODER_DECODER and use_cache else "model"
-        need = [first] + (["decode"] if use_cache else [])
+        first = f.prefill_graph if use_cache else f.full_graph
+        need = [first] + ([f.decode_graph] if use_cache else [])
         missing = [n for n in need if n not in names]
         if missing:
             raise XDeployError(f"artifact {self.artifact.path} lacks graph(s) {missing} needed for "
@@ -323,7 +338,7 @@ class Generator:
         self.decode: Runner | None = None
         try:
             if use_cache:
-                self.decode = open_runner(runner, self.artifact, "decode", threads=threads, **options)
+                self.decode = open_runner(runner, self.artifact, f.decode_graph, threads=threads, **options)
         except BaseException:
             self.prefill.close()
             raise
@@ -351,17 +366,22 @@ class Generator:
         if bad:
             raise XDeployError(f"prompt token id {bad[0]} is outside the vocabulary 0..{v - 1}")
         t = max(len(r) for r in rows)
-        if self.artifact.model in DECODER_ONLY:
+        f, spec = self.feeds, self.artifact.spec
+        # axis names from the graphs: the prompt's length, the cache's slots, the target's length (enc-dec)
+        prompt_axis = _axis(spec.graph(f.full_graph), f.prompt_ids)
+        cache_axis = _axis(spec.graph(f.decode_graph), f.cache_mask)
+        if not self.seq2seq:
             # cache slots: the prompt + every fed-back token (the last new token is never fed back)
             need = t + gc.max_new_tokens - 1
-            limit = min(self.cfg.max_positions, axes["cache"].max, axes["seq"].max)
+            limit = min(self.cfg.max_positions, axes[cache_axis].max, axes[prompt_axis].max)
             if need > limit:
                 raise XDeployError(f"prompt length {t} + {gc.max_new_tokens} new tokens needs {need} positions; "
                                    f"this model has {limit} (max_positions)")
         else:
-            if t > axes["src_seq"].max:
-                raise XDeployError(f"source length {t} exceeds the artifact's limit {axes['src_seq'].max}")
-            limit = min(self.cfg.max_positions, axes["cache"].max, axes["seq"].max)
+            if t > axes[prompt_axis].max:
+                raise XDeployError(f"source length {t} exceeds the artifact's limit {axes[prompt_axis].max}")
+            target_axis = _axis(spec.graph(f.full_graph), f.target_ids or "")
+            limit = min(self.cfg.max_positions, axes[cache_axis].max, axes[target_axis].max)
             if gc.max_new_tokens > limit:
                 raise XDeployError(f"{gc.max_new_tokens} new tokens exceed this model's {limit} target positions")
 
@@ -372,12 +392,12 @@ class Generator:
         gc.check()
         rows = normalize_prompts(prompts, attention_mask)
         self._check_sizes(rows, gc)
-        seq2seq = self.artifact.model in ENCODER_DECODER
+        seq2seq = self.seq2seq
         ids, mask = pad_rows(rows, "right" if seq2seq else "left",
                              getattr(self.cfg, "pad_token_id", 0))
         eos = self.cfg.eos_token_id if gc.eos_token_id is None else gc.eos_token_id
         eos = None if eos is not None and eos < 0 else eos
-        engine_cls = _Recompute if not self.use_cache else (_Seq2SeqCached if seq2seq else _GPTCached)
+        engine_cls = _Recompute if not self.use_cache else (_Seq2SeqCached if seq2seq else _DecoderCached)
         engine = engine_cls(self, ids, mask, gc.num_beams, gc.max_new_tokens)
         t0 = time.perf_counter()
         if gc.num_beams > 1:

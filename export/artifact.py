@@ -22,7 +22,7 @@ from typing import Any
 
 from xdeploy.core.errors import XDeployError
 from xdeploy.core.fsutil import sha256_file
-from xdeploy.models.spec import DEFAULT_TOLERANCES, Axis, ExportSpec, Graph, TensorSpec, Tolerance
+from xdeploy.models.spec import DEFAULT_TOLERANCES, Axis, Capabilities, ExportSpec, Graph, TensorSpec, Tolerance
 
 FORMAT = "xdeploy-artifact"
 SCHEMA_VERSION = 1
@@ -55,6 +55,25 @@ class Artifact:
     def config(self) -> Any:
         """The model's config dataclass (imports the torch-based model registry; the ONNX path does not)."""
         return parse_config(self.model, self.manifest["config"], self.path / MANIFEST)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the model can do and the feed names its drivers need (the manifest's "capabilities"; artifacts
+        written before that section existed fall back to the model registry, which needs torch)."""
+        mpath = self.path / MANIFEST
+        if "capabilities" in self.manifest:
+            try:
+                return Capabilities.from_json(self.manifest["capabilities"])
+            except (TypeError, ValueError) as e:
+                raise XDeployError(f"invalid manifest {mpath}: capabilities: {e}") from None
+        try:
+            from xdeploy.models.registry import get_family
+        except ImportError:
+            raise XDeployError(f"{mpath} has no capabilities section (an older artifact); re-export it") from None
+        try:
+            return get_family(self.model).capabilities
+        except XDeployError as e:
+            raise XDeployError(f"invalid manifest {mpath}: {e}") from None
 
     @property
     def tokenizer_dir(self) -> Path | None:
@@ -110,7 +129,7 @@ def parse_config(model: str, config: Mapping[str, Any], mpath: Path) -> Any:
           f"config has fields a {model} config does not know: {sorted(set(config) - fields)}")
     try:
         return cfg_cls(**config)
-    except TypeError as e:
+    except (TypeError, ValueError) as e:
         raise XDeployError(f"invalid manifest {mpath}: config: {e}") from None
 
 
@@ -239,6 +258,11 @@ def load_artifact(path: str | Path, *, verify: bool = True) -> Artifact:
         _inside(root, tg.get("file"), mpath)
         _need(tg["file"] in files, mpath, f"tokenizer graph {tg['file']!r} is not listed in files")
         _need(files[tg["file"]] == tg.get("sha256"), mpath, "tokenizer_graph sha256 differs from its files entry")
+    if "capabilities" in m:
+        try:
+            Capabilities.from_json(m["capabilities"])
+        except (TypeError, ValueError) as e:
+            raise XDeployError(f"invalid manifest {mpath}: capabilities: {e}") from None
 
     if verify:
         for rel, digest in files.items():

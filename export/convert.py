@@ -25,12 +25,15 @@ from .writer import write_artifact
 
 
 def convert_graph(proto: onnx.ModelProto, precision: str, *, graph: Graph, spec: ExportSpec, model: str,
-                  config: Any, optimize: bool = False, opt_level: int = 1,
+                  config: Any, optimizer: str | None = None, optimize: bool = False, opt_level: int = 1,
                   options: prec.PrecisionOptions | None = None) -> tuple[onnx.ModelProto, dict[str, Any]]:
-    """fp32 graph -> (optionally optimized) graph at `precision`, and its manifest record."""
+    """fp32 graph -> (optionally optimized) graph at `precision`, and its manifest record. `optimizer` is the
+    model's declared onnxruntime optimizer type (`Capabilities.optimizer`)."""
     strip_value_info(proto)
     if optimize:
-        proto, _ = run_optimizer(proto, model=model, level=opt_level, **optimize_config(config))
+        if optimizer is None:
+            raise XDeployError(f"model {model!r} declares no onnxruntime optimizer type; export it without --optimize")
+        proto, _ = run_optimizer(proto, model_type=optimizer, level=opt_level, **optimize_config(config))
     proto, info = prec.convert(proto, precision, graph=graph, spec=spec, options=options)
     info["optimization"] = {"level": opt_level} if optimize else None
     info["fused_ops"] = fused_op_counts(proto)
@@ -53,6 +56,7 @@ def convert_artifact(src: str | Path, out: str | Path, precision: str, *, optimi
     manifest = {k: v for k, v in art.manifest.items() if k not in ("files", "versions", "export_seconds")}
     manifest |= {"precision": precision, "optimized": optimize, "conversion": {},
                  "derived_from": {"path": str(art.path.resolve()), "files": dict(art.manifest["files"])}}
+    optimizer = art.capabilities.optimizer if optimize else None
     with write_artifact(out, manifest, force=force) as w:
         # everything but the graphs carries over: reference weights, tokenizer, any extra section's files
         graph_files = {g["file"] for g in art.manifest["graphs"].values()}
@@ -62,8 +66,8 @@ def convert_artifact(src: str | Path, out: str | Path, precision: str, *, optimi
         for graph in art.spec.graphs:
             proto = onnx.load(str(art.onnx_path(graph.name)))
             proto, info = convert_graph(proto, precision, graph=graph, spec=art.spec, model=art.model,
-                                        config=art.manifest["config"], optimize=optimize, opt_level=opt_level,
-                                        options=options)
+                                        config=art.manifest["config"], optimizer=optimizer, optimize=optimize,
+                                        opt_level=opt_level, options=options)
             w.manifest["conversion"][graph.name] = info
             w.add_graph(graph.name, proto)
         prec.check_requested_nodes(precision, options, w.manifest["conversion"])

@@ -120,7 +120,8 @@ def export_graphs(src: Source, spec: ExportSpec, *, opset: int, precision: str, 
             proto = export_graph(src.module, graph, spec, opset)
             proto, info = convert.convert_graph(
                 proto, precision, graph=graph, spec=spec, model=src.family.name, config=src.config,
-                optimize=optimize, opt_level=opt_level, options=precision_options)
+                optimizer=src.family.capabilities.optimizer, optimize=optimize, opt_level=opt_level,
+                options=precision_options)
             yield graph, proto, info
 
 
@@ -156,6 +157,7 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
         "precision": precision, "opset": opset, "attn_impl": src.config.attn_impl, "optimized": optimize,
         "graphs": graphs, "axes": axes, "tolerances": tols, "conversion": {},
         "pooling": dataclasses.asdict(src.pooling) if src.pooling else None,
+        "capabilities": src.family.capabilities.to_json(),
     }
     with write_artifact(out, manifest, force=force) as w:
         w.manifest["source"]["weights_sha256"] = w.save_weights(src.module.state_dict())

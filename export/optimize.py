@@ -31,8 +31,6 @@ import onnx
 from xdeploy.core.errors import XDeployError
 
 MS_DOMAIN = "com.microsoft"
-# onnxruntime.transformers.optimizer model types: which fusion patterns (and attention layouts) to try.
-OPTIMIZER_MODEL_TYPES = {"bert": "bert", "gpt": "gpt2", "vit": "vit", "transformer": "bert"}
 OPT_LEVELS = (0, 1, 2)  # 0: Python fusions only; 1: onnxruntime basic + fusions; 2: + onnxruntime extended
 
 
@@ -53,19 +51,22 @@ def fused_op_counts(proto: onnx.ModelProto) -> dict[str, int]:
     return dict(sorted(c.items()))
 
 
-def optimize(proto: onnx.ModelProto, *, model: str, num_heads: int, hidden_size: int, level: int = 1
+def optimize(proto: onnx.ModelProto, *, model_type: str, num_heads: int, hidden_size: int, level: int = 1
              ) -> tuple[onnx.ModelProto, dict[str, int]]:
-    """Return the optimized graph and its fused-op counts. Inputs/outputs (names, dtypes) are unchanged."""
-    from onnxruntime.transformers.fusion_options import FusionOptions
-    from onnxruntime.transformers.optimizer import optimize_model
+    """Return the optimized graph and its fused-op counts. Inputs/outputs (names, dtypes) are unchanged.
 
-    if model not in OPTIMIZER_MODEL_TYPES:
-        raise XDeployError(f"no onnxruntime fusion patterns for model {model!r}; expected one of: "
-                           f"{', '.join(OPTIMIZER_MODEL_TYPES)}")
+    `model_type` is the onnxruntime.transformers optimizer type a model family declares
+    (`Capabilities.optimizer`): which fusion patterns (and attention layouts) to try."""
+    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.optimizer import MODEL_TYPES, optimize_model
+
+    if model_type not in MODEL_TYPES:
+        raise XDeployError(f"no onnxruntime fusion patterns for optimizer type {model_type!r}; expected one of: "
+                           f"{', '.join(MODEL_TYPES)}")
     if level not in OPT_LEVELS:
         raise XDeployError(f"optimization level {level!r}; expected one of: {', '.join(map(str, OPT_LEVELS))}")
     strip_value_info(proto)
-    fusion = FusionOptions(OPTIMIZER_MODEL_TYPES[model])
+    fusion = FusionOptions(model_type)
     if any(n.op_type == "Gelu" and any(a.name == "approximate" and a.s == b"tanh" for a in n.attribute)
            for n in proto.graph.node):
         # The BiasGelu fusion turns Add + Gelu(approximate="tanh") (opset >= 20, GPT-2's gelu) into the *erf*
@@ -81,7 +82,7 @@ def optimize(proto: onnx.ModelProto, *, model: str, num_heads: int, hidden_size:
         src = Path(d, "in.onnx")
         onnx.save_model(proto, str(src), save_as_external_data=large, location="in.onnx.data" if large else None)
         try:
-            om = optimize_model(str(src), model_type=OPTIMIZER_MODEL_TYPES[model], num_heads=num_heads,
+            om = optimize_model(str(src), model_type=model_type, num_heads=num_heads,
                                 hidden_size=hidden_size, opt_level=level, use_gpu=False,
                                 optimization_options=fusion)
             if large:

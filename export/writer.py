@@ -40,7 +40,7 @@ TWO_GB = 2**31
 CORE_KEYS = frozenset({
     "format", "schema_version", "model", "preset", "source", "config", "precision", "opset", "attn_impl",
     "optimized", "graphs", "axes", "tolerances", "conversion", "pooling", "derived_from", "versions",
-    "export_seconds", "files",
+    "export_seconds", "files", "capabilities",
 })
 # Core manifest fields mirrored into every graph's metadata_props (as "xdeploy.<key>").
 METADATA_KEYS = ("model", "preset", "precision", "opset", "optimized", "schema_version")

@@ -15,7 +15,7 @@ from torch import nn
 
 from .attention import padding_bias
 from .layers import Layer
-from .spec import Axis, ExportSpec, Graph, HFImport, ModelFamily, TensorSpec, layer_flops
+from .spec import Axis, Capabilities, ExportSpec, Graph, HFImport, ModelFamily, TensorSpec, TextFeeds, layer_flops
 
 
 @dataclass(frozen=True)
@@ -131,5 +131,7 @@ def state_dict_from_hf(tensors: Mapping[str, torch.Tensor], cfg: BertConfig) -> 
 FAMILY = ModelFamily(
     name="bert", description="BERT encoder (post-LN) with pooler; MiniLM and BERT-base shapes",
     presets=PRESETS, build=Bert, spec=export_spec, flops=flops,
+    capabilities=Capabilities(role="encoder", token_axis="seq", text=TextFeeds(), optimizer="bert"),
+    quick_preset="minilm", full_preset="base",
     hf=HFImport(model_types=("bert",), config=config_from_hf, state_dict=state_dict_from_hf),
 )

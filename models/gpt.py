@@ -17,7 +17,7 @@ from torch import nn
 
 from .attention import causal_bias, padding_bias
 from .layers import Layer, positions_from_mask, stack_kv
-from .spec import Axis, ExportSpec, Graph, HFImport, ModelFamily, TensorSpec, layer_flops
+from .spec import Axis, Capabilities, DecoderFeeds, ExportSpec, Graph, HFImport, ModelFamily, TensorSpec, layer_flops
 
 
 @dataclass(frozen=True)
@@ -165,5 +165,10 @@ def state_dict_from_hf(tensors: Mapping[str, torch.Tensor], cfg: GPTConfig) -> d
 FAMILY = ModelFamily(
     name="gpt", description="GPT-2 decoder (pre-LN, tied LM head) with KV-cache decode graph",
     presets=PRESETS, build=GPT, spec=export_spec, flops=flops,
+    capabilities=Capabilities(
+        role="decoder", token_axis="seq", optimizer="gpt2",
+        decoding=DecoderFeeds(prompt_ids="input_ids", prompt_mask="attention_mask", step_ids="input_ids",
+                              present="present")),
+    quick_preset="tiny", full_preset="small",
     hf=HFImport(model_types=("gpt2",), config=config_from_hf, state_dict=state_dict_from_hf),
 )

@@ -1,4 +1,8 @@
-"""The model registry: adding a model = one file with a `FAMILY` + one line here."""
+"""The model registry: adding a model = one file with a `FAMILY` + one line here.
+
+Code that works over "every model" iterates `MODELS` and asks each family what it can do (`capabilities`:
+role, feeds, token axis; `quick`/`full` presets; `config_sweep`), never a list of names. The order here is
+the order of the main job and its report."""
 
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ from .attention import ATTENTION_IMPLS
 from .spec import ModelFamily
 
 MODELS: dict[str, ModelFamily] = {
-    f.name: f for f in (transformer.FAMILY, bert.FAMILY, gpt.FAMILY, vit.FAMILY)
+    f.name: f for f in (bert.FAMILY, gpt.FAMILY, vit.FAMILY, transformer.FAMILY)
 }
 
 
@@ -25,6 +29,15 @@ def get_family(name: str) -> ModelFamily:
     return MODELS[name]
 
 
+def families(*, role: str | None = None, generates: bool | None = None, token_axis: bool | None = None
+             ) -> list[ModelFamily]:
+    """The registered families (in registry order) with the given capabilities."""
+    return [f for f in MODELS.values()
+            if (role is None or f.capabilities.role == role)
+            and (generates is None or f.capabilities.generates == generates)
+            and (token_axis is None or (f.capabilities.token_axis is not None) == token_axis)]
+
+
 def get_config(model: str, preset: str, **overrides: Any) -> Any:
     family = get_family(model)
     if preset not in family.presets:
@@ -32,7 +45,10 @@ def get_config(model: str, preset: str, **overrides: Any) -> Any:
     cfg = family.presets[preset]
     if overrides.get("attn_impl") not in (None, *ATTENTION_IMPLS):
         raise one_of("attention implementation", overrides["attn_impl"], ATTENTION_IMPLS)
-    return dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+    try:
+        return dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+    except (TypeError, ValueError) as e:  # an unknown field, or a value the config's own checks refuse
+        raise XDeployError(f"{model} {preset}: {e}") from None
 
 
 def build(model: str, cfg: Any, *, seed: int = 0) -> nn.Module:

@@ -6,6 +6,7 @@ benchmarks all read the same declaration, so a model is added by writing one fil
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,15 +90,147 @@ class HFImport:
     state_dict: Callable[[Mapping[str, Any], Any], dict[str, Any]]  # HF tensors, our config -> our state dict
 
 
+ROLES = ("encoder", "decoder", "encoder-decoder")
+
+
+@dataclass(frozen=True)
+class TextFeeds:
+    """What the Embedder (deploy/embedder.py) feeds a text encoder's graph "model" and pools from it."""
+
+    ids: str = "input_ids"
+    mask: str | None = "attention_mask"  # None: the graph takes no mask
+    type_ids: str | None = "token_type_ids"  # None: no segment ids
+    hidden: str = "last_hidden_state"  # (batch, seq, d) per-token states to pool
+
+
+@dataclass(frozen=True)
+class DecoderFeeds:
+    """The graphs and names the KV-cache decoding loop (deploy/generate.py) binds.
+
+    decoder:         `prefill_graph` on the prompt -> logits + the prompt's KV (`present`), copied into the cache
+    encoder-decoder: `prefill_graph` (the encoder) on the source -> `memory`, which every decode step reads
+                     beside the source mask (`prompt_mask`)
+    Both then run `decode_graph` one token at a time: step_ids, positions, cache, cache_mask (+ memory) in;
+    logits and the step's new_kv out. `full_graph` recomputes everything (use_cache=False)."""
+
+    prompt_ids: str  # prompt (decoder) / source (encoder-decoder) ids, in the prefill and the full graph
+    prompt_mask: str
+    step_ids: str  # the decode graph's new-token ids
+    prefill_graph: str = "model"
+    decode_graph: str = "decode"
+    full_graph: str = "model"
+    present: str | None = None  # decoder: the prefill graph's KV output
+    memory: str | None = None  # encoder-decoder: encoder output = decode input of this name
+    target_ids: str | None = None  # encoder-decoder: the full graph's target ids / mask (recompute mode)
+    target_mask: str | None = None
+    positions: str = "position_ids"
+    cache: str = "cache"
+    cache_mask: str = "cache_mask"
+    logits: str = "logits"
+    new_kv: str = "new_kv"
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a model can do and the names the code driving it needs. Written into every artifact's manifest
+    ("capabilities"), so runtime code (generation, the Embedder) reads it without the torch model registry.
+
+    token_axis: the axis that counts tokens in graph "model" (None: fixed by the config, e.g. ViT's patches);
+    optimizer: onnxruntime.transformers optimizer model_type for `export --optimize` (None: not supported)."""
+
+    role: str = "encoder"
+    token_axis: str | None = "seq"
+    text: TextFeeds | None = None
+    decoding: DecoderFeeds | None = None
+    optimizer: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"role {self.role!r}; expected one of {ROLES}")
+        if (self.decoding is not None) != (self.role != "encoder"):
+            raise ValueError(f"role {self.role!r}: decoding feeds are declared by the decoder roles and only by them")
+        d = self.decoding
+        if d is not None and self.role == "decoder" and d.present is None:
+            raise ValueError("a decoder's decoding feeds need `present` (the prefill's KV output)")
+        if d is not None and self.role == "encoder-decoder" and None in (d.memory, d.target_ids, d.target_mask):
+            raise ValueError("an encoder-decoder's decoding feeds need memory, target_ids and target_mask")
+
+    @property
+    def generates(self) -> bool:
+        return self.decoding is not None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Capabilities:
+        """Parse a manifest's section (untrusted: raises ValueError/TypeError on anything malformed)."""
+        if not isinstance(d, Mapping):
+            raise TypeError("capabilities must be an object")
+
+        def sub(kind: type, v: Any) -> Any:
+            if v is None:
+                return None
+            if not isinstance(v, Mapping) or not all(isinstance(x, str) or x is None for x in v.values()):
+                raise TypeError(f"{kind.__name__} must map names to strings")
+            return kind(**v)
+
+        known = {f.name for f in dataclasses.fields(cls)}
+        if set(d) - known:
+            raise TypeError(f"unknown capability field(s) {sorted(set(d) - known)}")
+        for k in ("role", "token_axis", "optimizer"):
+            if k in d and not (isinstance(d[k], str) or (d[k] is None and k != "role")):
+                raise TypeError(f"capability {k!r} must be a string")
+        return cls(role=d.get("role", "encoder"), token_axis=d.get("token_axis"), optimizer=d.get("optimizer"),
+                   text=sub(TextFeeds, d.get("text")), decoding=sub(DecoderFeeds, d.get("decoding")))
+
+
+@dataclass(frozen=True)
+class ConfigSweep:
+    """A model whose token count is set by its config, not by an input axis (ViT: the patch size): the scale
+    sweep (bench/scale.py) builds `preset` with `field` = each value and measures in PyTorch."""
+
+    preset: str
+    field: str
+    values: tuple[int, ...]  # the default sweep
+    tokens: Callable[[Any], int]  # config -> tokens the model attends over
+
+
 @dataclass(frozen=True)
 class ModelFamily:
+    """One model: its presets (listed smallest first), module, export spec and FLOPs, and what it can do.
+
+    `quick_preset` is what the default job (`xdeploy run`) uses, `full_preset` what `--full` uses (None: the
+    first / the last preset)."""
+
     name: str
     description: str
     presets: Mapping[str, Any]  # preset name -> frozen config dataclass
     build: Callable[[Any], Any]  # config -> torch.nn.Module
     spec: Callable[[Any], ExportSpec]
     flops: Callable[[Any, Mapping[str, int]], float]  # analytic FLOPs of graph "model" at these axis sizes
+    capabilities: Capabilities = field(default_factory=Capabilities)
+    quick_preset: str | None = None
+    full_preset: str | None = None
+    config_sweep: ConfigSweep | None = None
     hf: HFImport | None = None
+
+    def __post_init__(self) -> None:
+        for p in (self.quick_preset, self.full_preset, self.config_sweep and self.config_sweep.preset):
+            if p is not None and p not in self.presets:
+                raise ValueError(f"{self.name}: preset {p!r} is not one of {list(self.presets)}")
+
+    @property
+    def smallest_preset(self) -> str:
+        return next(iter(self.presets))
+
+    @property
+    def quick(self) -> str:
+        return self.quick_preset or self.smallest_preset
+
+    @property
+    def full(self) -> str:
+        return self.full_preset or list(self.presets)[-1]
 
 
 def layer_flops(t: int, s: int, d: int, d_ff: int, cross_s: int = 0) -> float:

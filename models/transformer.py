@@ -16,7 +16,7 @@ from torch import nn
 
 from .attention import causal_bias, padding_bias
 from .layers import Layer, stack_kv
-from .spec import Axis, ExportSpec, Graph, ModelFamily, TensorSpec, layer_flops
+from .spec import Axis, Capabilities, DecoderFeeds, ExportSpec, Graph, ModelFamily, TensorSpec, layer_flops
 
 
 @dataclass(frozen=True)
@@ -144,4 +144,11 @@ def flops(cfg: TransformerConfig, sizes: Mapping[str, int]) -> float:
 FAMILY = ModelFamily(
     name="transformer", description="Encoder-decoder Transformer of Vaswani et al. (post-LN, sinusoidal)",
     presets=PRESETS, build=Transformer, spec=export_spec, flops=flops,
+    # the "bert" optimizer patterns: its encoder and decoder layers are post-LN like BERT's
+    capabilities=Capabilities(
+        role="encoder-decoder", token_axis="seq", optimizer="bert",
+        decoding=DecoderFeeds(prompt_ids="src_ids", prompt_mask="src_mask", step_ids="tgt_ids",
+                              prefill_graph="encoder", memory="memory", target_ids="tgt_ids",
+                              target_mask="tgt_mask")),
+    quick_preset="tiny", full_preset="base",
 )

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from .layers import Layer
-from .spec import Axis, ExportSpec, Graph, HFImport, ModelFamily, TensorSpec, layer_flops
+from .spec import Axis, Capabilities, ConfigSweep, ExportSpec, Graph, HFImport, ModelFamily, TensorSpec, layer_flops
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,10 @@ class ViTConfig:
     n_classes: int = 1000
     eps: float = 1e-12
     attn_impl: str = "sdpa"
+
+    def __post_init__(self) -> None:
+        if self.image_size % self.patch_size:
+            raise ValueError(f"patch size {self.patch_size} does not divide the {self.image_size}-pixel image")
 
     @property
     def n_tokens(self) -> int:
@@ -123,5 +127,9 @@ def state_dict_from_hf(tensors: Mapping[str, torch.Tensor], cfg: ViTConfig) -> d
 FAMILY = ModelFamily(
     name="vit", description="Vision Transformer (pre-LN) image classifier; ViT-B/16 shape",
     presets=PRESETS, build=ViT, spec=export_spec, flops=flops,
+    # tokens are fixed by image and patch size: no token axis; the scale sweep varies the patch size instead
+    capabilities=Capabilities(role="encoder", token_axis=None, optimizer="vit"),
+    quick_preset="tiny", full_preset="base16",
+    config_sweep=ConfigSweep(preset="base16", field="patch_size", values=(32, 16, 8), tokens=lambda c: c.n_tokens),
     hf=HFImport(model_types=("vit",), config=config_from_hf, state_dict=state_dict_from_hf),
 )

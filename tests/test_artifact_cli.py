@@ -15,6 +15,7 @@ from xdeploy.core.errors import XDeployError
 from xdeploy.deploy.registry import open_runner
 from xdeploy.export.artifact import load_artifact
 from xdeploy.export.onnx_export import export
+from xdeploy.models.registry import MODELS
 from xdeploy.models.spec import make_feeds
 
 
@@ -122,5 +123,5 @@ def test_models_json(tmp_path):
     subprocess.run([sys.executable, "-m", "xdeploy.cli", "models", "--json", str(out)], check=True,
                    capture_output=True)
     rows = json.loads(out.read_text())["models"]
-    assert {r["model"] for r in rows} == {"transformer", "bert", "gpt", "vit"}
+    assert {r["model"] for r in rows} == set(MODELS)
     assert next(r for r in rows if (r["model"], r["preset"]) == ("gpt", "small"))["params"] == 124439808

@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from families import first, smallest
 
 from xdeploy.cli import main
 from xdeploy.core.errors import XDeployError
@@ -266,10 +267,13 @@ def test_cli_generate_json_and_errors(hf, tmp_path, capsys):
     want = generate(art, [PROMPTS[0]], GenerationConfig(max_new_tokens=12, num_beams=2)).tokens[0]
     assert data["tokens"] == [list(want)] and data["config"]["num_beams"] == 2
     assert "beam search k=2" in capsys.readouterr().out
+    encoder = first(generates=False)  # a model without a decoder role: by name, and as an artifact directory
+    enc_art = export(encoder, preset=smallest(encoder), out=tmp_path / "encoder")
     for argv, msg in [
         (["generate", str(art.path), "--prompt", "hello"], "has no tokenizer"),
         (["generate", str(art.path), "--prompt-ids", "1,x"], "comma-separated integers"),
-        (["generate", "bert"], "model 'bert' does not generate text"),
+        (["generate", encoder], f"model '{encoder}' does not generate text"),
+        (["generate", str(enc_art)], f"model '{encoder}' does not generate text"),
         (["generate", str(art.path), "--runner", "nope"], "unknown runner 'nope'"),
     ]:
         with pytest.raises(SystemExit) as e:

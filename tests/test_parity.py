@@ -9,6 +9,7 @@ import shutil
 import numpy as np
 import onnx
 import pytest
+from families import names, params, smallest
 from onnxruntime.transformers.float16 import convert_float_to_float16
 from planted import attention_query, corrupt_weight, scale_up
 
@@ -18,6 +19,7 @@ from xdeploy.core.fsutil import atomic_write_json
 from xdeploy.export.artifact import MANIFEST, load_artifact, write_manifest_files
 from xdeploy.export.onnx_export import export
 from xdeploy.export.precision import EXPORT_PRECISIONS
+from xdeploy.models.registry import MODELS
 from xdeploy.models.spec import DEFAULT_TOLERANCES, Tolerance
 from xdeploy.verify.parity import (
     check_artifact,
@@ -114,8 +116,15 @@ def test_tolerance_precision_and_overrides():
 
 @pytest.fixture(scope="module")
 def arts(tmp_path_factory):
+    """model -> its smallest preset's fp32 artifact, exported on first use."""
     root = tmp_path_factory.mktemp("parity")
-    return {m: load_artifact(export(m, preset="tiny", out=root / m)) for m in ("bert", "gpt", "vit")}
+
+    class Lazy(dict):
+        def __missing__(self, m: str):
+            self[m] = load_artifact(export(m, preset=smallest(m), out=root / m))
+            return self[m]
+
+    return Lazy()
 
 
 def test_input_cases_cover_seq1_max_padding_and_empty_row(arts):
@@ -161,7 +170,7 @@ def test_text_inputs_from_the_artifact_tokenizer(arts, tmp_path):
         input_cases(load_artifact(art_dir, verify=False))
 
 
-@pytest.mark.parametrize("model", ["bert", "gpt", "vit"])
+@pytest.mark.parametrize("model", params(slow_when_many_graphs=True))
 def test_tiny_models_pass_fp32_on_every_runner(arts, model):
     rep = check_artifact(arts[model], RUNNERS, layerwise="never")
     assert rep.passed, [(c.runner, c.graph, c.case, c.output, c.reason) for c in rep.failures]
@@ -169,7 +178,7 @@ def test_tiny_models_pass_fp32_on_every_runner(arts, model):
     assert {(c.runner, c.graph) for c in rep.checks} == {(r, g) for r in RUNNERS for g in graphs}
     ort = [c for c in rep.checks if c.runner == "ort"]
     assert all(0.0 < c.comparison.max_abs < FP32.atol * 10 and c.comparison.cosine > 0.99999 for c in ort)
-    if model == "gpt":
+    if MODELS[model].capabilities.role == "decoder":
         assert all(c.top1 == 1.0 for c in rep.checks if c.output == "logits")
 
 
@@ -270,12 +279,12 @@ def test_cli_unknown_model_and_precision(capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["transformer", "bert", "gpt", "vit"])
+@pytest.mark.parametrize("model", names())
 def test_full_matrix_from_model_names(model, tmp_path):
     """Every model x {ort, ov, ov:bf16, torch:bf16} x every export precision, as `xdeploy parity MODEL` does."""
     out = tmp_path / "p.json"
     runners = RUNNERS[1:] + (["ov:bf16"] if "ov" in RUNNERS else []) + ["torch:bf16"]
-    code = main(["parity", model, "--preset", "tiny", "--runners", ",".join(runners),
+    code = main(["parity", model, "--preset", smallest(model), "--runners", ",".join(runners),
                  "--precision", ",".join(EXPORT_PRECISIONS), "--json", str(out)])
     rep = json.loads(out.read_text())
     fails = [(a["name"], c["runner"], c["graph"], c["output"], c["case"], c["reason"])

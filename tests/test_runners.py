@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from families import n_graphs, names
 
 from xdeploy.core.errors import XDeployError
 from xdeploy.deploy.registry import RUNNERS, open_runner, runner_class
@@ -14,7 +15,7 @@ from xdeploy.export.precision import EXPORT_PRECISIONS
 from xdeploy.models.spec import DEFAULT_TOLERANCES, Tolerance, make_feeds
 from xdeploy.verify.metrics import cosine
 
-MODELS = ("transformer", "bert", "gpt", "vit")
+MODELS = names()  # every registered family
 SIZES = {"batch": 2, "seq": 5, "src_seq": 4, "cache": 3}
 # runner spec -> the compute precision whose tolerance applies to it (None: the artifact's own precision)
 CPU_RUNNERS = {"ort": None, "ov": None, "ov:bf16": "bf16"}
@@ -65,7 +66,7 @@ def reference(artifacts):
 # Every model x every export precision. The encoder-decoder Transformer's reduced-precision exports (3 graphs,
 # fp16 automatic-mixed-precision search) cost ~30 s each on 2 cores, so those two run with `-m slow`; its fp32
 # graphs and every precision of bert, gpt (KV-cache decode graph) and vit run by default.
-MATRIX = [pytest.param(m, p, marks=[pytest.mark.slow] if m == "transformer" and p != "fp32" else [])
+MATRIX = [pytest.param(m, p, marks=[pytest.mark.slow] if n_graphs(m) >= 3 and p != "fp32" else [])
           for m in MODELS for p in EXPORT_PRECISIONS]
 
 

@@ -70,7 +70,7 @@ PROFILE = (ShapeRange("x", (1, 4), (2, 4), (8, 4)),)
 # ------------------------------------------------------------------------------------------- pure logic ----
 
 def test_profiles_follow_manifest_axes_for_every_graph():
-    for model in MODELS:
+    for model in MODELS:  # every registered family
         spec = _spec(model)
         for g in spec.graphs:
             profiles = profile_shapes(g, spec.axes)

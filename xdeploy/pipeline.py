@@ -10,8 +10,10 @@ decoding from deploy/generate.py, the roofline from bench/roofline.py, and rende
 Every phase turns its results into records (core/records.py kinds, or the report's "parity"/"decode" kinds)
 so the report and `report compare` see one flat list.
 
-Presets: the default job uses small presets chosen by measurement to finish in <= 10 minutes on 2 cores
-(`QUICK_PRESETS`); `--full` uses the base presets (`FULL_PRESETS`) for the reference report.
+Models: every family in the model registry, in its order. Presets: the default job uses each family's
+`quick` preset (chosen by measurement to finish in <= 10 minutes on 2 cores); `--full` its `full` preset (the
+base presets, for the reference report). Decoding runs for the families whose capabilities say they generate,
+the scale sweep for the first with a token axis.
 """
 
 from __future__ import annotations
@@ -29,13 +31,22 @@ import numpy as np
 
 from xdeploy.core.errors import XDeployError, one_of
 
-MODELS = ("bert", "gpt", "vit", "transformer")
-QUICK_PRESETS = {"bert": "minilm", "gpt": "tiny", "vit": "tiny", "transformer": "tiny"}
-FULL_PRESETS = {"bert": "base", "gpt": "small", "vit": "base16", "transformer": "base"}
 PRECISIONS = ("fp32", "fp16", "int8")
 RUNNERS = ("ort", "ov")  # candidates; "torch" is the fp32 reference everything is compared with
-GENERATIVE = ("gpt", "transformer")
 SKIPPABLE = ("roofline", "bench", "decode", "scale")
+
+
+def registered_models() -> tuple[str, ...]:
+    """Every model family of the registry, in registry order (the default job's models)."""
+    from xdeploy.models.registry import MODELS
+
+    return tuple(MODELS)
+
+
+def _family(model: str) -> Any:
+    from xdeploy.models.registry import get_family
+
+    return get_family(model)
 
 
 @dataclass(frozen=True)
@@ -45,7 +56,7 @@ class RunConfig:
 
     out: str | Path = "reports/latest"
     artifacts: str | Path = "artifacts/run"
-    models: tuple[str, ...] = MODELS
+    models: tuple[str, ...] | None = None  # None = every registered model (filled in on init)
     full: bool = False
     smoke: bool = False
     precisions: tuple[str, ...] = PRECISIONS
@@ -60,17 +71,23 @@ class RunConfig:
     def runs(self, phase: str) -> bool:
         return phase not in self.skip
 
+    def __post_init__(self) -> None:
+        if self.models is None:
+            object.__setattr__(self, "models", registered_models())
+
     def preset(self, model: str) -> str:
-        return self.presets.get(model) or (FULL_PRESETS if self.full else QUICK_PRESETS)[model]
+        family = _family(model)
+        return self.presets.get(model) or (family.full if self.full else family.quick)
 
     def check(self) -> None:
+        known = registered_models()
         for m in self.models:
-            if m not in MODELS:
-                raise one_of("model", m, MODELS)
+            if m not in known:
+                raise one_of("model", m, known)
         if not self.runners:
             raise XDeployError("no runners selected; expected e.g. --runners ort,ov")
         if not self.models:
-            raise XDeployError(f"no models selected; expected some of: {', '.join(MODELS)}")
+            raise XDeployError(f"no models selected; expected some of: {', '.join(known)}")
         for p in self.precisions:
             if p not in PRECISIONS:
                 raise one_of("precision", p, PRECISIONS)
@@ -133,7 +150,7 @@ def plan(cfg: RunConfig) -> list[tuple[str, str]]:
         steps += [("export", f"{label} {p}") for p in cfg.precisions]
         steps += [("parity", f"{label} {p}") for p in cfg.precisions]
         steps += [("bench", label)] if cfg.runs("bench") else []
-        if m in GENERATIVE and cfg.runs("decode"):
+        if _family(m).capabilities.generates and cfg.runs("decode"):
             steps += [("decode", label)]
     steps += [("scale", m) for m in _scale_models(cfg)] if cfg.runs("scale") else []
     steps += [("report", str(cfg.out))]
@@ -141,8 +158,8 @@ def plan(cfg: RunConfig) -> list[tuple[str, str]]:
 
 
 def _scale_models(cfg: RunConfig) -> list[str]:
-    """The attention sweep needs a token axis (not ViT: its T is fixed by the image); one model is enough."""
-    seq_models = [m for m in ("bert", "gpt", "transformer") if m in cfg.models]
+    """The attention sweep needs a token axis (a ViT's T is fixed by the image); one model is enough."""
+    seq_models = [m for m in cfg.models if _family(m).capabilities.token_axis is not None]
     return seq_models[:1]
 
 
@@ -343,7 +360,7 @@ def scale_all(cfg: RunConfig, model: str, prog: _Progress, max_t: int | None = N
         if cfg.full:  # scale.py's own defaults: bert minilm (all layers) to T=4096 in 600 s, ViT patches 32/16/8
             return run_scale(model, threads=cfg.threads, max_t=max_t)
         # default job: 2 layers of the model's quick preset to T=2048 within 90 s (sized for the 10-minute job)
-        return run_scale(model, preset=cfg.preset(model), quick=True, max_t=max_t or 2048, budget=90.0, vit_patches=(),
+        return run_scale(model, preset=cfg.preset(model), quick=True, max_t=max_t or 2048, budget=90.0, sweep_values=(),
                          threads=cfg.threads)
 
 
@@ -646,7 +663,7 @@ def run_job(cfg: RunConfig, *, progress: Callable[[str, int], None] | None = Non
                 attempt(f"bench {model}", lambda: jr.unit(  # noqa: B023
                     "bench", f"{model} {preset}", jr.step_key("bench", model, paths),  # noqa: B023
                     lambda: bench_all(cfg, model, paths, prog, guard)))  # noqa: B023
-            if model in GENERATIVE and cfg.runs("decode"):
+            if _family(model).capabilities.generates and cfg.runs("decode"):
                 new = 16 if cfg.smoke else (128 if cfg.full else 64)
                 if guard.decode(model, preset, paths["fp32"], 8 if cfg.smoke else 32, new) is None:
                     attempt(f"decode {model}", lambda: jr.unit(  # noqa: B023

@@ -43,18 +43,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _artifact(args: argparse.Namespace) -> Artifact:
+    from xdeploy.deploy.generate import decoding_feeds
     from xdeploy.export.artifact import load_artifact
 
     path = Path(args.model)
     if path.is_dir():
-        return load_artifact(path)
-    from xdeploy.deploy.generate import DECODER_ONLY, ENCODER_DECODER
-    from xdeploy.models.registry import get_family
+        art = load_artifact(path)
+        decoding_feeds(art)  # one line for an artifact of a model that does not generate
+        return art
+    from xdeploy.models.registry import families, get_family
 
     family = get_family(args.model)  # one-line error for an unknown name that is not a directory either
-    if family.name not in DECODER_ONLY + ENCODER_DECODER:
-        raise XDeployError(f"model {family.name!r} does not generate text; generation supports: "
-                           f"{', '.join(DECODER_ONLY + ENCODER_DECODER)}")
+    if not family.capabilities.generates:
+        raise XDeployError(f"model {family.name!r} does not generate text: it is an {family.capabilities.role} "
+                           f"model; generation supports: {', '.join(f.name for f in families(generates=True))}")
     preset = args.preset or next(iter(family.presets))
     out = Path(args.out or f"artifacts/{family.name}-{preset}-{args.precision}")
     if out.is_dir():

@@ -14,18 +14,19 @@ if TYPE_CHECKING:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from xdeploy.pipeline import FULL_PRESETS, MODELS, QUICK_PRESETS
+    from xdeploy.models.registry import MODELS as FAMILIES
 
+    models = tuple(FAMILIES)
     p.add_argument("--full", action="store_true",
-                   help="base presets (" + ", ".join(f"{m} {v}" for m, v in FULL_PRESETS.items()) + ") and longer "
-                   "timings, for the reference report; default: " + ", ".join(f"{m} {v}" for m, v in
-                                                                              QUICK_PRESETS.items()))
+                   help="base presets (" + ", ".join(f"{m} {f.full}" for m, f in FAMILIES.items()) + ") and longer "
+                   "timings, for the reference report; default: " + ", ".join(f"{m} {f.quick}" for m, f in
+                                                                              FAMILIES.items()))
     p.add_argument("--smoke", action="store_true", help="smallest meaningful run: one parity shape, a few "
                    "iterations, short sweeps (tests, CI smoke)")
     p.add_argument("--out", default="reports/latest", metavar="DIR", help="report directory (default reports/latest)")
     p.add_argument("--artifacts", default="artifacts/run", metavar="DIR",
                    help="where the exported artifacts go (default artifacts/run)")
-    p.add_argument("--models", default=",".join(MODELS), metavar="M,...", help=f"subset of {','.join(MODELS)}")
+    p.add_argument("--models", default=",".join(models), metavar="M,...", help=f"subset of {','.join(models)}")
     p.add_argument("--precisions", default="fp32,fp16,int8", metavar="P,...", help="artifact precisions")
     p.add_argument("--runners", default="ort,ov", metavar="R,...",
                    help="runners compared with the PyTorch reference (default ort,ov)")

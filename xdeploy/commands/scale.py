@@ -17,8 +17,10 @@ def _ints(text: str) -> list[int]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from xdeploy.bench.scale import DEFAULT_LOWERINGS, LOWERINGS
 
-    p.add_argument("model", nargs="?", default="bert", help="model with a token axis (default bert)")
-    p.add_argument("--preset", help="preset (default: minilm for bert, else the first; --smoke: tiny)")
+    p.add_argument("model", nargs="?", default=None,
+                   help="model with a token axis (default: the first registered one, bert)")
+    p.add_argument("--preset", help="preset (default: the model's quick preset, minilm for bert; --smoke: its "
+                   "smallest)")
     p.add_argument("--lowerings", default=",".join(DEFAULT_LOWERINGS),
                    help=f"comma-separated, from: {', '.join(LOWERINGS)} (default {','.join(DEFAULT_LOWERINGS)})")
     p.add_argument("--max-t", type=int, help="largest T (default 4096; T doubles from 64)")
@@ -28,7 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(default 600; --quick 300)")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (default: runtime default)")
     p.add_argument("--profile-t", type=int, help="T for onnxruntime's per-op profile (default: largest <= 2048)")
-    p.add_argument("--vit-patches", type=_ints, help="ViT-B patch sizes to measure (default 32,16,8; empty: none)")
+    p.add_argument("--vit-patches", type=_ints, help="values of the models' config sweeps, i.e. ViT-B patch sizes "
+                   "(default 32,16,8; empty: none)")
     p.add_argument("--quick", action="store_true", help="2 layers, 300 s budget")
     p.add_argument("--smoke", action="store_true", help="tiny preset up to T=256, no ViT (seconds)")
     p.add_argument("--fresh", action="store_true", help="re-export cached artifacts")
@@ -50,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         console = Console(width=160)
     records = run_scale(args.model, preset=args.preset, lowerings=[x for x in args.lowerings.split(",") if x],
                         max_t=args.max_t, batch=args.batch, layers=args.layers, budget=args.budget,
-                        threads=args.threads, profile_t=args.profile_t, vit_patches=args.vit_patches,
+                        threads=args.threads, profile_t=args.profile_t, sweep_values=args.vit_patches,
                         quick=args.quick, smoke=args.smoke, fresh=args.fresh, log=console.print)
     render(records, console)
     if args.records:

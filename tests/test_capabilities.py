@@ -1,0 +1,217 @@
+"""Models declare their capabilities, and nothing else knows model names.
+
+The proof: a fifth model family the library has never seen, defined and registered here (a tiny text encoder
+whose inputs are called `tokens` / `keep` and which has no segment ids), goes through export, parity, the
+benchmark, the report and the Embedder with no library change; generation refuses it in one line."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from xdeploy.core.errors import XDeployError
+from xdeploy.export.artifact import MANIFEST, load_artifact
+from xdeploy.models import registry
+from xdeploy.models.attention import padding_bias
+from xdeploy.models.layers import Layer
+from xdeploy.models.spec import (
+    Axis,
+    Capabilities,
+    DecoderFeeds,
+    ExportSpec,
+    Graph,
+    ModelFamily,
+    TensorSpec,
+    TextFeeds,
+    layer_flops,
+)
+
+# ----------------------------------------------------------------------------- the fifth family ----
+
+
+@dataclass(frozen=True)
+class EchoConfig:
+    vocab_size: int = 97
+    d_model: int = 32
+    n_layers: int = 1
+    n_heads: int = 2
+    d_ff: int = 64
+    max_positions: int = 64
+    attn_impl: str = "sdpa"
+
+
+class Echo(nn.Module):
+    """Token + position embeddings and one post-LN encoder layer: (B, T) tokens, keep -> states (B, T, C)."""
+
+    def __init__(self, cfg: EchoConfig) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos = nn.Embedding(cfg.max_positions, cfg.d_model)
+        self.layers = nn.ModuleList(Layer(cfg.d_model, cfg.n_heads, cfg.d_ff, act="gelu", eps=1e-5,
+                                          norm_first=False, impl=cfg.attn_impl) for _ in range(cfg.n_layers))
+
+    def forward(self, tokens: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        x = self.tok(tokens) + self.pos(torch.arange(tokens.shape[1])[None])
+        bias = padding_bias(keep, x.dtype)
+        for layer in self.layers:
+            x, _ = layer(x, bias)
+        return x
+
+
+def echo_spec(cfg: EchoConfig) -> ExportSpec:
+    ids = ("batch", "seq")
+    return ExportSpec(
+        graphs=(Graph("model", "forward",
+                      inputs=(TensorSpec("tokens", "int64", ids, "ids", cfg.vocab_size),
+                              TensorSpec("keep", "int64", ids, "mask")),
+                      outputs=(TensorSpec("states", "float32", (*ids, cfg.d_model)),)),),
+        axes={"batch": Axis(1, 1, 8), "seq": Axis(1, 16, cfg.max_positions)})
+
+
+def echo_flops(cfg: EchoConfig, sizes: Mapping[str, int]) -> float:
+    return sizes["batch"] * cfg.n_layers * layer_flops(sizes["seq"], sizes["seq"], cfg.d_model, cfg.d_ff)
+
+
+ECHO = ModelFamily(
+    name="echo", description="test-only text encoder with its own feed names",
+    presets={"tiny": EchoConfig()}, build=Echo, spec=echo_spec, flops=echo_flops,
+    capabilities=Capabilities(role="encoder", token_axis="seq",
+                              text=TextFeeds(ids="tokens", mask="keep", type_ids=None, hidden="states")),
+)
+
+
+@pytest.fixture
+def echo(monkeypatch):
+    """Registered from the test: one entry in the registry's table, nothing else."""
+    monkeypatch.setitem(registry.MODELS, ECHO.name, ECHO)
+    return ECHO.name
+
+
+# ------------------------------------------------------------------------------------- the proof ----
+
+def test_fifth_family_goes_through_export_parity_bench_report_and_embedder(echo, tmp_path):
+    from xdeploy.bench.suite import bench_artifacts
+    from xdeploy.deploy.embedder import Embedder
+    from xdeploy.deploy.generate import Generator
+    from xdeploy.pipeline import RunConfig, plan, run_job
+    from xdeploy.reports.render import load_results, render_report
+
+    # the main job knows it from the registry: exported, checked and reported; no decode (it does not
+    # generate), a scale sweep (it has a token axis)
+    cfg = RunConfig(models=(echo,), smoke=True, runners=("ort",), precisions=("fp32", "int8"),
+                    skip=("roofline", "bench", "decode", "scale"), out=tmp_path / "report",
+                    artifacts=tmp_path / "art")
+    full_plan = plan(dataclasses.replace(cfg, skip=()))
+    assert ("scale", echo) in full_plan and not [s for s in full_plan if s[0] == "decode"]
+    assert cfg.preset(echo) == "tiny" and dataclasses.replace(cfg, full=True).preset(echo) == "tiny"
+    result = run_job(cfg)
+    assert result.parity_passed and not result.errors, (result.parity_failures, result.errors)
+    parity = [r for r in result.records if r["kind"] == "parity"]
+    assert {(r["runner"], r["artifact_precision"], r["output"]) for r in parity} == {
+        ("ort", "fp32", "states"), ("ort", "int8", "states")}
+    assert all(r["model"] == echo and r["cases"] >= 1 for r in parity)
+
+    # the manifest carries the family's capabilities; the runtime reads them from there
+    art = load_artifact(tmp_path / "art" / f"{echo}-tiny-fp32")
+    assert art.capabilities == ECHO.capabilities
+    assert json.loads((art.path / MANIFEST).read_text())["capabilities"]["text"]["ids"] == "tokens"
+
+    # the benchmark (in-process: spawned children would not see a family registered by a test)
+    lat = bench_artifacts([art], runners=["torch", "ort"], batches=(1, 2), seqs=(8,), warmup=1, min_iters=2,
+                          max_iters=3, max_seconds=0.2, isolate=False, peaks={})
+    assert {(r["runner"], r["batch"], r["seq"]) for r in lat} == {(r, b, 8) for r in ("torch", "ort") for b in (1, 2)}
+    flops = echo_flops(EchoConfig(), {"batch": 2, "seq": 8})
+    assert all(r["model"] == echo and r["latency_s"]["p50"] > 0 for r in lat)
+    assert {r["flops"] for r in lat if r["batch"] == 2} == {flops}
+
+    # the report renders both
+    out = render_report([*result.records, *lat], tmp_path / "report2", meta={"title": "fifth family"})
+    md = (out / "summary.md").read_text()
+    assert "**Parity: all checks pass.**" in md and f"{echo} tiny" in md
+    assert {r["kind"] for r in load_results(out)["records"]} >= {"parity", "latency"}
+
+    # the Embedder feeds `tokens` / `keep` and pools `states`: a padded batch equals each row alone
+    rows = [[5, 6, 7, 8, 9], [10, 11]]
+    with Embedder(art, pooling="mean", batch_size=4) as emb:
+        together = emb.embed_ids(rows)
+        alone = np.concatenate([emb.embed_ids([r]) for r in rows])
+    assert together.shape == (2, 32) and np.allclose(together, alone, atol=1e-5)
+
+    # generation: one clear line, not an AttributeError
+    with pytest.raises(XDeployError, match=f"model '{echo}' does not generate text: it is an encoder model"):
+        Generator(art)
+
+
+def test_optimizer_only_when_declared(echo, tmp_path):
+    from xdeploy.export.onnx_export import export
+
+    with pytest.raises(XDeployError, match="declares no onnxruntime optimizer type"):
+        export(echo, preset="tiny", out=tmp_path / "a", optimize=True)
+    assert not (tmp_path / "a").exists()
+
+
+# ------------------------------------------------------------------------------- declarations ----
+
+def test_every_family_declares_consistent_capabilities():
+    for name, f in registry.MODELS.items():
+        caps, spec = f.capabilities, f.spec(registry.get_config(name, f.smallest_preset))
+        assert f.quick in f.presets and f.full in f.presets
+        if caps.token_axis is not None:
+            assert caps.token_axis in spec.axes, name
+        else:
+            assert f.config_sweep is not None, f"{name}: no token axis and no config sweep to scale"
+        model = spec.graph("model")
+        if caps.text is not None:
+            ins, outs = {t.name for t in model.inputs}, {t.name for t in model.outputs}
+            assert caps.text.ids in ins and caps.text.hidden in outs, name
+            assert {caps.text.mask, caps.text.type_ids} - {None} <= ins, name
+        d = caps.decoding
+        if d is not None:  # every name the decoding loop binds exists in the graph it binds it in
+            prefill, dec, full = spec.graph(d.prefill_graph), spec.graph(d.decode_graph), spec.graph(d.full_graph)
+            dec_in, dec_out = {t.name for t in dec.inputs}, {t.name for t in dec.outputs}
+            assert {d.step_ids, d.positions, d.cache, d.cache_mask} <= dec_in and {d.logits, d.new_kv} <= dec_out
+            assert {d.prompt_ids, d.prompt_mask} <= {t.name for t in prefill.inputs} & {t.name for t in full.inputs}
+            assert d.logits in {t.name for t in full.outputs}
+            kv = d.present if caps.role == "decoder" else d.memory
+            assert kv in {t.name for t in prefill.outputs}, name
+            if caps.role == "encoder-decoder":
+                assert {d.memory, d.prompt_mask} <= dec_in
+                assert {d.target_ids, d.target_mask} <= {t.name for t in full.inputs}
+
+
+def test_capabilities_are_validated():
+    with pytest.raises(ValueError, match="role 'oracle'"):
+        Capabilities(role="oracle")
+    with pytest.raises(ValueError, match="decoding feeds are declared by the decoder roles"):
+        Capabilities(role="decoder")
+    with pytest.raises(ValueError, match="need `present`"):
+        Capabilities(role="decoder", decoding=DecoderFeeds("a", "b", "c"))
+    with pytest.raises(ValueError, match="memory, target_ids and target_mask"):
+        Capabilities(role="encoder-decoder", decoding=DecoderFeeds("a", "b", "c"))
+    with pytest.raises(ValueError, match="preset 'huge' is not one of"):
+        dataclasses.replace(ECHO, quick_preset="huge")
+    caps = ECHO.capabilities
+    assert Capabilities.from_json(json.loads(json.dumps(caps.to_json()))) == caps
+    for bad in ({"role": 3}, {"text": {"ids": 5}}, {"wings": 2}, [], {"decoding": {"prompt_ids": "x"}}):
+        with pytest.raises((TypeError, ValueError)):
+            Capabilities.from_json(bad)  # type: ignore[arg-type]
+
+
+def test_a_tampered_capabilities_section_is_one_line(echo, tmp_path):
+    from xdeploy.core.fsutil import atomic_write_json
+    from xdeploy.export.artifact import write_manifest_files
+    from xdeploy.export.onnx_export import export
+
+    path = export(echo, preset="tiny", out=tmp_path / "a")
+    m = json.loads((path / MANIFEST).read_text())
+    m["capabilities"]["role"] = "decoder"  # a decoder without decoding feeds
+    atomic_write_json(path / MANIFEST, write_manifest_files(path, m))
+    with pytest.raises(XDeployError, match="invalid manifest .*capabilities: role 'decoder': decoding feeds"):
+        load_artifact(path)
