@@ -95,8 +95,9 @@ KINDS: dict[str, dict[str, tuple[str, bool]]] = {
         "model": (_STR, False), "preset": (_STR, True), "graph": (_STR, False), "runner": (_STR, False),
         "artifact_precision": (_STR, False), "output": (_STR, False),
         "tolerance_precision": (_STR, False),  # whose tolerance applied (the looser of artifact and compute)
-        "max_abs": (_NUM, False), "max_rel": (_NUM, False), "mean_abs": (_NUM, False),  # worst over cases
-        "cosine": (_NUM, False), "nonfinite": (_INT, False),  # min cosine; NaN/Inf summed over cases
+        # worst over the cases compared; null when none could be (the runner failed, a shape differed)
+        "max_abs": (_NUM, True), "max_rel": (_NUM, True), "mean_abs": (_NUM, True),
+        "cosine": (_NUM, True), "nonfinite": (_INT, False),  # min cosine; NaN/Inf summed over cases
         "top1": (_NUM, True),  # min argmax agreement (outputs named *logits); null otherwise
         "passed": (_BOOL, False), "reason": (_STR, True),  # reason: the first failing case, null when passed
         "cases": (_INT, False), "atol": (_NUM, False), "rtol": (_NUM, False), "min_cosine": (_NUM, False),

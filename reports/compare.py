@@ -114,8 +114,8 @@ def compare_records(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any
             pb = None if rb is None else bool(rb["passed"])
             status = ("only in A" if rb is None else "only in B" if ra is None else
                       "regression" if pa and not pb else "improvement" if pb and not pa else "ok")
-            rows.append(Row(kind, key, "max abs error", None if ra is None else float(ra["max_abs"]),
-                            None if rb is None else float(rb["max_abs"]), None, None, status))
+            rows.append(Row(kind, key, "max abs error", None if ra is None else ra["max_abs"],
+                            None if rb is None else rb["max_abs"], None, None, status))
             continue
         ma = measurement(ra) if ra is not None else None
         mb = measurement(rb) if rb is not None else None

@@ -324,10 +324,10 @@ def speed_error_points(records: Sequence[Mapping[str, Any]]) -> list[dict[str, A
             ps = par.get((model, r["runner"], r["artifact_precision"]))
             if not ps and is_baseline(r):
                 err = 0.0  # the reference itself
-            elif ps:
+            elif ps and all(p["max_abs"] is not None for p in ps):
                 err = max(p["max_abs"] for p in ps)
             else:
-                continue
+                continue  # no parity, or outputs that could not be compared: no error to plot
             out.append({"model": model, "runner": r["runner"], "artifact_precision": r["artifact_precision"],
                         "batch": batch, "seq": seq, "max_abs": err, "speedup": sp[identity(r)],
                         "passed": all(p["passed"] for p in ps) if ps else True})

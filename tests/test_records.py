@@ -204,3 +204,27 @@ def test_revise_is_a_validated_emitted_copy_of_the_same_measurement():
         revise(r, batch=8)
     with pytest.raises(XDeployError, match="pct_of_peak"):
         revise(r, pct_of_peak="high")
+
+
+def test_outputs_that_could_not_be_compared_are_null_not_zero(tmp_path):
+    """A runner that failed gives a parity record with null metrics (it used to read max_abs 0.0, cosine 0.0: a
+    perfect-looking error next to a failed verdict); the report shows "–" and plots no error for it."""
+    from xdeploy.models.spec import DEFAULT_TOLERANCES
+    from xdeploy.pipeline import parity_records
+    from xdeploy.reports.render import render_report
+    from xdeploy.verify.metrics import Comparison
+    from xdeploy.verify.parity import OutputCheck, ParityReport
+
+    tol = DEFAULT_TOLERANCES["fp32"]
+    ok = Comparison(max_abs=1e-6, max_rel=1e-5, mean_abs=1e-7, cosine=0.9999999, within=1.0, nonfinite=0,
+                    compared=10, passed=True, reason="")
+    why = "runner error: cannot load"
+    checks = (OutputCheck("ort", "fp32", "fp32", "model", "1x4", "out", ok, tol, True, ""),
+              OutputCheck("ov", "fp32", "fp32", "model", "-", "out", Comparison.not_compared(why), tol, False, why))
+    by = {r["runner"]: r for r in parity_records(ParityReport(checks), "m", "tiny")}
+    assert by["ort"]["max_abs"] == 1e-6 and by["ort"]["cosine"] == 0.9999999 and by["ort"]["passed"]
+    assert all(by["ov"][k] is None for k in ("max_abs", "max_rel", "mean_abs", "cosine"))
+    assert not by["ov"]["passed"] and by["ov"]["reason"] == f"case -: {why}"
+    render_report([by["ort"], by["ov"], lat("torch", 2e-3), lat("ort", 1e-3)], tmp_path / "r")
+    md = (tmp_path / "r" / "summary.md").read_text()
+    assert "| m tiny | model | fp32 | ov | out | – | – | – |" in md and "**FAIL** case -: runner error" in md

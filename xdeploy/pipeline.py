@@ -226,10 +226,11 @@ def parity_records(report: Any, model: str, preset: str) -> list[dict[str, Any]]
         out.append(make_record(
             "parity", fp, model=model, preset=preset, graph=graph, runner=runner, artifact_precision=ap,
             output=output, tolerance_precision=cs[0].precision,
-            max_abs=worst([c.comparison.max_abs for c in cs], max) or 0.0,
-            max_rel=worst([c.comparison.max_rel for c in cs], max) or 0.0,
-            mean_abs=worst([c.comparison.mean_abs for c in cs], max) or 0.0,
-            cosine=cos if (cos := worst([c.comparison.cosine for c in cs], min)) is not None else 0.0,
+            # null, not 0.0, where no case could be compared (the runner failed, a shape differed)
+            max_abs=worst([c.comparison.max_abs for c in cs], max),
+            max_rel=worst([c.comparison.max_rel for c in cs], max),
+            mean_abs=worst([c.comparison.mean_abs for c in cs], max),
+            cosine=worst([c.comparison.cosine for c in cs], min),
             nonfinite=int(sum(c.comparison.nonfinite for c in cs)), top1=top1, passed=not failed,
             reason=f"case {failed[0].case}: {failed[0].reason}" if failed else None,
             cases=len(cs), atol=float(cs[0].tolerance.atol), rtol=float(cs[0].tolerance.rtol),
