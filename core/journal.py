@@ -113,10 +113,21 @@ class JournalState:
         return [(p, w) for p, w in self.header.get("plan", [])]
 
     def records(self) -> list[dict[str, Any]]:
-        """The records a report of this journal shows: per step, those of the attempt that counts."""
-        out = list(self.loose_records)
-        for st in self.steps.values():
-            out += st.records
+        """The records a report of this journal shows: per step, those of the attempt that counts, then the
+        records made outside steps; a later record with the identity of an earlier one (a correction made by
+        records.revise, e.g. a % of peak re-judged) replaces it in place."""
+        from xdeploy.core.records import IDENTITY, identity
+
+        out: list[dict[str, Any]] = []
+        where: dict[tuple[Any, ...], int] = {}
+        for rec in [r for st in self.steps.values() for r in st.records] + list(self.loose_records):
+            key = identity(rec) if rec.get("kind") in IDENTITY else None
+            if key is not None and key in where:
+                out[where[key]] = rec
+                continue
+            if key is not None:
+                where[key] = len(out)
+            out.append(rec)
         return out
 
     def finished(self, phase: str, what: str) -> StepState | None:

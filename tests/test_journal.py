@@ -23,11 +23,11 @@ def _write(path):
     w.begin("export", "m fp32")
     w.done("export", "m fp32", {"artifact": "abc"}, 1.0, 0)
     w.begin("parity", "m fp32")
-    w.record({"kind": "parity", "n": 1})
-    w.record({"kind": "parity", "n": 2})
+    w.record({"kind": "test", "n": 1})  # a kind without an identity: every record kept
+    w.record({"kind": "test", "n": 2})
     w.done("parity", "m fp32", {"k": 1}, 0.5, 2)
     w.begin("bench", "m")
-    w.record({"kind": "latency", "n": 3})
+    w.record({"kind": "test", "n": 3})
     w.close()
     return path
 
@@ -53,7 +53,7 @@ def test_torn_last_line_is_dropped_and_resume_appends_cleanly(tmp_path):
     assert before.stop_point() == ("bench", "m")
     w.reused("parity", "m fp32", before.finished("parity", "m fp32").attempt, {"k": 1})
     w.begin("bench", "m")  # the interrupted step is measured again
-    w.record({"kind": "latency", "n": 4})
+    w.record({"kind": "test", "n": 4})
     w.done("bench", "m", {"k": 2}, 2.0, 1)
     w.end(3.0, "out")
     w.close()
@@ -81,3 +81,18 @@ def test_machine_changes_are_named():
     b = machine_identity(FP | {"cpu_model": "Other CPU", "versions": {"torch": "2.14.0"}})
     assert identity_changes(a, b) == ["cpu_model: Test CPU -> Other CPU", "versions.torch: 2.13.0 -> 2.14.0"]
     assert identity_changes(a, machine_identity(FP | {"threads": {"affinity_cpus": 2, "torch_intra_op": 1}})) == []
+
+
+def test_a_correction_replaces_the_record_it_corrects(tmp_path):
+    """records.revise re-emits a record with the same identity (e.g. % of peak re-judged after the steps): the
+    report of the journal shows the correction where the original was."""
+    par = {"kind": "parity", "model": "m", "preset": "p", "graph": "model", "runner": "ort",
+           "artifact_precision": "fp32", "output": "logits"}
+    w = JournalWriter.create(tmp_path / "j.jsonl", **_header())
+    w.begin("parity", "m fp32")
+    w.record(par | {"output": "hidden", "n": 1})
+    w.record(par | {"n": 2})
+    w.done("parity", "m fp32", {}, 0.1, 2)
+    w.record(par | {"n": 3})  # outside any step: the correction
+    w.close()
+    assert [r["n"] for r in read_journal(tmp_path / "j.jsonl").records()] == [1, 3]

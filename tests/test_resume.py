@@ -99,8 +99,12 @@ def test_sigkill_at_seeded_points_then_resume_gives_the_uninterrupted_records(tm
         assert not st.complete and st.missing()
         stop = st.stop_point()
         stops.append(stop)
-        rendered = tmp_path / f"partial{len(stops)}"
-        assert main(["report", "render", str(out / "journal.jsonl"), "--out", str(rendered)]) == 0
+        # the first time in place (the run's own directory: its unfinished journal is the input and is kept for
+        # --resume), later into a directory of their own
+        rendered = out if len(stops) == 1 else tmp_path / f"partial{len(stops)}"
+        src = out if len(stops) == 1 else out / "journal.jsonl"
+        assert main(["report", "render", str(src), "--out", str(rendered)]) == 0
+        assert (out / "journal.jsonl").read_bytes().startswith(b'{"schema": "xdeploy-journal"')
         md = (rendered / "summary.md").read_text()
         assert "**INCOMPLETE**" in md and "--resume" in md
         assert (f"stopped in **{stop[0]}: {stop[1]}**" if stop else "stopped between steps") in md

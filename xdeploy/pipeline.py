@@ -511,9 +511,23 @@ class _Journal:
         if cfg.resume and self.path.exists():
             self.writer, self.prior = JournalWriter.resume(self.path, **header)
         else:
+            replaced = self._unfinished() if self.path.exists() else None
             self.writer = JournalWriter.create(self.path, **header)
             if cfg.resume:
                 self.note(f"--resume: no journal in {cfg.out}; started a new run")
+            if replaced:
+                self.note(f"started over: the journal of an unfinished run ({replaced}) was replaced; "
+                          "--resume would have continued it")
+
+    def _unfinished(self) -> str | None:
+        """Where the run journaled in `out` stopped, if it did not finish (None: finished or unreadable)."""
+        from xdeploy.core.journal import read_journal
+
+        try:
+            st = read_journal(self.path)
+        except XDeployError:
+            return None
+        return None if st.complete else (st.status()["stopped_in"] or "stopped between steps")
 
     def config_json(self) -> dict[str, Any]:
         d = {f.name: getattr(self.cfg, f.name) for f in dataclasses.fields(self.cfg) if f.name != "resume"}
@@ -612,6 +626,39 @@ def _command(cfg: RunConfig) -> str:
             + (" --resume" if cfg.resume else ""))
 
 
+def _run_steps(cfg: RunConfig, prog: _Progress, jr: _Journal, guard: _Guard,
+               attempt: Callable[[str, Callable[[], list[dict[str, Any]]]], None]) -> None:
+    """Every step of the plan, each through the journal (run, or reused by --resume) and the memory guard."""
+    if cfg.runs("roofline"):
+        attempt("roofline", lambda: jr.unit("roofline", "machine peaks", jr.step_key("roofline", None),
+                                            lambda: roofline_records(cfg, prog)))
+    for model in cfg.models:
+        preset = cfg.preset(model)
+        paths = export_all(cfg, model, prog, jr.export)  # nothing runs without the artifacts: errors propagate
+        for prec, path in paths.items():
+            shapes = guard.parity(model, preset, prec, path, paths["fp32"], parity_shapes(cfg))
+            if shapes:
+                attempt(f"parity {model}", lambda: jr.unit(  # noqa: B023
+                    "parity", f"{model} {preset} {prec}", jr.step_key("parity", model, {prec: path}),  # noqa: B023
+                    lambda: parity_all(cfg, model, {prec: path}, prog, shapes)))  # noqa: B023
+        if cfg.runs("bench"):
+            attempt(f"bench {model}", lambda: jr.unit(  # noqa: B023
+                "bench", f"{model} {preset}", jr.step_key("bench", model, paths),  # noqa: B023
+                lambda: bench_all(cfg, model, paths, prog, guard)))  # noqa: B023
+        if _family(model).capabilities.generates and cfg.runs("decode"):
+            new = 16 if cfg.smoke else (128 if cfg.full else 64)
+            if guard.decode(model, preset, paths["fp32"], 8 if cfg.smoke else 32, new) is None:
+                attempt(f"decode {model}", lambda: jr.unit(  # noqa: B023
+                    "decode", f"{model} {preset}", jr.step_key("decode", model, paths),  # noqa: B023
+                    lambda: decode_all(cfg, model, paths, prog)))  # noqa: B023
+    for model in _scale_models(cfg) if cfg.runs("scale") else []:
+        max_t = guard.scale_max_t(model)
+        if max_t is not None:
+            attempt(f"scale {model}", lambda: jr.unit(  # noqa: B023
+                "scale", model, jr.step_key("scale", model) | {"max_t": max_t},  # noqa: B023
+                lambda: scale_all(cfg, model, prog, max_t)))  # noqa: B023
+
+
 # ------------------------------------------------------------------------------------------- the job ----
 
 def run_job(cfg: RunConfig, *, progress: Callable[[str, int], None] | None = None) -> RunResult:
@@ -647,59 +694,37 @@ def run_job(cfg: RunConfig, *, progress: Callable[[str, int], None] | None = Non
         except XDeployError as e:
             errors.append(f"{what}: {e}")
 
+    from xdeploy.core.records import record_sink
+
+    # every record made while the job runs (core/records.py's constructor) is journaled the moment it exists
     try:
-        if cfg.runs("roofline"):
-            attempt("roofline", lambda: jr.unit("roofline", "machine peaks", jr.step_key("roofline", None),
-                                                lambda: roofline_records(cfg, prog)))
-        for model in cfg.models:
-            preset = cfg.preset(model)
-            paths = export_all(cfg, model, prog, jr.export)  # nothing runs without the artifacts: errors propagate
-            for prec, path in paths.items():
-                shapes = guard.parity(model, preset, prec, path, paths["fp32"], parity_shapes(cfg))
-                if shapes:
-                    attempt(f"parity {model}", lambda: jr.unit(  # noqa: B023
-                        "parity", f"{model} {preset} {prec}", jr.step_key("parity", model, {prec: path}),  # noqa: B023
-                        lambda: parity_all(cfg, model, {prec: path}, prog, shapes)))  # noqa: B023
-            if cfg.runs("bench"):
-                attempt(f"bench {model}", lambda: jr.unit(  # noqa: B023
-                    "bench", f"{model} {preset}", jr.step_key("bench", model, paths),  # noqa: B023
-                    lambda: bench_all(cfg, model, paths, prog, guard)))  # noqa: B023
-            if _family(model).capabilities.generates and cfg.runs("decode"):
-                new = 16 if cfg.smoke else (128 if cfg.full else 64)
-                if guard.decode(model, preset, paths["fp32"], 8 if cfg.smoke else 32, new) is None:
-                    attempt(f"decode {model}", lambda: jr.unit(  # noqa: B023
-                        "decode", f"{model} {preset}", jr.step_key("decode", model, paths),  # noqa: B023
-                        lambda: decode_all(cfg, model, paths, prog)))  # noqa: B023
-        for model in _scale_models(cfg) if cfg.runs("scale") else []:
-            max_t = guard.scale_max_t(model)
-            if max_t is not None:
-                attempt(f"scale {model}", lambda: jr.unit(  # noqa: B023
-                    "scale", model, jr.step_key("scale", model) | {"max_t": max_t},  # noqa: B023
-                    lambda: scale_all(cfg, model, prog, max_t)))  # noqa: B023
-    except KeyboardInterrupt:
-        jr.writer.interrupted("SIGINT")
+        with record_sink(jr.sink):
+            try:
+                _run_steps(cfg, prog, jr, guard, attempt)
+            except KeyboardInterrupt:
+                jr.writer.interrupted("SIGINT")
+                raise
+            from xdeploy.bench.roofline import reconcile
+
+            # no record above 100% of its peak: a peak it beats is measured again (corrections journaled too)
+            records = reconcile(records)
+        errors += prog.notes
+        failures = tuple(f"{r['model']} {r.get('preset')} {r['artifact_precision']} {r['runner']} "
+                         f"{r['graph']}/{r['output']}: {r['reason']}" for r in records
+                         if r["kind"] == "parity" and not r["passed"])
+        duration = time.perf_counter() - t0
+        meta = {"title": f"xdeploy run ({'full: base presets' if cfg.full else 'default presets'})",
+                "command": _command(cfg),
+                "presets": ", ".join(f"{m} {cfg.preset(m)}" for m in cfg.models),
+                "precisions": list(cfg.precisions), "runners": ["torch (reference)", *cfg.runners],
+                "duration_s": float(duration), "phase_s": prog.phase_s, "errors": errors,
+                "note": "; ".join(errors) if errors else None, "journal": str(jr.path),
+                "reused_steps": list(jr.reused)}
+        with prog.step("report", str(cfg.out)):
+            out = render_report(records, cfg.out, meta=meta, carry=(jr.path.name,))
+        jr.writer.end(time.perf_counter() - t0, str(out))
+    finally:
         jr.writer.close()
-        raise
-
-    from xdeploy.bench.roofline import reconcile
-
-    records = reconcile(records)  # no record above 100% of its peak: a peak it beats is measured again
-    errors += prog.notes
-    failures = tuple(f"{r['model']} {r.get('preset')} {r['artifact_precision']} {r['runner']} "
-                     f"{r['graph']}/{r['output']}: {r['reason']}" for r in records
-                     if r["kind"] == "parity" and not r["passed"])
-    duration = time.perf_counter() - t0
-    meta = {"title": f"xdeploy run ({'full: base presets' if cfg.full else 'default presets'})",
-            "command": _command(cfg),
-            "presets": ", ".join(f"{m} {cfg.preset(m)}" for m in cfg.models),
-            "precisions": list(cfg.precisions), "runners": ["torch (reference)", *cfg.runners],
-            "duration_s": float(duration), "phase_s": prog.phase_s, "errors": errors,
-            "note": "; ".join(errors) if errors else None, "journal": str(jr.path),
-            "reused_steps": list(jr.reused)}
-    with prog.step("report", str(cfg.out)):
-        out = render_report(records, cfg.out, meta=meta, carry=(jr.path.name,))
-    jr.writer.end(time.perf_counter() - t0, str(out))
-    jr.writer.close()
     return RunResult(out=out, records=tuple(records), parity_failures=failures, phase_s=dict(prog.phase_s),
                      duration_s=time.perf_counter() - t0, errors=tuple(errors), journal=jr.path,
                      reused_steps=tuple(jr.reused))

@@ -37,13 +37,15 @@ def _read_inputs(paths: list[str], meta: dict) -> list[dict]:
     from pathlib import Path
 
     from xdeploy.core.errors import XDeployError
-    from xdeploy.core.journal import is_journal, read_journal
+    from xdeploy.core.journal import JOURNAL_NAME, is_journal, read_journal
     from xdeploy.core.records import read_records
     from xdeploy.reports.render import load_results
 
     records: list[dict] = []
     for path in paths:
         p = Path(path)
+        if p.is_dir() and (p / JOURNAL_NAME).is_file() and not read_journal(p / JOURNAL_NAME).complete:
+            p = p / JOURNAL_NAME  # the run in this directory did not finish: its journal is newer than any report
         if p.is_file() and is_journal(p):
             st = read_journal(p)
             records += st.records()
@@ -76,8 +78,8 @@ def run(args: argparse.Namespace) -> int:
         meta |= {"title": args.title or meta.get("title") or "xdeploy report",
                  "command": "xdeploy report render " + " ".join(args.inputs)}
         # rendering a run's own journal into its own directory keeps the journal there (--resume still works)
-        carry = [JOURNAL_NAME] if any(Path(i).resolve() == (Path(args.out) / JOURNAL_NAME).resolve()
-                                      for i in args.inputs) else []
+        own = {Path(args.out).resolve(), (Path(args.out) / JOURNAL_NAME).resolve()}
+        carry = [JOURNAL_NAME] if any(Path(i).resolve() in own for i in args.inputs) else []
         out = render_report(records, args.out, meta=meta, carry=carry)
         inc = meta.get("incomplete")
         console.print(f"rendered {len(records)} records -> {out}/summary.md"
