@@ -167,3 +167,12 @@ def test_memory_guard_skips_what_does_not_fit_and_the_job_goes_on(uninterrupted)
         assert skips == [("vit tiny batch 4 seq 32", note)]
         assert f"bench vit tiny batch 4 seq 32: {note}" in md
     assert read_journal(out).missing() == [("report", str(out))]  # a skipped step is accounted for
+
+
+def test_a_failed_export_is_journaled_as_failed(tmp_path, capsys):
+    (tmp_path / "file").write_text("not a directory")
+    out = tmp_path / "out"
+    assert main(["run", *ARGS, "--out", str(out), "--artifacts", str(tmp_path / "file" / "art")]) == 2
+    assert "file" in capsys.readouterr().err
+    st = read_journal(out)
+    assert st.steps[("export", "vit tiny fp32")].status == "failed" and st.stop_point() is None

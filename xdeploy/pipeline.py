@@ -616,7 +616,11 @@ class _Journal:
                 self.note(f"export {what}: re-exported ({e})")
         t0 = time.perf_counter()
         self.writer.begin("export", what)
-        path = fn()
+        try:
+            path = fn()
+        except XDeployError as e:
+            self.writer.failed("export", what, str(e))
+            raise
         self.writer.done("export", what, {"artifact": sha256_file(Path(path) / MANIFEST)}, time.perf_counter() - t0, 0)
         return path
 
