@@ -362,6 +362,16 @@ def reconcile(records: list[dict[str, Any]], *, log: Callable[[str], None] | Non
     return out
 
 
+def pct_text(pct: float | None, digits: int = 0) -> str:
+    """'87%', '-' when not measured, and never a figure above 100%: such a record beat a peak that was
+    underestimated (`reconcile` re-measures it; older records may still carry one)."""
+    if pct is None:
+        return "-"
+    if pct > 100.0:
+        return "> peak (peak underestimated)"
+    return f"{pct:.{digits}f}%"
+
+
 def get_roofline(*, refresh: bool = False, quick: bool = False,
                  log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Cached result, or measure and cache it."""

@@ -39,6 +39,7 @@ from xdeploy.core.targets import TARGETS
 from xdeploy.export.cache import cached_artifact
 
 from .memory import MemoryStats, Probe, run_isolated
+from .roofline import pct_text
 
 SEQ_AXES = ("seq", "src_seq")  # token axes: both set to the requested --seq (transformer: source and target)
 
@@ -388,7 +389,7 @@ def bench_artifacts(arts: Sequence[Any], *, runners: Sequence[str], batches: Seq
 
 def row_text(r: Mapping[str, Any]) -> str:
     lat = r["latency_s"]
-    pct = f"{r['pct_of_peak']:.0f}%" if r["pct_of_peak"] is not None else "-"
+    pct = pct_text(r["pct_of_peak"])
     return (f"{r['runner']:>10s} {r['artifact_precision']:>5s} b{r['batch']} s{r['seq'] or '-'}: "
             f"p50 {lat['p50'] * 1e3:.2f} ms p99 {lat['p99'] * 1e3:.2f} ms, "
             f"{r['achieved_flops'] / 1e9:.1f} GFLOP/s ({pct} of peak)")
@@ -425,7 +426,7 @@ def latency_table(records: Sequence[Mapping[str, Any]], *, baseline: str | None 
             r["runner"], prec, str(r["batch"]), str(r["seq"]) if r["seq"] is not None else "-",
             f"{lat['p50'] * 1e3:.2f}", f"{lat['p99'] * 1e3:.2f}", f"{lat['std'] * 1e3:.2f}", str(r["iterations"]),
             f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else f"{r['items_per_s']:.1f}/s",
-            f"{r['achieved_flops'] / 1e9:.1f}", f"{r['pct_of_peak']:.0f}%" if r["pct_of_peak"] is not None else "-",
+            f"{r['achieved_flops'] / 1e9:.1f}", pct_text(r["pct_of_peak"]),
             _speedup_text(sp.get(ident), speedup_interval(r), unst.get(ident)),
             _mib(m["weights_bytes"]), _mib(m["activations_bytes"]),
             {True: "pass", False: "FAIL", None: "-"}[r["parity_passed"]])
@@ -460,7 +461,7 @@ def best_vs_baseline(records: Sequence[Mapping[str, Any]], baseline: str = "torc
 
 
 def best_text(b: Mapping[str, Any]) -> str:
-    pct = "-" if b["pct_of_peak"] is None else f"{b['pct_of_peak']:.0f}%"
+    pct = pct_text(b["pct_of_peak"])
     parity = {True: "parity pass", None: "parity not checked"}.get(b["parity_passed"], "parity FAIL")
     speedup, peak = TARGETS["speedup_vs_eager"], TARGETS["pct_of_gemm_peak"]
     if b["speedup"] is None:

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from xdeploy.bench.roofline import pct_text
 from xdeploy.core.errors import XDeployError
 from xdeploy.core.fsutil import atomic_dir
 from xdeploy.core.journal import JOURNAL_NAME
@@ -433,7 +434,7 @@ def _latency_section(lat: list[Mapping[str, Any]], sp: Mapping[int, float]) -> l
                      _fmt_num(r["items_per_s"], ".4g"), _fmt_rate(r.get("tokens_per_s")),
                      speedup_cell(r, sp, unst) + ("†" if identity(r) in noisy else ""),
                      _fmt_rate(r["achieved_flops"], "FLOP/s"),
-                     _fmt_num(r.get("pct_of_peak"), ".1f") + ("%" if r.get("pct_of_peak") is not None else "")))
+                     pct_text(r.get("pct_of_peak"), 1).replace("-", "–")))
     mem_rows = [(_model_label(r["model"], r.get("preset")), r["graph"], r["runner"], r["artifact_precision"],
                  r["batch"], r.get("seq") or "–", _fmt_bytes(r["memory"]["weights_bytes"]),
                  _fmt_bytes(r["memory"]["load_peak_bytes"]), _fmt_bytes(r["memory"]["activations_bytes"]),

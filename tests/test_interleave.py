@@ -191,3 +191,10 @@ def test_report_shows_unstable_instead_of_a_figure_and_counts_them_at_the_top() 
     assert "unstable (load)" in md.split("## Latency")[1]
     lo, hi = c_ok.speedups["ort fp32"].low, c_ok.speedups["ort fp32"].high
     assert f"{sp[id(recs[1])]:.2f}× ({lo:.2f}–{hi:.2f})" in md
+
+
+def test_percent_of_peak_is_never_shown_above_100() -> None:
+    from xdeploy.bench.roofline import pct_text
+
+    assert pct_text(87.4) == "87%" and pct_text(None) == "-" and pct_text(100.0) == "100%"
+    assert pct_text(132.0) == "> peak (peak underestimated)"  # an older record's 132%: flagged, not printed
