@@ -160,8 +160,8 @@ def test_busy_core_halfway_gives_the_quiet_speedup_or_unstable(tmp_path_factory:
 
 def test_report_shows_unstable_instead_of_a_figure_and_counts_them_at_the_top() -> None:
     from xdeploy.core.fingerprint import fingerprint
-    from xdeploy.core.records import make_record
-    from xdeploy.reports.render import render_summary, speedups, unstable
+    from xdeploy.core.records import identity, make_record, speedups, unstable
+    from xdeploy.reports.render import render_summary
 
     rng = np.random.default_rng(5)
     steady = 0.004 * (1 + rng.normal(0, 0.02, 12))
@@ -184,13 +184,13 @@ def test_report_shows_unstable_instead_of_a_figure_and_counts_them_at_the_top() 
 
     recs = [rec("torch", 1, c_ok), rec("ort", 1, c_ok), rec("torch", 8, c_bad), rec("ort", 8, c_bad)]
     sp, unst = speedups(recs), unstable(recs)
-    assert sp[id(recs[1])] == pytest.approx(c_ok.speedups["ort fp32"].median)  # the paired median, not p50/p50
-    assert id(recs[3]) not in sp and unst[id(recs[3])] == "load"  # no figure for the unstable one
+    assert sp[identity(recs[1])] == pytest.approx(c_ok.speedups["ort fp32"].median)  # paired median, not p50/p50
+    assert identity(recs[3]) not in sp and unst[identity(recs[3])] == "load"  # no figure for the unstable one
     md = render_summary(recs, {"title": "t"}, [])
     assert "**Speed-ups: 1 of 2 configurations unstable (1 load)**" in md
     assert "unstable (load)" in md.split("## Latency")[1]
     lo, hi = c_ok.speedups["ort fp32"].low, c_ok.speedups["ort fp32"].high
-    assert f"{sp[id(recs[1])]:.2f}× ({lo:.2f}–{hi:.2f})" in md
+    assert f"{sp[identity(recs[1])]:.2f}× ({lo:.2f}–{hi:.2f})" in md
 
 
 def test_percent_of_peak_is_never_shown_above_100() -> None:
