@@ -274,9 +274,10 @@ def run_scale(model: str | None = None, *, preset: str | None = None, lowerings:
             raise one_of("lowering", name, LOWERINGS)
     base = get_config(model, preset)
     if family.capabilities.token_axis is None or not hasattr(base, "max_positions"):
-        sweeps = ", ".join(f.name for f in families() if f.config_sweep) or "none"
-        raise XDeployError(f"model {model!r} has no token axis to scale (models with a config sweep, measured "
-                           f"with --vit-patches: {sweeps})")
+        sweep = family.config_sweep
+        raise XDeployError(f"model {model!r} has no token axis to scale: its config fixes the tokens"
+                           + (f" (its {sweep.field} sweep runs beside a model with a token axis: --vit-patches)"
+                              if sweep else ""))
     overrides: dict[str, Any] = {"max_positions": max(max_t, base.max_positions)}
     if layers is not None:
         keys = [k for k in ("n_layers", "n_encoder_layers", "n_decoder_layers") if hasattr(base, k)]
