@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install demo test lint clean cpp serve-env gpu-env gpu-check
+.PHONY: install demo test lint clean cpp serve-env gpu-env gpu-check peers peers-env
 
 # torch==2.13.0 is pinned (constraints.txt): it is the CPU wheel; an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml constraints.txt
@@ -75,6 +75,26 @@ gpu-env: $(GPU_STAMP)
 
 gpu-check: gpu-env
 	$(GPU_PY) -m xdeploy.studies.gpu_check --out reports/gpu
+
+# Peers environment (.venv-peers) and study: xdeploy against Hugging Face Optimum (optimum-onnx, optimum-intel) on
+# the same checkpoints, timed interleaved in one process (studies/peers.py). Optimum pins transformers<4.58, so it
+# gets its own env, fully pinned in requirements-peers.txt (same torch, onnxruntime and openvino as .venv);
+# xdeploy is installed on top with --no-deps. `make peers` writes reports/peers/ (records + rendered table);
+# PEERS_ARGS=--quick for the tiny version, e.g. PEERS_ARGS="--workloads bert-base-b1,minilm-sentences".
+PEERS_VENV  ?= .venv-peers
+PEERS_STAMP := $(PEERS_VENV)/.installed-stamp
+$(PEERS_STAMP): requirements-peers.txt pyproject.toml
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install -q --upgrade pip
+	$(PEERS_VENV)/bin/python -m pip install -q -r requirements-peers.txt
+	$(PEERS_VENV)/bin/python -m pip install -q --no-deps -e .
+	$(PEERS_VENV)/bin/python -m pip check
+	touch $(PEERS_STAMP)
+
+peers-env: $(PEERS_STAMP)
+
+peers: peers-env
+	$(PEERS_VENV)/bin/python -m xdeploy.studies.peers --out reports/peers $(PEERS_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

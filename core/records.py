@@ -84,6 +84,21 @@ KINDS: dict[str, dict[str, tuple[str, bool]]] = {
         "timed_s": (_NUM, False), "requests_per_s": (_NUM, False), "sentences_per_s": (_NUM, False),
         "latency_s": (_OBJ, False),  # per request, of successful requests (of errors if none succeeded)
     },
+    "peers": {  # studies/peers.py: one system on one workload, timed interleaved with every other system
+        "workload": (_STR, False), "model": (_STR, False), "task": (_STR, False),
+        "batch": (_INT, False), "seq": (_INT, True), "items": (_INT, False),  # items per timed call
+        "system": (_STR, False),  # "pytorch" | "xdeploy" | "optimum-onnx" | "optimum-intel"
+        "config": (_STR, False), "runtime": (_STR, False), "precision": (_STR, False),  # compute precision
+        "threads": (_INT, False), "latency_s": (_OBJ, False),  # per timed call
+        "rate": (_NUM, False), "rate_unit": (_STR, False),  # items / median round time
+        "max_abs_err": (_NUM, False), "min_cosine": (_NUM, False),  # vs the PyTorch reference, per row
+        "accuracy_ok": (_BOOL, False),  # min_cosine >= the precision's floor (studies/peers.MIN_COSINE)
+        # xdeploy rows: paired speed-up over the fastest Optimum row of the same precision
+        # {peer, median, low, high, stable}; null for other systems or without a peer of that precision
+        "vs_peer": (_OBJ, True),
+        "stability": (_OBJ, False),  # bench/interleave.py Comparison.stability (vs the pytorch row)
+        "versions": (_OBJ, False),
+    },
     "profile": {  # onnxruntime profiler: kernel time per op type at one T (xdeploy scale)
         "model": (_STR, False), "runner": (_STR, False), "lowering": (_STR, False), "T": (_INT, False),
         "batch": (_INT, False),
@@ -126,6 +141,7 @@ IDENTITY: dict[str, tuple[str, ...]] = {
     "profile": ("model", "runner", "lowering", "T", "batch"),
     "parity": ("model", "preset", "graph", "runner", "artifact_precision", "output"),
     "decode": ("model", "preset", "runner", "artifact_precision", "mode", "batch", "prompt_len", "new_tokens"),
+    "peers": ("workload", "system", "config", "batch", "seq", "threads"),
 }
 # Fields added after version 1 was written: older records may lack them (read as null); new ones must have them.
 ADDED: dict[str, frozenset[str]] = {"latency": frozenset({"stability"}), "decode": frozenset({"threads", "stability"})}

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from xdeploy.bench.interleave import speedup_text
 from xdeploy.bench.roofline import pct_text
 from xdeploy.core.errors import XDeployError
 from xdeploy.core.fsutil import atomic_dir
@@ -54,7 +55,7 @@ REPORT_VERSION = 1
 PLOTS = ("latency_vs_T.png", "memory_vs_T.png", "throughput_vs_batch.png", "decode_latency_vs_context.png",
          "speed_vs_error.png")
 # Kinds with a section of their own in summary.md; records of the other kinds are listed under "Other records".
-SECTIONS = ("parity", "latency", "roofline", "decode", "scale", "profile")
+SECTIONS = ("parity", "latency", "roofline", "decode", "scale", "profile", "peers")
 
 
 # ------------------------------------------------------------------------------------------ records ----
@@ -562,6 +563,49 @@ def _decode_speedup(r: Mapping[str, Any]) -> str:
     return f"{sp['median']:.2f}× ({sp['low']:.2f}–{sp['high']:.2f})"
 
 
+def _vs_peer_cell(r: Mapping[str, Any]) -> str:
+    """xdeploy vs the fastest Optimum row of its precision: '1.07x (1.02-1.11) vs optimum-intel ov bf16', or
+    'unstable' instead of a figure; '–' for rows that are not xdeploy's or have no peer of that precision."""
+    v = r.get("vs_peer")
+    if not v:
+        return "–"
+    if not v["stable"]:
+        return f"unstable ({r['stability'].get('cause') or 'noise'}) vs {v['peer']}"
+    return f"{v['median']:.2f}x ({v['low']:.2f}-{v['high']:.2f}) vs {v['peer']}"
+
+
+def _peers_section(peers: list[Mapping[str, Any]]) -> list[str]:
+    """The peers table (studies/peers.py): per workload every system, its speed, accuracy and verdicts."""
+    if not peers:
+        return []
+    out = ["## Peers: xdeploy vs Hugging Face Optimum", "",
+           "Every system of a workload timed in the same interleaved rounds (same threads); accuracy against the "
+           "same PyTorch reference (min cosine per row). `x pytorch` = paired speed-up over eager PyTorch; "
+           "`vs fastest Optimum` = an xdeploy row's paired speed-up over the fastest Optimum row of the same "
+           "precision (>1: xdeploy faster), 95% interval in brackets; *unstable* rows are not results.", ""]
+    for (wl,), rs in _by(peers, "workload").items():
+        r0 = rs[0]
+        shape = f"batch {r0['batch']}" + (f", seq {r0['seq']}" if r0.get("seq") else "") + \
+            (f", {r0['items']} sentences per call" if r0["rate_unit"] == "sentences/s" else "")
+        load = r0["stability"].get("load") or {}
+        other = load.get("other_cores")
+        out += [f"### {wl}", "", f"{shape}; {r0['threads']} threads; load average {load.get('loadavg_1m', 0):.1f}, "
+                f"other processes {other:.1f} cores meanwhile" if other is not None else f"{shape}", ""]
+        rows = []
+        order = {"pytorch": 0, "xdeploy": 1}
+        for r in sorted(rs, key=lambda r: (r["precision"], order.get(r["system"], 2), r["latency_s"]["p50"])):
+            st = r["stability"]
+            speed = _fmt_s(r["latency_s"]["p50"]) if r["rate_unit"] != "sentences/s" else \
+                f"{r['rate']:.0f} sent/s"
+            rows.append((r["precision"], r["system"], r["config"], speed + ("" if st["stable"] else " *unstable*"),
+                         f"{st['rel_iqr']:.0%}", speedup_text(st) if st.get("speedup") else "1x (reference)",
+                         _fmt_num(r["max_abs_err"]), _fmt_num(r["min_cosine"], ".6f"),
+                         "ok" if r["accuracy_ok"] else "**below floor**", _vs_peer_cell(r)))
+        out += [markdown_table(("precision", "system", "config", "p50 / rate", "round IQR", "x pytorch", "max abs err",
+                        "min cosine", "accuracy", "vs fastest Optimum"), rows), ""]
+    return out
+
+
 def _other_section(other: list[Mapping[str, Any]]) -> list[str]:
     if not other:
         return []
@@ -629,6 +673,7 @@ def render_summary(records: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]
     lines += _roofline_section(get("roofline"))
     lines += _decode_section(get("decode"))
     lines += _scale_section(get("scale"), get("profile"))
+    lines += _peers_section(get("peers"))
     lines += _other_section([r for r in records if r.get("kind") not in SECTIONS])
     if plots:
         lines += ["## Plots", ""]

