@@ -116,3 +116,28 @@ def summary(fp: dict[str, Any]) -> str:
     v = fp.get("versions", {})
     libs = " ".join(f"{k} {v[k]}" for k in ("torch", "onnxruntime", "openvino") if k in v)
     return f"{fp.get('cpu_model')}, {fp.get('threads', {}).get('affinity_cpus')} CPUs, {' '.join(isa)}; {libs}"
+
+
+_VENDORS = {"GenuineIntel": "Intel", "AuthenticAMD": "AMD"}
+
+
+def machine_class(fp: dict[str, Any]) -> str:
+    """The machine class a figure belongs to: vendor, model and the matrix ISA that decides which engine wins, e.g.
+    'Intel: Intel(R) Xeon(R) Processor (family 6, model 143); AMX bf16 int8; AVX-512 bf16 vnni fp16; 2 CPUs'.
+    Speed-ups measured on one class do not carry over to another (MKL makes eager PyTorch strong on Intel;
+    bf16 runs on AMX tiles or on AVX-512 BF16), so every published ratio names its class."""
+    isa = set(fp.get("isa", []))
+    amx = [f.removeprefix("amx_") for f in ("amx_bf16", "amx_int8", "amx_fp16") if f in isa]
+    avx512 = [f.removeprefix("avx512_") for f in ("avx512_bf16", "avx512_vnni", "avx512_fp16") if f in isa]
+    parts = [f"AMX {' '.join(amx)}"] if amx else []
+    if "avx512f" in isa:
+        parts.append("AVX-512" + (f" {' '.join(avx512)}" if avx512 else ""))
+    elif "avx2" in isa:
+        parts.append("AVX2" + (" + AVX-VNNI" if "avx_vnni" in isa else ""))
+    vendor = fp.get("cpu_vendor") or ""
+    where = ", ".join(f"{k} {v}" for k, v in (("family", fp.get("cpu_family")), ("model", fp.get("cpu_model_id")))
+                      if v not in (None, ""))
+    cpus = fp.get("threads", {}).get("affinity_cpus") or fp.get("logical_cpus")
+    name = f"{_VENDORS.get(vendor, vendor or 'unknown vendor')}: {fp.get('cpu_model')}"
+    return (name + (f" ({where})" if where else "") + f"; {'; '.join(parts) or 'no AVX-512 or AMX'}"
+            + (f"; {cpus} CPUs" if cpus else ""))

@@ -35,6 +35,7 @@ import numpy as np
 from xdeploy.bench.interleave import speedup_text
 from xdeploy.bench.roofline import pct_text
 from xdeploy.core.errors import XDeployError
+from xdeploy.core.fingerprint import machine_class
 from xdeploy.core.fsutil import atomic_dir
 from xdeploy.core.journal import JOURNAL_NAME
 from xdeploy.core.records import (
@@ -381,7 +382,7 @@ def _machine_section(fp: Mapping[str, Any] | None) -> list[str]:
     if not fp:
         return ["## Machine", "", "No fingerprint was recorded.", ""]
     th = fp.get("threads", {})
-    lines = ["## Machine", "",
+    lines = ["## Machine", "", f"- machine class: {machine_class(fp)} — every figure in this report is for this class",
              f"- CPU: {fp.get('cpu_model')} ({fp.get('arch', '?')}), {th.get('affinity_cpus', '?')} usable of "
              f"{fp.get('logical_cpus', '?')} logical CPUs" + (f"; GPU: {fp['gpu']}" if fp.get("gpu") else "; no GPU"),
              f"- ISA: {' '.join(fp.get('isa', [])) or '–'}",

@@ -96,12 +96,16 @@ def run(args: argparse.Namespace) -> int:
 def _print_summary(console: Console, result: RunResult) -> None:
     from rich.table import Table
 
+    from xdeploy.core.fingerprint import fingerprint, machine_class
     from xdeploy.core.records import best, config_key, identity, speedups, unstable
     from xdeploy.reports.render import _fmt_s, speedup_cell, stability_summary
 
     recs = list(result.records)
     par = [r for r in recs if r["kind"] == "parity"]
     sp, unst = speedups(recs), unstable(recs)
+    fp = next((r["fingerprint"] for r in recs if isinstance(r.get("fingerprint"), dict)), None) or fingerprint()
+    console.print(f"[bold]machine class:[/] {machine_class(fp)} (every figure below is for this class)",
+                  soft_wrap=True)
     t = Table(title="xdeploy run: best runner per model (speedup vs PyTorch eager fp32, same batch and seq: "
                     "median of paired interleaved rounds, 95% interval)")
     for col in ("model", "batch", "seq", "best", "p50", "speedup", "parity"):
