@@ -292,7 +292,9 @@ def bench_artifacts(arts: Sequence[Any], *, runners: Sequence[str], batches: Seq
                     seqs: Sequence[int] = (128,), threads: int = 0, warmup: int = 3, min_iters: int = 8,
                     max_iters: int = 40, max_seconds: float = 5.0, isolate: bool = True, parity: bool = False,
                     peaks: Mapping[str, float] | None = None, baseline: str = "torch", attempts: int = 2,
-                    log: Callable[[str], None] | None = None, failures: list[str] | None = None
+                    log: Callable[[str], None] | None = None, failures: list[str] | None = None,
+                    measured: Callable[[Mapping[str, int]], list[dict[str, Any]] | None] | None = None,
+                    compared: Callable[[Mapping[str, int], list[dict[str, Any]], list[str]], None] | None = None
                     ) -> list[dict[str, Any]]:
     """Interleaved benchmark of every runner on every artifact (same model), per (batch, seq); returns
     validated latency records.
@@ -305,7 +307,11 @@ def bench_artifacts(arts: Sequence[Any], *, runners: Sequence[str], batches: Seq
     start (measured). With `isolate`, each (runner, artifact) also gets a memory child (a few calls). With
     `parity`, each runner's outputs are checked against PyTorch fp32 on the same feeds with the tolerance of
     its precision (`parity_passed`). A runner that fails (runtime error, child crash) is appended to
-    `failures` and skipped; all failing raises XDeployError."""
+    `failures` and skipped; all failing raises XDeployError.
+
+    Per comparison (its axis sizes): `measured(sizes)` may return the records of that comparison already
+    measured (a resumed run: they are used as they are), and `compared(sizes, records, failures)` is told what
+    each comparison measured and which of its parts failed (a journal records it as one unit)."""
     from .interleave import free_cores
     from .roofline import load_peaks
 
@@ -340,6 +346,11 @@ def bench_artifacts(arts: Sequence[Any], *, runners: Sequence[str], batches: Seq
             cands += [(spec, art) for spec in runners if not (spec.partition(":")[0] == "torch" and i > 0)]
         if not cands:
             continue
+        before = measured(sizes) if measured else None
+        if before is not None:  # measured by an earlier attempt (a comparison is self-contained: paired rounds)
+            records += before
+            continue
+        n_rec, n_fail = len(records), len(failures)
         names = [f"{spec} {art.precision}" for spec, art in cands]
         base = next((n for n, (spec, _) in zip(names, cands) if spec == baseline), None)
         cjob = CompareJob(candidates=tuple((n, spec, str(art.path)) for n, (spec, art) in zip(names, cands)),
@@ -350,6 +361,8 @@ def bench_artifacts(arts: Sequence[Any], *, runners: Sequence[str], batches: Seq
             cres = run_isolated(compare_child, cjob)[0] if isolate else compare_child(Probe(), cjob)
         except (XDeployError, RuntimeError) as e:
             fail(f"comparison at {sizes}", e)
+            if compared:
+                compared(sizes, [], failures[n_fail:])
             continue
         for name, (spec, art) in zip(names, cands):
             what = f"{spec} on {art.precision} {sizes}"
@@ -382,6 +395,8 @@ def bench_artifacts(arts: Sequence[Any], *, runners: Sequence[str], batches: Seq
             records.append(rec)
             if log:
                 log(row_text(rec))
+        if compared:
+            compared(sizes, records[n_rec:], failures[n_fail:])
     if failures and not records:
         raise XDeployError(f"every benchmark configuration failed; first: {failures[0]}")
     return records

@@ -10,6 +10,8 @@ line (a crash can tear only the last line; the reader drops a torn tail and says
     {"event": "done",   "phase": "bench", "what": "vit tiny", "attempt": 7, "key": {...}, "seconds": 12.9}
     {"event": "reused", "phase": ..., "what": ..., "from": 7, "key": {...}}      (--resume: already measured)
     {"event": "failed", "phase": ..., "what": ..., "attempt": 9, "error": "..."}
+    {"event": "part",   "phase": "bench", "what": "vit tiny", "part": "batch 4", "attempt": 7, "status": "done",
+     "key": {...}, "ids": [[...record identity...], ...], "errors": []}   one unit of a step (a bench comparison)
     {"event": "skip",   "phase": ..., "what": ..., "note": "skipped: needs ≈3.1 GiB, 2.0 GiB available"}
     {"event": "note",   "text": "bench vit tiny: re-measured (machine changed: cpu_model ...)"}
     {"event": "resume", ...same fields as start...}                   (--resume: a new segment begins)
@@ -18,7 +20,9 @@ line (a crash can tear only the last line; the reader drops a torn tail and says
 An attempt is identified by the line number of its "begin" event. The records of a step are those of its
 latest finished attempt ("done", or the attempt a "reused" event points at); a step that never finished
 contributes the records its latest attempt got to (an incomplete report shows them, --resume measures the
-step again). `read_journal` returns that view; `JournalWriter` appends.
+step again, reusing the parts of its latest attempt that are "done" with the same key: their records, named by
+identity in the part event). A "failed" part (e.g. its isolated child was killed) is named in the notes.
+`read_journal` returns that view; `JournalWriter` appends.
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ from xdeploy.core.fsutil import atomic_write_text
 SCHEMA = "xdeploy-journal"
 VERSION = 1
 JOURNAL_NAME = "journal.jsonl"
-EVENTS = ("start", "resume", "begin", "record", "done", "reused", "failed", "skip", "note", "interrupted", "end")
+EVENTS = ("start", "resume", "begin", "record", "part", "done", "reused", "failed", "skip", "note", "interrupted",
+          "end")
 # The parts of the fingerprint that decide whether a measurement still stands (not the per-call thread state)
 MACHINE_FIELDS = ("cpu_model", "cpu_vendor", "cpu_family", "cpu_model_id", "arch", "logical_cpus", "isa",
                   "memory_bytes", "os", "python", "versions", "gpu")
@@ -93,6 +98,18 @@ class StepState:
     key: dict[str, Any] | None = None
     note: str | None = None
     records: list[dict[str, Any]] = field(default_factory=list)
+    parts: dict[str, dict[str, Any]] = field(default_factory=dict)  # part -> its latest "part" event (this attempt)
+
+    def part_records(self, part: str, key: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+        """The records of a part this attempt finished ("done") under `key`; None when it must be measured."""
+        from xdeploy.core.records import identity
+
+        ev = self.parts.get(part)
+        if ev is None or ev.get("status") != "done" or ev.get("key") != dict(key):
+            return None
+        ids = [tuple(i) for i in ev.get("ids", [])]
+        found = {identity(r): r for r in self.records if identity(r) in ids}
+        return [found[i] for i in ids] if len(found) == len(ids) else None
 
 
 @dataclass(frozen=True)
@@ -214,6 +231,7 @@ def read_journal(path: str | os.PathLike[str]) -> JournalState:
     events, torn, _ = _parse_lines(path)
     steps: dict[tuple[str, str], StepState] = {}
     by_attempt: dict[int, list[dict[str, Any]]] = {}
+    parts: dict[int, dict[str, dict[str, Any]]] = {}  # attempt -> part -> its "part" event
     attempt_step: dict[int, tuple[str, str]] = {}
     loose: list[dict[str, Any]] = []
     notes: list[str] = []
@@ -225,11 +243,16 @@ def read_journal(path: str | os.PathLike[str]) -> JournalState:
             complete, interrupted = False, None
         elif kind == "begin":
             by_attempt[ev["attempt"]] = []
+            parts[ev["attempt"]] = {}
             attempt_step[ev["attempt"]] = k  # type: ignore[assignment]
             prev = steps.get(k)  # type: ignore[arg-type]
             if prev is None or prev.status not in ("done", "reused"):  # a finished attempt counts until replaced
                 steps[k] = StepState(*k, status="running", attempt=ev["attempt"],  # type: ignore[arg-type]
-                                     records=by_attempt[ev["attempt"]])
+                                     records=by_attempt[ev["attempt"]], parts=parts[ev["attempt"]])
+        elif kind == "part":
+            parts.setdefault(ev.get("attempt"), {})[str(ev.get("part"))] = ev  # type: ignore[arg-type]
+            if ev.get("status") == "failed":
+                notes += [f"{k[0]} {k[1]} {ev.get('part')}: failed: {e}" for e in ev.get("errors") or ["?"]]
         elif kind == "record":
             rec = ev.get("record")
             if not isinstance(rec, dict):
@@ -240,7 +263,7 @@ def read_journal(path: str | os.PathLike[str]) -> JournalState:
             a = ev.get("attempt")
             steps.pop(k, None)  # type: ignore[arg-type]
             steps[k] = StepState(*k, status=kind, attempt=a, key=ev.get("key"),  # type: ignore[arg-type]
-                                 note=ev.get("error"), records=by_attempt.get(a, []))
+                                 note=ev.get("error"), records=by_attempt.get(a, []), parts=parts.get(a, {}))
         elif kind == "reused":
             src = ev.get("from")
             steps.pop(k, None)  # type: ignore[arg-type]
@@ -345,6 +368,15 @@ class JournalWriter:
         self.event({"event": "done", "phase": phase, "what": what, "attempt": self.attempt, "key": dict(key),
                     "seconds": seconds, "records": n_records, "time": now()})
         self.attempt = None
+
+    def part(self, phase: str, what: str, part: str, key: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
+             errors: Sequence[str] = ()) -> None:
+        """One unit of the current step finished: "done" (its records, by identity) or "failed" (errors)."""
+        from xdeploy.core.records import identity
+
+        self.event({"event": "part", "phase": phase, "what": what, "part": part, "attempt": self.attempt,
+                    "status": "failed" if errors else "done", "key": dict(key),
+                    "ids": [list(identity(r)) for r in records], "errors": list(errors), "time": now()})
 
     def failed(self, phase: str, what: str, error: str) -> None:
         self.event({"event": "failed", "phase": phase, "what": what, "attempt": self.attempt, "error": error,

@@ -4,6 +4,7 @@ has; the memory guard skips a configuration that would not fit and the job still
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -11,9 +12,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from xdeploy.bench.memory import skip_note
@@ -176,3 +179,46 @@ def test_a_failed_export_is_journaled_as_failed(tmp_path, capsys):
     assert "file" in capsys.readouterr().err
     st = read_journal(out)
     assert st.steps[("export", "vit tiny fp32")].status == "failed" and st.stop_point() is None
+
+
+def _kill_first_bench_child(stop: threading.Event, killed: list[int]) -> None:
+    """SIGKILL the first isolated benchmark child (`python -m xdeploy.bench.memory`) of this process, as the
+    kernel's OOM killer would: the child really dies, nothing in the code under test is replaced."""
+    me = psutil.Process()
+    while not stop.is_set() and not killed:
+        for c in me.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if "xdeploy.bench.memory" in c.cmdline():
+                    c.send_signal(signal.SIGKILL)
+                    killed.append(c.pid)
+                    break
+        time.sleep(0.005)
+
+
+def test_a_bench_child_that_dies_is_recorded_as_failed_and_the_job_goes_on(tmp_path):
+    out = tmp_path / "out"
+    stop, killed = threading.Event(), []
+    watcher = threading.Thread(target=_kill_first_bench_child, args=(stop, killed), daemon=True)
+    watcher.start()
+    try:
+        rc = main(["run", *ARGS, "--out", str(out), "--artifacts", str(tmp_path / "art")])
+    finally:
+        stop.set()
+        watcher.join()
+    assert killed, "no benchmark child was seen"
+    assert rc == 0
+    # the first child is the batch-1 comparison (every runner timed interleaved): it is failed, batch 4 measured
+    res = load_results(out)
+    lat = sorted((r["runner"], r["batch"]) for r in res["records"] if r["kind"] == "latency")
+    assert lat == [("ort", 4), ("torch", 4)]
+    assert [r["passed"] for r in res["records"] if r["kind"] == "parity"] == [True]
+    st = read_journal(out)
+    parts = [(e["part"], e["status"], e["errors"]) for e in st.events if e["event"] == "part"]
+    assert [p[:2] for p in parts] == [("batch 1", "failed"), ("batch 4", "done")]
+    assert "isolated benchmark process died (exit code -9" in parts[0][2][0]
+    assert st.steps[("bench", "vit tiny")].status == "done" and st.complete
+    md = (out / "summary.md").read_text()
+    failed = md.split("## Skipped or failed", 1)[1].split("\n## ", 1)[0]
+    assert "bench vit tiny: failed: comparison at {'batch': 1}: isolated benchmark process died (exit code -9" in failed
+    # the journal alone says so too (report render of the journal)
+    assert any(n.startswith("bench vit tiny batch 1: failed: comparison at") for n in st.notes)

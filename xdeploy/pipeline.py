@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -263,10 +263,12 @@ def parity_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progre
 
 
 def bench_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progress,
-              guard: _Guard | None = None) -> list[dict[str, Any]]:
+              guard: _Guard | None = None, parts: _Parts | None = None) -> list[dict[str, Any]]:
     """Latency, throughput and peak memory via bench/suite.py: per (batch, seq), PyTorch eager (the fp32
     reference weights) and every candidate runner on every artifact precision timed interleaved in one child
-    (paired speed-ups, stability verdicts), plus one isolated memory child per (runner, precision)."""
+    (paired speed-ups, stability verdicts), plus one isolated memory child per (runner, precision). With
+    `parts` (the journal), each comparison is journaled as a unit when it ends (done, or failed: a child that
+    died), and one an interrupted attempt finished is taken from the journal instead of measured again."""
     from xdeploy.bench.suite import bench_artifacts
     from xdeploy.export.artifact import load_artifact
 
@@ -286,7 +288,8 @@ def bench_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progres
     with prog.step("bench", f"{model} {preset}"):
         arts = [load_artifact(paths[p]) for p in cfg.precisions]  # fp32 first: torch runs with it
         recs = bench_artifacts(arts, runners=["torch", *cfg.runners], batches=batches, seqs=seqs,
-                               threads=cfg.threads, failures=failures, **timing)
+                               threads=cfg.threads, failures=failures, **timing,
+                               measured=None, compared=parts.compared if parts else None)
     prog.notes += [f"bench {model} {preset}: failed: {f}" for f in failures]
     return recs
 
@@ -625,6 +628,40 @@ class _Journal:
         return path
 
 
+    def parts(self, phase: str, what: str, key: dict[str, Any]) -> _Parts:
+        """The units of a step now running (bench: its comparisons), with what the resumed journal has of them."""
+        return _Parts(self, phase, what, key, self.prior.steps.get((phase, what)) if self.prior else None)
+
+
+class _Parts:
+    """The units of one step (bench: one interleaved comparison per batch/seq), each journaled as a "part" event
+    when it ends. With --resume, a part the interrupted attempt finished under the same key (the step's key and
+    the part's sizes) is taken from the journal: its records are journaled again in this attempt (so a second
+    kill keeps them) and it is not measured again. A part with a failure is measured again."""
+
+    def __init__(self, jr: _Journal, phase: str, what: str, key: dict[str, Any], prior: Any) -> None:
+        self.jr, self.phase, self.what, self.key, self.prior = jr, phase, what, key, prior
+
+    def _part(self, sizes: Mapping[str, int]) -> tuple[str, dict[str, Any]]:
+        return " ".join(f"{k} {v}" for k, v in sizes.items()), self.key | {"part": dict(sizes)}
+
+    def measured(self, sizes: Mapping[str, int]) -> list[dict[str, Any]] | None:
+        name, key = self._part(sizes)
+        recs = self.prior.part_records(name, key) if self.prior is not None else None
+        if recs is None:
+            return None
+        for r in recs:
+            self.jr.sink(r)
+        self.jr.writer.part(self.phase, self.what, name, key, recs)
+        self.jr.reused.append(f"{self.phase}: {self.what} {name}")
+        self.jr.prog.callback(f"{self.phase}: {self.what} {name} (journal)", 0)
+        return recs
+
+    def compared(self, sizes: Mapping[str, int], recs: list[dict[str, Any]], errors: list[str]) -> None:
+        name, key = self._part(sizes)
+        self.jr.writer.part(self.phase, self.what, name, key, recs, errors)
+
+
 def _command(cfg: RunConfig) -> str:
     return ("xdeploy run" + (" --full" if cfg.full else "") + (" --smoke" if cfg.smoke else "")
             + (" --resume" if cfg.resume else ""))
@@ -646,9 +683,11 @@ def _run_steps(cfg: RunConfig, prog: _Progress, jr: _Journal, guard: _Guard,
                     "parity", f"{model} {preset} {prec}", jr.step_key("parity", model, {prec: path}),  # noqa: B023
                     lambda: parity_all(cfg, model, {prec: path}, prog, shapes)))  # noqa: B023
         if cfg.runs("bench"):
+            bkey = jr.step_key("bench", model, paths)
             attempt(f"bench {model}", lambda: jr.unit(  # noqa: B023
-                "bench", f"{model} {preset}", jr.step_key("bench", model, paths),  # noqa: B023
-                lambda: bench_all(cfg, model, paths, prog, guard)))  # noqa: B023
+                "bench", f"{model} {preset}", bkey,  # noqa: B023
+                lambda: bench_all(cfg, model, paths, prog, guard,  # noqa: B023
+                                  jr.parts("bench", f"{model} {preset}", bkey))))  # noqa: B023
         if _family(model).capabilities.generates and cfg.runs("decode"):
             new = 16 if cfg.smoke else (128 if cfg.full else 64)
             if guard.decode(model, preset, paths["fp32"], 8 if cfg.smoke else 32, new) is None:
