@@ -268,7 +268,7 @@ def read_journal(path: str | os.PathLike[str]) -> JournalState:
             src = ev.get("from")
             steps.pop(k, None)  # type: ignore[arg-type]
             steps[k] = StepState(*k, status="reused", attempt=src, key=ev.get("key"),  # type: ignore[arg-type]
-                                 records=by_attempt.get(src, []))
+                                 records=by_attempt.get(src, []), parts=parts.get(src, {}))
         elif kind == "skip":
             notes.append(f"{k[0]} {k[1]}: {ev.get('note')}")
             if k not in steps:

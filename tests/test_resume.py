@@ -222,3 +222,63 @@ def test_a_bench_child_that_dies_is_recorded_as_failed_and_the_job_goes_on(tmp_p
     assert "bench vit tiny: failed: comparison at {'batch': 1}: isolated benchmark process died (exit code -9" in failed
     # the journal alone says so too (report render of the journal)
     assert any(n.startswith("bench vit tiny batch 1: failed: comparison at") for n in st.notes)
+    # --resume reuses the finished bench step whole and its report still names the failure
+    assert main(["run", *ARGS, "--out", str(out), "--artifacts", str(tmp_path / "art"), "--resume"]) == 0
+    assert "bench: vit tiny" in load_results(out)["meta"]["reused_steps"]
+    assert "bench vit tiny: failed: comparison at {'batch': 1}: isolated benchmark process died (exit code -9" in \
+        (out / "summary.md").read_text().split("## Skipped or failed", 1)[1].split("\n## ", 1)[0]
+
+
+def _done_parts(journal: Path) -> int:
+    if not journal.exists():
+        return 0
+    return sum(b'"event":"part"' in x and b'"status":"done"' in x for x in journal.read_bytes().splitlines())
+
+
+def _run_until_parts(out: Path, art: Path, new_parts: int) -> int:
+    """`xdeploy run --resume` in a child, SIGKILLed once its journal has `new_parts` more finished bench parts."""
+    journal = out / "journal.jsonl"
+    before = _done_parts(journal)
+    child = subprocess.Popen([sys.executable, "-m", "xdeploy.cli", "run", *ARGS, "--out", str(out),
+                              "--artifacts", str(art), "--resume"], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while child.poll() is None and time.monotonic() < deadline:
+        if _done_parts(journal) - before >= new_parts:
+            os.kill(child.pid, signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    if child.poll() is None and time.monotonic() >= deadline:
+        child.kill()
+    return child.wait()
+
+
+def test_resume_inside_bench_reuses_the_comparisons_already_journaled(tmp_path):
+    """Killed inside the bench step after its batch-1 comparison: --resume takes that comparison's records from
+    the journal (the very records, not a new measurement) and measures only batch 4; a second kill right after
+    the reuse loses nothing either."""
+    out, art = tmp_path / "out", tmp_path / "art"
+    assert _run_until_parts(out, art, 1) == -signal.SIGKILL  # killed inside bench, after the batch-1 comparison
+    st = read_journal(out)
+    bench = st.steps[("bench", "vit tiny")]
+    assert bench.status == "running" and list(bench.parts) == ["batch 1"]
+    first = {json.dumps(identity(r)): r for r in bench.records}
+    assert sorted((r["runner"], r["batch"]) for r in first.values()) == [("ort", 1), ("torch", 1)]
+    # a second attempt, killed as soon as it has journaled the reused comparison (before batch 4 is measured)
+    assert _run_until_parts(out, art, 1) == -signal.SIGKILL
+    bench2 = read_journal(out).steps[("bench", "vit tiny")]
+    assert bench2.attempt != bench.attempt and list(bench2.parts) == ["batch 1"]
+    assert {json.dumps(identity(r)): r for r in bench2.records} == first
+    assert _run_until_parts(out, art, 10**9) == 0  # resume to the end
+    final = load_results(out)
+    lat = [r for r in final["records"] if r["kind"] == "latency"]
+    assert sorted((r["runner"], r["batch"]) for r in lat) == [("ort", 1), ("ort", 4), ("torch", 1), ("torch", 4)]
+    assert [r["passed"] for r in final["records"] if r["kind"] == "parity"] == [True]
+    assert len(_ids(final["records"])) == len(set(_ids(final["records"])))  # nothing twice
+    for r in lat:  # batch 1: the records the first attempt measured, value for value (timestamps included)
+        if r["batch"] == 1:
+            assert r == first[json.dumps(identity(r))]
+    assert "bench: vit tiny batch 1" in final["meta"]["reused_steps"]
+    assert "bench: vit tiny batch 4" not in final["meta"]["reused_steps"]
+    st = read_journal(out)
+    assert st.complete and st.steps[("bench", "vit tiny")].status == "done"

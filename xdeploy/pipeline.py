@@ -289,7 +289,7 @@ def bench_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progres
         arts = [load_artifact(paths[p]) for p in cfg.precisions]  # fp32 first: torch runs with it
         recs = bench_artifacts(arts, runners=["torch", *cfg.runners], batches=batches, seqs=seqs,
                                threads=cfg.threads, failures=failures, **timing,
-                               measured=None, compared=parts.compared if parts else None)
+                               measured=parts.measured if parts else None, compared=parts.compared if parts else None)
     prog.notes += [f"bench {model} {preset}: failed: {f}" for f in failures]
     return recs
 
@@ -585,6 +585,9 @@ class _Journal:
             self.writer.reused(phase, what, prior.attempt, key)
             self.reused.append(f"{phase}: {what}")
             self.prog.callback(f"{phase}: {what} (journal)", 1)
+            # what failed in the reused attempt (e.g. a bench child that died) is named in this report too
+            self.prog.notes += [f"{phase} {what}: failed: {e}" for ev in prior.parts.values()
+                                if ev.get("status") == "failed" for e in ev.get("errors") or ["?"]]
             return list(prior.records)
         if prior is not None:
             self.note(f"{phase} {what}: re-measured ({self._why_again(prior, key)})")
@@ -720,11 +723,14 @@ def run_job(cfg: RunConfig, *, progress: Callable[[str, int], None] | None = Non
     prog = _Progress(progress)
     records: list[dict[str, Any]] = []
     errors: list[str] = []
-    # journaled with the settings as given (threads 0 = "the free cores"), so a resume keys on what was asked
-    jr = _Journal(cfg, prog, plan(cfg))
     from xdeploy.bench.suite import apply_thread_env
 
-    apply_thread_env()  # before torch loads OpenMP in this process (decode runs here): passive waiting
+    # before torch loads OpenMP in this process (decode runs here): passive waiting; and before the journal's
+    # fingerprint, which records that environment (else a second run in the same process - the Python API, a
+    # test - sees OMP_WAIT_POLICY "changed" and --resume re-measures everything)
+    apply_thread_env()
+    # journaled with the settings as given (threads 0 = "the free cores"), so a resume keys on what was asked
+    jr = _Journal(cfg, prog, plan(cfg))
     if not cfg.threads:  # runners never oversubscribe: threads = the cores free now (--threads overrides)
         from xdeploy.bench.interleave import free_cores
 
