@@ -312,6 +312,7 @@ def peak_for(peaks: dict[str, float], precision: str, threads: int | None = None
     count when one was measured, else the overall best. fp16 on a CPU without native fp16 GEMM runs its
     matmuls in fp32 (ORT/OpenVINO upcast), so it is judged against the fp32 peak."""
     prec = "fp32" if precision == "fp16" and "fp16" not in peaks else precision
+    prec = "int8" if prec == "int8-dynamic" else prec  # both int8 kinds are judged against the int8 GEMM peak
     if threads and f"{prec}@{threads}" in peaks:
         return peaks[f"{prec}@{threads}"]
     return peaks.get(prec)

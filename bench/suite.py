@@ -264,8 +264,10 @@ def resolve_artifacts(target: str, *, preset: str | None, precisions: Sequence[s
         if preset or opset or attn_impl:
             raise XDeployError("--preset/--opset/--attn-impl apply to a MODEL name, not to an artifact directory")
         return [load_artifact(p)]
+    from xdeploy.verify.sensitivity import refine  # fp16 AMP / int8 sensitivity, as `xdeploy export` runs them
+
     return [load_artifact(cached_artifact(target, preset=preset, precision=prec, opset=opset, attn_impl=attn_impl,
-                                          fresh=fresh, log=log)) for prec in precisions]
+                                          fresh=fresh, log=log, refine=refine)) for prec in precisions]
 
 
 def run_bench(target: str, *, runners: Sequence[str], preset: str | None = None,

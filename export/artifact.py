@@ -22,7 +22,16 @@ from typing import Any
 
 from xdeploy.core.errors import XDeployError
 from xdeploy.core.fsutil import sha256_file
-from xdeploy.models.spec import DEFAULT_TOLERANCES, Axis, Capabilities, ExportSpec, Graph, TensorSpec, Tolerance
+from xdeploy.models.spec import (
+    ARTIFACT_PRECISIONS,
+    DEFAULT_TOLERANCES,
+    Axis,
+    Capabilities,
+    ExportSpec,
+    Graph,
+    TensorSpec,
+    Tolerance,
+)
 
 FORMAT = "xdeploy-artifact"
 SCHEMA_VERSION = 1
@@ -206,7 +215,7 @@ def load_artifact(path: str | Path, *, verify: bool = True) -> Artifact:
     _need(_is_int(m["schema_version"]) and m["schema_version"] == SCHEMA_VERSION, mpath,
           f"schema_version {m['schema_version']!r}; this xdeploy reads version {SCHEMA_VERSION}")
     _need(_is_int(m["opset"]) and 7 <= m["opset"] <= 30, mpath, f"opset {m['opset']!r} out of range")
-    _need(isinstance(m["precision"], str) and m["precision"] in ("fp32", "fp16", "int8"), mpath,
+    _need(isinstance(m["precision"], str) and m["precision"] in ARTIFACT_PRECISIONS, mpath,
           f"precision {m['precision']!r} unknown")
     _need(isinstance(m["model"], str) and isinstance(m["config"], dict), mpath,
           "model must be a name and config an object")

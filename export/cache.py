@@ -56,9 +56,10 @@ def _checkpoint_key(checkpoint: str | Path) -> str:
 def cached_artifact(model: str, *, preset: str | None = None, checkpoint: str | Path | None = None,
                     precision: str = "fp32", opset: int | None = None, attn_impl: str | None = None,
                     overrides: Mapping[str, Any] | None = None, root: str | Path | None = None,
-                    fresh: bool = False, log: Callable[[str], None] | None = None) -> Path:
+                    fresh: bool = False, log: Callable[[str], None] | None = None, refine: Any = None) -> Path:
     """Export `model` (a preset, default its first; or a `checkpoint`) once per key under `root` (default
-    cache_root()/artifacts); later calls return the cached directory. `fresh` exports again."""
+    cache_root()/artifacts); later calls return the cached directory. `fresh` exports again. `refine`: the
+    measured keep-float search (verify/sensitivity.refine) for fp16/int8; part of the key."""
     from xdeploy.export.artifact import load_artifact
     from xdeploy.export.onnx_export import DEFAULT_OPSET, export
     from xdeploy.models.registry import get_family
@@ -74,7 +75,8 @@ def cached_artifact(model: str, *, preset: str | None = None, checkpoint: str | 
     overrides = {k: v for k, v in (overrides or {}).items() if getattr(base, k, object()) != v}
     ov = "".join(f"-{k}{v}" for k, v in sorted(overrides.items()))
     source = preset if checkpoint is None else _checkpoint_key(checkpoint)
-    name = f"{model}-{source}-{precision}-o{opset}-{attn_impl or 'sdpa'}{ov}-{source_hash()}"
+    measured = "-measured" if refine is not None and precision not in ("fp32", "int8-dynamic") else ""
+    name = f"{model}-{source}-{precision}{measured}-o{opset}-{attn_impl or 'sdpa'}{ov}-{source_hash()}"
     path = Path(root) / name if root is not None else cache_root() / "artifacts" / name
     if path.exists() and not fresh:
         try:
@@ -86,4 +88,4 @@ def cached_artifact(model: str, *, preset: str | None = None, checkpoint: str | 
         log(f"exporting {model} {source} {precision} opset {opset} {attn_impl or 'sdpa'}{ov} -> {path}")
     kwargs: dict[str, Any] = {"config_overrides": dict(overrides)} if overrides else {}
     return export(model, preset=preset, checkpoint=checkpoint, out=path, opset=opset, precision=precision,
-                  attn_impl=attn_impl, force=True, **kwargs)
+                  attn_impl=attn_impl, force=True, refine=refine, **kwargs)

@@ -26,15 +26,17 @@ from .writer import write_artifact
 
 def convert_graph(proto: onnx.ModelProto, precision: str, *, graph: Graph, spec: ExportSpec, model: str,
                   config: Any, optimizer: str | None = None, optimize: bool = False, opt_level: int = 1,
-                  options: prec.PrecisionOptions | None = None) -> tuple[onnx.ModelProto, dict[str, Any]]:
+                  options: prec.PrecisionOptions | None = None, refine: prec.Refiner | None = None
+                  ) -> tuple[onnx.ModelProto, dict[str, Any]]:
     """fp32 graph -> (optionally optimized) graph at `precision`, and its manifest record. `optimizer` is the
-    model's declared onnxruntime optimizer type (`Capabilities.optimizer`)."""
+    model's declared onnxruntime optimizer type (`Capabilities.optimizer`). `refine`: the measured keep-float
+    search (verify/sensitivity.refine, passed by xdeploy/api.py and the pipeline)."""
     strip_value_info(proto)
     if optimize:
         if optimizer is None:
             raise XDeployError(f"model {model!r} declares no onnxruntime optimizer type; export it without --optimize")
         proto, _ = run_optimizer(proto, model_type=optimizer, level=opt_level, **optimize_config(config))
-    proto, info = prec.convert(proto, precision, graph=graph, spec=spec, options=options)
+    proto, info = prec.convert(proto, precision, graph=graph, spec=spec, options=options, refine=refine)
     info["optimization"] = {"level": opt_level} if optimize else None
     info["fused_ops"] = fused_op_counts(proto)
     return proto, info
@@ -42,9 +44,11 @@ def convert_graph(proto: onnx.ModelProto, precision: str, *, graph: Graph, spec:
 
 def convert_artifact(src: str | Path, out: str | Path, precision: str, *, optimize: bool = False,
                      opt_level: int = 1, options: prec.PrecisionOptions | None = None,
-                     force: bool = False) -> Path:
-    """Write a new artifact at `precision` (optionally optimized) from an unoptimized fp32 artifact `src`."""
+                     force: bool = False, refine: prec.Refiner | None = None) -> Path:
+    """Write a new artifact at `precision` (optionally optimized) from an unoptimized fp32 artifact `src`.
+    `refine`: the measured keep-float search (verify/sensitivity.refine; xdeploy.api passes it)."""
     prec.check_precision(precision)
+    prec.check_options(options)
     art = load_artifact(src)
     if art.precision != "fp32" or art.manifest.get("optimized"):
         raise XDeployError(f"{src} is a {art.precision}{' optimized' if art.manifest.get('optimized') else ''} "
@@ -52,6 +56,7 @@ def convert_artifact(src: str | Path, out: str | Path, precision: str, *, optimi
     out = Path(out)
     if out.resolve() == art.path.resolve():
         raise XDeployError(f"output {out} is the source artifact; choose another --out")
+    options = prec.with_calibration(options, precision, art.spec, art.tokenizer_dir)
     # the source's manifest (its extra sections included) with what this conversion changes
     manifest = {k: v for k, v in art.manifest.items() if k not in ("files", "versions", "export_seconds")}
     manifest |= {"precision": precision, "optimized": optimize, "conversion": {},
@@ -67,7 +72,7 @@ def convert_artifact(src: str | Path, out: str | Path, precision: str, *, optimi
             proto = onnx.load(str(art.onnx_path(graph.name)))
             proto, info = convert_graph(proto, precision, graph=graph, spec=art.spec, model=art.model,
                                         config=art.manifest["config"], optimizer=optimizer, optimize=optimize,
-                                        opt_level=opt_level, options=options)
+                                        opt_level=opt_level, options=options, refine=refine)
             w.manifest["conversion"][graph.name] = info
             w.add_graph(graph.name, proto)
         prec.check_requested_nodes(precision, options, w.manifest["conversion"])

@@ -110,7 +110,8 @@ def resolve_source(model: str, *, preset: str | None = None, checkpoint: str | P
 
 
 def export_graphs(src: Source, spec: ExportSpec, *, opset: int, precision: str, optimize: bool, opt_level: int,
-                  precision_options: Any) -> Iterator[tuple[Graph, onnx.ModelProto, dict[str, Any]]]:
+                  precision_options: Any, refine: Any = None
+                  ) -> Iterator[tuple[Graph, onnx.ModelProto, dict[str, Any]]]:
     """Each graph of `spec` exported, optimized and converted to `precision`, with its conversion record
     (one at a time, so a large model's graphs are not all held in memory)."""
     from . import convert  # convert.convert_graph is looked up per call (tests interrupt it there)
@@ -121,7 +122,7 @@ def export_graphs(src: Source, spec: ExportSpec, *, opset: int, precision: str, 
             proto, info = convert.convert_graph(
                 proto, precision, graph=graph, spec=spec, model=src.family.name, config=src.config,
                 optimizer=src.family.capabilities.optimizer, optimize=optimize, opt_level=opt_level,
-                options=precision_options)
+                options=precision_options, refine=refine)
             yield graph, proto, info
 
 
@@ -129,14 +130,16 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
            opset: int = DEFAULT_OPSET, precision: str = "fp32", force: bool = False,
            attn_impl: str | None = None, seed: int = 0, optimize: bool = DEFAULT_OPTIMIZE, opt_level: int = 1,
            precision_options: Any = None, config_overrides: dict[str, Any] | None = None,
-           tokenizer_graph: TokenizerGraphBuilder | None = None) -> Path:
+           tokenizer_graph: TokenizerGraphBuilder | None = None, refine: Any = None) -> Path:
     """Export every graph of `model` into the artifact directory `out` (written atomically).
 
     `config_overrides` replaces preset config fields (e.g. {"max_positions": 4096} for scaling runs); the
     manifest records the resulting config.
 
     `optimize` applies onnxruntime's offline optimizations and transformer fusions (export/optimize.py) before
-    the precision conversion (export/precision.py; `precision_options` is a `PrecisionOptions`).
+    the precision conversion (export/precision.py; `precision_options` is a `PrecisionOptions`). `refine` is the
+    measured keep-float search (fp16 AMP, int8 sensitivity: verify/sensitivity.refine); without it the plain
+    transform runs. `xdeploy.api.export` passes it.
 
     `tokenizer_graph` (deploy/tokenizer_graph.py's `tokenizer_graph_builder(accept_differences)`) also writes
     tokenizer/tokenizer.onnx (export/tokenizer_graph.py: the checkpoint's tokenizer as an onnxruntime-extensions
@@ -147,9 +150,12 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
     if opset not in SUPPORTED_OPSETS:
         raise XDeployError(f"unsupported opset {opset}; expected one of: {', '.join(map(str, SUPPORTED_OPSETS))}")
     prec.check_precision(precision)
+    prec.check_options(precision_options)
     src = resolve_source(model, preset=preset, checkpoint=checkpoint, attn_impl=attn_impl, seed=seed,
                          config_overrides=config_overrides)
     spec = src.family.spec(src.config)
+    tok_dir = next((f.parent for f in src.tokenizer_files if f.name == "tokenizer.json"), None)
+    precision_options = prec.with_calibration(precision_options, precision, spec, tok_dir)
     graphs, axes, tols = spec_to_json(spec, {g.name: f"{g.name}.onnx" for g in spec.graphs})
     manifest: dict[str, Any] = {
         "model": src.family.name, "preset": src.preset, "source": dict(src.source),
@@ -162,7 +168,8 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
     with write_artifact(out, manifest, force=force) as w:
         w.manifest["source"]["weights_sha256"] = w.save_weights(src.module.state_dict())
         for graph, proto, info in export_graphs(src, spec, opset=opset, precision=precision, optimize=optimize,
-                                                opt_level=opt_level, precision_options=precision_options):
+                                                opt_level=opt_level, precision_options=precision_options,
+                                                refine=refine):
             w.manifest["conversion"][graph.name] = info
             w.add_graph(graph.name, proto)
         prec.check_requested_nodes(precision, precision_options, w.manifest["conversion"])

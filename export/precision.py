@@ -1,19 +1,31 @@
-"""Precision conversion of exported fp32 graphs: fp16 with fp32 islands (+ automatic mixed precision), int8.
+"""Precision conversion of exported fp32 graphs, as pure graph transforms: fp16 with fp32 islands, int8 as
+static Q/DQ (the default `int8`) or dynamic (`int8-dynamic`). What to keep in floating point is an input here;
+*measuring* it (fp16 automatic mixed precision, int8 sensitivity) is verify/sensitivity.py, which calls these
+transforms again with longer keep lists (export/ never imports verify/; `convert(..., refine=...)` takes the
+search as a function, and xdeploy/api.py's `export`/`convert_artifact` pass it).
 
-fp16  `onnxruntime.transformers.float16.convert_float_to_float16`: weights and compute in fp16, graph inputs and
-      outputs kept fp32 (`keep_io_types`, so feeds, KV caches and outputs have the same dtypes at every
-      precision), overflow-prone ops kept fp32 by op type (`FP16_BLOCK_OPS`, configurable). Then *automatic
-      mixed precision*: `bench.layerwise.find_divergence` compares the fp16 graph with the fp32 one node by
-      node on example feeds; the first node whose output leaves the fp16 tolerance is kept fp32 and the
-      conversion is redone, until the graph is within tolerance (or `amp_max_nodes` nodes were added).
-      The native opset-23 `Attention` op converts to fp16 and runs in onnxruntime's CPU kernel (measured).
-int8  `onnxruntime.quantization.quantize_dynamic`: int8 weights (per output channel), activations quantized
-      at run time (DynamicQuantizeLinear -> MatMulInteger/ConvInteger). Only MatMul and Conv are quantized:
-      the quantizer's op registry is keyed by op type alone and would treat the native opset-23 `Attention`
-      as com.microsoft.Attention. Sensitive nodes are excluded by name (`int8_exclude`).
+fp16          `onnxruntime.transformers.float16.convert_float_to_float16`: weights and compute in fp16, graph
+              inputs and outputs kept fp32 (`keep_io_types`, so feeds, KV caches and outputs have the same dtypes
+              at every precision), overflow-prone ops kept fp32 by op type (`FP16_BLOCK_OPS`, configurable) and
+              nodes kept fp32 by name. The native opset-23 `Attention` op converts to fp16 and runs in
+              onnxruntime's CPU kernel (measured).
+int8          `onnxruntime.quantization.quantize_static` in QDQ format (chosen over NNCF by measurement:
+              docs/export.md): QuantizeLinear -> DequantizeLinear pairs on the inputs of MatMul / Gemm / Conv
+              (ViT's patch embedding), int8 weights symmetric per output channel, int8 activations symmetric
+              (zero point 0: what TensorRT's explicit quantization requires; OpenVINO and onnxruntime take it),
+              scales from calibration data (export/calibration.py) with a selectable method. Runtimes fuse the
+              pairs into int8 kernels (onnxruntime QLinearMatMul/MatMulIntegerToFloat, OpenVINO's oneDNN int8,
+              TensorRT strongly typed int8). Nodes named in the keep list stay float.
+int8-dynamic  `onnxruntime.quantization.quantize_dynamic`: int8 weights (per output channel), activations
+              quantized at run time (DynamicQuantizeLinear -> MatMulInteger/ConvInteger). Only onnxruntime has fast
+              kernels for it (OpenVINO runs MatMulInteger at its fp32 rate; TensorRT cannot build it).
 
-Every conversion returns a record for the manifest (`conversion.<graph>`): precision, kept_fp32 nodes
-(fp16), excluded/quantized nodes (int8), and the AMP iterations.
+Only MatMul, Gemm and Conv are quantized: onnxruntime's quantizer registry is keyed by op type alone and would
+treat the native opset-23 `Attention` as com.microsoft.Attention.
+
+Every conversion returns a record for the manifest (`conversion.<graph>`): precision, format ("qdq" for static
+int8, "integer-ops" for dynamic), kept_fp32 nodes and why, calibration (method, samples, sha256), and the
+measured search's iterations when one ran.
 """
 
 from __future__ import annotations
@@ -23,7 +35,7 @@ import contextlib
 import io
 import logging
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,9 +44,10 @@ import numpy as np
 import onnx
 
 from xdeploy.core.errors import XDeployError, one_of
-from xdeploy.models.spec import ExportSpec, Graph, Tolerance, make_feeds
+from xdeploy.models.spec import ARTIFACT_PRECISIONS, ExportSpec, Graph, make_feeds
 
-EXPORT_PRECISIONS = ("fp32", "fp16", "int8")
+EXPORT_PRECISIONS = ARTIFACT_PRECISIONS
+INT8_PRECISIONS = ("int8", "int8-dynamic")
 
 # Kept fp32 in fp16 graphs: normalizations and softmax (their sums of squares / exponentials overflow or lose
 # the small differences that matter), reductions, and elementwise ops whose fp16 range is easily exceeded.
@@ -44,7 +57,11 @@ FP16_BLOCK_OPS: tuple[str, ...] = (
     "ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL2", "ReduceLogSumExp", "ReduceProd",
     "Pow", "Sqrt", "Exp", "Log", "CumSum", "Range",
 )
-INT8_OP_TYPES: tuple[str, ...] = ("MatMul", "Conv")
+INT8_OP_TYPES: tuple[str, ...] = ("MatMul", "Gemm", "Conv")
+DYNAMIC_OP_TYPES: tuple[str, ...] = ("MatMul", "Conv")  # quantize_dynamic has no Gemm kernel path
+# Calibration methods (onnxruntime.quantization.CalibrationMethod); the default by measurement (docs/export.md).
+CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
+DEFAULT_CALIBRATION_METHOD = "percentile"
 FP16_MAX = 65504.0
 
 
@@ -52,7 +69,7 @@ FP16_MAX = 65504.0
 class PrecisionOptions:
     fp16_block_ops: tuple[str, ...] = FP16_BLOCK_OPS  # op types kept fp32
     fp16_block_nodes: tuple[str, ...] = ()  # node names kept fp32 (in addition to what AMP finds)
-    amp: bool = True  # find diverging nodes layerwise and keep them fp32
+    amp: bool = True  # (verify/sensitivity.py) find diverging nodes layerwise and keep them fp32
     amp_max_nodes: int = 16  # give up (and record it) after keeping this many nodes fp32
     amp_feeds: Mapping[str, np.ndarray] | None = field(default=None, hash=False)  # default: make_feeds
     # onnxruntime providers of the layerwise comparison. On the CPU provider most fp16 nodes have no fp16
@@ -61,8 +78,17 @@ class PrecisionOptions:
     # chains of such nodes; pass ["CUDAExecutionProvider"] on a GPU for real fp16 arithmetic.
     amp_providers: tuple[str, ...] = ("CPUExecutionProvider",)
     int8_per_channel: bool = True
-    int8_exclude: tuple[str, ...] = ()  # node names left fp32 in int8 graphs
+    int8_exclude: tuple[str, ...] = ()  # node names left float in int8 graphs (in addition to what sensitivity finds)
     int8_op_types: tuple[str, ...] = INT8_OP_TYPES
+    int8_method: str = DEFAULT_CALIBRATION_METHOD  # static int8: how activation ranges are chosen
+    int8_calibration: Any = field(default=None, hash=False)  # a calibration.Calibration; default: the model's set
+    int8_calibration_file: str | None = None  # text lines / .npy / .npz (export/calibration.py load_calibration)
+    int8_sensitivity: bool = True  # (verify/sensitivity.py) keep the costliest nodes float until within tolerance
+    int8_max_excluded: int | None = None  # the sensitivity search's budget per graph (None: a quarter of the nodes)
+
+
+# refine(fp32 proto, precision, graph=, spec=, options=) -> (proto, record): a measured search (verify/)
+Refiner = Callable[..., tuple[onnx.ModelProto, dict[str, Any]]]
 
 
 def check_precision(precision: str) -> None:
@@ -70,17 +96,56 @@ def check_precision(precision: str) -> None:
         raise one_of("export precision", precision, EXPORT_PRECISIONS)
 
 
+def check_options(options: PrecisionOptions | None) -> None:
+    if options is not None and options.int8_method not in CALIBRATION_METHODS:
+        raise one_of("calibration method", options.int8_method, CALIBRATION_METHODS)
+
+
 def convert(proto: onnx.ModelProto, precision: str, *, graph: Graph, spec: ExportSpec,
-            options: PrecisionOptions | None = None) -> tuple[onnx.ModelProto, dict[str, Any]]:
-    """Return the graph at `precision` and a record of what the conversion did (for the manifest)."""
+            options: PrecisionOptions | None = None, refine: Refiner | None = None
+            ) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """Return the graph at `precision` and a record of what the conversion did (for the manifest).
+
+    Without `refine` this is the plain transform (requested keep lists only); with it, the measured search
+    `refine(proto, precision, graph=, spec=, options=)` decides (verify/sensitivity.py `refine`)."""
     check_precision(precision)
     options = options or PrecisionOptions()
+    check_options(options)
     if precision == "fp32":
         return proto, {"precision": "fp32", "kept_fp32": []}
+    if refine is not None:
+        return refine(proto, precision, graph=graph, spec=spec, options=options)
     if precision == "fp16":
-        feeds = options.amp_feeds if options.amp_feeds is not None else amp_feeds(graph, spec)
-        return to_fp16_amp(proto, feeds, spec.tolerances["fp16"], options)
-    return to_int8(proto, options)
+        return to_fp16_blocked(proto, options)
+    if precision == "int8-dynamic":
+        return to_int8_dynamic(proto, options)
+    feeds, record = calibration_feeds(graph, spec, options)
+    return to_int8_static(proto, feeds, options, calibration_record=record)
+
+
+def with_calibration(options: PrecisionOptions | None, precision: str, spec: ExportSpec,
+                     tokenizer_dir: Path | None) -> PrecisionOptions:
+    """`options` with its Calibration built for a static int8 conversion: from `int8_calibration_file` when
+    given, else the default set (tokenized with `tokenizer_dir` when there is one)."""
+    import dataclasses
+
+    from .calibration import default_calibration, load_calibration
+
+    options = options or PrecisionOptions()
+    if precision != "int8" or options.int8_calibration is not None:
+        return options
+    cal = (load_calibration(options.int8_calibration_file, spec, tokenizer_dir) if options.int8_calibration_file
+           else default_calibration(spec, tokenizer_dir))
+    return dataclasses.replace(options, int8_calibration=cal)
+
+
+def calibration_feeds(graph: Graph, spec: ExportSpec, options: PrecisionOptions) -> tuple[list, dict[str, Any]]:
+    """(feeds, record) of `graph`'s calibration: the options' Calibration, else the default set (no tokenizer:
+    a caller with a checkpoint's tokenizer passes its own default_calibration)."""
+    from .calibration import default_calibration
+
+    cal = options.int8_calibration or default_calibration(spec)
+    return cal.samples[graph.name], cal.record(graph.name)
 
 
 def amp_feeds(graph: Graph, spec: ExportSpec) -> dict[str, np.ndarray]:
@@ -175,109 +240,277 @@ def _float_nodes(proto: onnx.ModelProto) -> dict[str, str]:
             if n.op_type not in ("Constant", "Shape") and any(types.get(t) in flt for t in [*n.input, *n.output])}
 
 
-def to_fp16_amp(proto: onnx.ModelProto, feeds: Mapping[str, np.ndarray], tol: Tolerance,
-                options: PrecisionOptions = PrecisionOptions()) -> tuple[onnx.ModelProto, dict[str, Any]]:
-    """fp16 with the op block list, then keep diverging nodes fp32 until the graph is within `tol`."""
-    # Node names are per artifact, not per graph: names another graph of the artifact has are skipped here
-    # (check_requested_nodes rejects names no graph has).
+def fp16_record(proto: onnx.ModelProto, options: PrecisionOptions, block_nodes: Sequence[str],
+                amp: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The manifest record of an fp16 conversion with `block_nodes` kept fp32 (plus `options.fp16_block_ops`);
+    `amp` is the automatic-mixed-precision search's record (verify/sensitivity.py), None when it did not run."""
     names = {n.name for n in proto.graph.node}
     requested = [n for n in options.fp16_block_nodes if n in names]
     float_nodes = _float_nodes(proto)
     by_op = [n for n, op in float_nodes.items() if op in options.fp16_block_ops]
-    amp: list[dict[str, Any]] = []
-    block_nodes = list(requested)
+    kept = sorted(set(by_op) | set(block_nodes) | set(requested))
+    return {
+        "precision": "fp16", "io_dtype": "float32", "block_ops": list(options.fp16_block_ops),
+        "kept_fp32": [{"node": n, "op_type": float_nodes.get(n, "?"),
+                       "reason": "op_block_list" if n in by_op else ("node_block_list" if n in
+                                                                     requested else "amp")}
+                      for n in kept],
+        "amp": dict(amp) if amp is not None else {"enabled": False},
+        "fp16_nodes": sum(1 for n in float_nodes if n not in kept),
+        "requested_nodes_found": requested,
+    }
+
+
+def fp16_graph_info(proto: onnx.ModelProto) -> tuple[dict[str, str], dict[str, onnx.NodeProto],
+                                                     dict[str, onnx.NodeProto], dict[str, list[onnx.NodeProto]]]:
+    """(float node name -> op type, tensor -> producer, name -> node, tensor -> consumers): what the AMP search
+    walks to decide which neighbours to keep fp32."""
     producer = {o: n for n in proto.graph.node for o in n.output}
     by_name = {n.name: n for n in proto.graph.node}
     consumers: dict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
     for n in proto.graph.node:
         for i in n.input:
             consumers[i].append(n)
-    out = to_fp16(proto, block_ops=options.fp16_block_ops, block_nodes=block_nodes)
-    unresolved = None
-    if options.amp:
-        from xdeploy.verify.layerwise import find_divergence
+    return _float_nodes(proto), producer, by_name, consumers
 
-        while True:
-            d = find_divergence(proto, out, dict(feeds), tol, providers=list(options.amp_providers))
-            if d is None:
-                break
-            blocked = set(block_nodes) | set(by_op)
-            if d.node not in blocked:
-                add = [d.node]  # keep the diverging node fp32
-            elif max(abs(d.ref_range[0]), abs(d.ref_range[1])) > FP16_MAX:
-                # Already fp32, but its result does not fit fp16: the Cast back to fp16 overflows, so its
-                # consumers must stay fp32 too.
-                add = [n.name for n in consumers.get(d.output, []) if n.name in float_nodes and n.name not in blocked]
-            else:
-                # Already fp32: the error comes from its fp16 inputs, so keep their producers fp32.
-                add = [producer[i].name for i in by_name[d.node].input
-                       if i in producer and producer[i].name in float_nodes and producer[i].name not in blocked]
-            record = {"node": d.node, "op_type": d.op_type, "max_abs": d.max_abs, "cosine": d.cosine,
-                      "kept_fp32": add}
-            if not add or len(block_nodes) + len(add) > len(requested) + options.amp_max_nodes:
-                unresolved = record
-                break
-            amp.append(record)
-            block_nodes += add
-            out = to_fp16(proto, block_ops=options.fp16_block_ops, block_nodes=block_nodes)
-    kept = sorted(set(by_op) | set(block_nodes))
-    info: dict[str, Any] = {
-        "precision": "fp16", "io_dtype": "float32", "block_ops": list(options.fp16_block_ops),
-        "kept_fp32": [{"node": n, "op_type": float_nodes.get(n, "?"),
-                       "reason": "op_block_list" if n in by_op else ("node_block_list" if n in
-                                                                     requested else "amp")}
-                      for n in kept],
-        "amp": {"enabled": options.amp, "providers": list(options.amp_providers),
-                "tolerance": {"atol": tol.atol, "rtol": tol.rtol, "cosine": tol.cosine},
-                "iterations": amp, "unresolved": unresolved},
-        "fp16_nodes": sum(1 for n in float_nodes if n not in kept),
-        "requested_nodes_found": requested,
-    }
-    return out, info
+
+def to_fp16_blocked(proto: onnx.ModelProto, options: PrecisionOptions = PrecisionOptions(),
+                    extra_block_nodes: Sequence[str] = ()) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """fp16 with the op block list, the requested node block list (names this graph has) and
+    `extra_block_nodes` kept fp32: a pure graph transform; the measured AMP search is verify/sensitivity.py."""
+    names = {n.name for n in proto.graph.node}
+    block = [n for n in options.fp16_block_nodes if n in names] + [n for n in extra_block_nodes if n in names]
+    out = to_fp16(proto, block_ops=options.fp16_block_ops, block_nodes=block)
+    return out, fp16_record(proto, options, block)
 
 
 # ---------------------------------------------------------------------------------------------- int8 ----
 
-def to_int8(proto: onnx.ModelProto, options: PrecisionOptions = PrecisionOptions()
-            ) -> tuple[onnx.ModelProto, dict[str, Any]]:
-    """Dynamic int8 quantization of MatMul/Conv weights (per channel), after the quantizer's pre-processing."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+def _prepare(proto: onnx.ModelProto, d: Path) -> tuple[Path, bool]:
+    """Save `proto` (value_info stripped, contrib outputs typed) and run the quantizer's documented
+    pre-processing (onnxruntime basic optimizations + shape inference) into d/pre.onnx."""
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    names = {n.name for n in proto.graph.node}
-    exclude = [n for n in options.int8_exclude if n in names]  # per artifact, as for fp16_block_nodes
     p = onnx.ModelProto()
     p.CopyFrom(proto)
     del p.graph.value_info[:]
     type_contrib_outputs(p)
     fused = any(n.domain == "com.microsoft" for n in p.graph.node)
-    logging.getLogger("onnxruntime").setLevel(logging.ERROR)
-    logging.getLogger().setLevel(logging.ERROR)  # the quantizer warns through the root logger
     large = p.ByteSize() >= 2**31
-    with tempfile.TemporaryDirectory(prefix="xdeploy-int8-") as d, contextlib.redirect_stdout(io.StringIO()):
-        src, pre, dst = Path(d, "in.onnx"), Path(d, "pre.onnx"), Path(d, "int8.onnx")
-        onnx.save_model(p, str(src), save_as_external_data=large, location="in.onnx.data" if large else None)
+    src, pre = d / "in.onnx", d / "pre.onnx"
+    onnx.save_model(p, str(src), save_as_external_data=large, location="in.onnx.data" if large else None)
+    # Its symbolic shape inference does not know the opset-23 Attention op, so only onnx's is used. An
+    # optimized graph skips the pre-processing's optimization pass, which would drop the contrib ops'
+    # value_info added above.
+    quant_pre_process(str(src), str(pre), skip_symbolic_shape=True, skip_optimization=fused,
+                      save_as_external_data=large, all_tensors_to_one_file=True,
+                      external_data_location="pre.onnx.data")
+    return pre, large
+
+
+@contextlib.contextmanager
+def _quiet() -> Any:
+    """The quantizer logs through the root logger and prints progress; neither belongs in our output."""
+    logging.getLogger("onnxruntime").setLevel(logging.ERROR)
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        root.setLevel(level)
+
+
+def _requested(proto: onnx.ModelProto, names: Sequence[str]) -> list[str]:
+    have = {n.name for n in proto.graph.node}
+    return [n for n in names if n in have]  # per artifact, as for fp16_block_nodes
+
+
+def quantizable_nodes(proto: onnx.ModelProto, op_types: Sequence[str] = INT8_OP_TYPES) -> dict[str, str]:
+    """name -> op type of the nodes static int8 quantizes: MatMul / Gemm / Conv whose second input is a constant
+    weight (an initializer, or one reached through Transpose / Reshape / Cast / Identity, which the quantizer's
+    pre-processing folds: GPT's tied lm_head). Activation x activation MatMuls are not among them: onnxruntime's
+    QDQ quantizer ignores its MatMulConstBOnly option, so these are excluded by name."""
+    consts = {i.name for i in proto.graph.initializer}
+    producer = {o: n for n in proto.graph.node for o in n.output}
+
+    def constant(name: str) -> bool:
+        for _ in range(8):
+            if name in consts:
+                return True
+            n = producer.get(name)
+            if n is None or n.op_type not in ("Transpose", "Reshape", "Cast", "Identity", "Constant"):
+                return False
+            if n.op_type == "Constant":
+                return True
+            name = n.input[0]
+        return False
+
+    return {n.name: n.op_type for n in proto.graph.node
+            if n.op_type in op_types and len(n.input) > 1 and constant(n.input[1])}
+
+
+class _Reader:
+    """onnxruntime's CalibrationDataReader protocol over a list of feed dicts."""
+
+    def __init__(self, samples: Sequence[Mapping[str, np.ndarray]], names: set[str]) -> None:
+        self.samples = [{k: v for k, v in s.items() if k in names} for s in samples]
+        self.i, self.end = 0, len(self.samples)
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        if self.i >= self.end:
+            return None
+        self.i += 1
+        return self.samples[self.i - 1]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def set_range(self, start_index: int, end_index: int) -> None:
+        self.i, self.end = start_index, min(end_index, len(self.samples))
+
+
+def _stride(n: int, most: int = 4) -> int:
+    """The largest divisor of n that is <= most (onnxruntime needs strides that divide the sample count)."""
+    return max(k for k in range(1, min(n, most) + 1) if n % k == 0)
+
+
+def to_int8_static(proto: onnx.ModelProto, calibration: Sequence[Mapping[str, np.ndarray]],
+                   options: PrecisionOptions = PrecisionOptions(), *, extra_exclude: Sequence[str] = (),
+                   calibration_record: Mapping[str, Any] | None = None, cache: Path | None = None,
+                   ) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """Static int8 Q/DQ quantization of MatMul/Gemm/Conv (see the module docstring).
+
+    `extra_exclude`: more node names kept float (the sensitivity search's). `cache`: a JSON file for the
+    calibrated tensor ranges; when it exists calibration is skipped (exclusions do not change the fp32
+    activations, so a search re-quantizes in seconds)."""
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    check_options(options)
+    requested = _requested(proto, options.int8_exclude)
+    exclude = list(dict.fromkeys(requested + _requested(proto, extra_exclude)))
+    weights = quantizable_nodes(proto, options.int8_op_types)
+    activation_only = [n.name for n in proto.graph.node if n.op_type in options.int8_op_types and n.name not in weights]
+    if not calibration and not (cache and cache.is_file()):
+        raise XDeployError("static int8 needs calibration data; none was given for this graph")
+    method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+              "percentile": CalibrationMethod.Percentile}[options.int8_method]
+    names = {i.name for i in proto.graph.input}
+    with tempfile.TemporaryDirectory(prefix="xdeploy-int8-") as d, _quiet():
+        dst = Path(d, "int8.onnx")
         try:
-            # The docs' recommended pre-processing: onnxruntime basic optimizations + shape inference. Its
-            # symbolic shape inference does not know the opset-23 Attention op, so only onnx's is used.
-            # An optimized graph skips the pre-processing's optimization pass, which would drop the contrib
-            # ops' value_info added above.
-            quant_pre_process(str(src), str(pre), skip_symbolic_shape=True, skip_optimization=fused,
-                              save_as_external_data=large,
-                              all_tensors_to_one_file=True, external_data_location="pre.onnx.data")
-            quantize_dynamic(str(pre), str(dst), op_types_to_quantize=list(options.int8_op_types),
+            pre, large = _prepare(proto, Path(d))
+            quantize_static(
+                str(pre), str(dst), _Reader(calibration, names), quant_format=QuantFormat.QDQ,
+                op_types_to_quantize=list(options.int8_op_types), per_channel=options.int8_per_channel,
+                activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                nodes_to_exclude=exclude + activation_only,
+                use_external_data_format=large, calibrate_method=method,
+                calibration_cache_path=str(cache) if cache else None,
+                extra_options={
+                    "ActivationSymmetric": True, "WeightSymmetric": True,  # zero points 0 (TensorRT)
+                    # Q/DQ on inputs only: a quantized Conv output (ViT's patch embedding) followed by Reshape
+                    # makes onnxruntime 1.31's QDQ propagation build an invalid QuantizeLinear at opset 23
+                    # (output_dtype INT8 vs a UINT8 zero point); the next MatMul quantizes it anyway.
+                    "OpTypesToExcludeOutputQuantization": list(options.int8_op_types),
+                    # MinMax keeps every intermediate output of every sample in memory until it merges them;
+                    # strides of a few samples bound that (CalibMaxIntermediateOutputs would drop data: it
+                    # clears the outputs without merging them, onnxruntime 1.31)
+                    # Entropy/Percentile stack a range's outputs into one array: samples of different
+                    # shapes (varied lengths) must come one per range
+                    **({"CalibStridedMinMax": _stride(len(calibration)) if options.int8_method == "minmax" else 1}
+                       if calibration else {}),
+                })
+        except XDeployError:
+            raise
+        except Exception as e:
+            raise XDeployError(f"int8 quantization failed: {str(e).splitlines()[0] if str(e) else e!r}") from e
+        q = onnx.load(str(dst))  # external data (if any) is read into memory before the temp dir goes
+    _float_for_float_consumers(q, options.int8_op_types, exclude + activation_only)
+    quantized = qdq_quantized_nodes(q)
+    ops = collections.Counter(n.op_type for n in q.graph.node)
+    return q, {
+        "precision": "int8", "format": "qdq", "io_dtype": "float32", "activation_type": "int8",
+        "activation_symmetric": True, "weight_type": "int8", "weight_symmetric": True,
+        "per_channel": options.int8_per_channel, "op_types": list(options.int8_op_types),
+        "calibration": {"method": options.int8_method, **dict(calibration_record or {})},
+        "excluded": exclude, "requested_nodes_found": requested,
+        "kept_fp32": [{"node": n, "reason": "requested" if n in requested else "sensitivity"} for n in exclude],
+        "quantized_nodes": len(quantized),
+        "quantized_ops": {k: ops[k] for k in ("QuantizeLinear", "DequantizeLinear") if ops[k]},
+    }
+
+
+def _float_for_float_consumers(proto: onnx.ModelProto, op_types: Sequence[str], exclude: Sequence[str]) -> None:
+    """Give every consumer that is not a quantized op the float tensor back, in place.
+
+    onnxruntime's QDQ quantizer rewires *every* consumer of a quantized activation to the DequantizeLinear
+    output, graph outputs included: a post-LN BERT's residual Add would then read the int8-rounded LayerNorm
+    output and the graph would return quantized hidden states; a MatMul kept float beside quantized ones that
+    share its input would read it too. Only the quantized MatMul/Gemm/Conv the pair was made for should read it
+    (the Q/DQ placement TensorRT and OpenVINO expect: on the inputs of quantized ops)."""
+    keep = set(exclude)
+    g = proto.graph
+    producer = {o: n for n in g.node for o in n.output}
+    outputs = {o.name for o in g.output}
+    for dq in [n for n in g.node if n.op_type == "DequantizeLinear"]:
+        q = producer.get(dq.input[0])
+        if q is None or q.op_type != "QuantizeLinear":
+            continue  # a weight's DequantizeLinear (its input is an initializer)
+        x, y = q.input[0], dq.output[0]
+        if y in outputs:  # the quantizer renamed the producer's output x -> y_QuantizeLinear_Input
+            new_y = f"{y}_dq"
+            dq.output[0] = new_y
+            for n in g.node:
+                if n is not q and n is not dq:
+                    n.input[:] = [new_y if i == y else i for i in n.input]
+                n.output[:] = [y if o == x else o for o in n.output]
+            q.input[0] = y
+            x, y = y, new_y
+        for n in g.node:
+            if (n.op_type not in op_types or n.name in keep) and n is not q and y in n.input:
+                n.input[:] = [x if i == y else i for i in n.input]
+
+
+def qdq_quantized_nodes(proto: onnx.ModelProto) -> dict[str, str]:
+    """name -> op type of the compute nodes every float input of which comes from a DequantizeLinear."""
+    producer = {o: n for n in proto.graph.node for o in n.output}
+    out = {}
+    for n in proto.graph.node:
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            continue
+        ins = [i for i in n.input[:2] if i]
+        if ins and all(i in producer and producer[i].op_type == "DequantizeLinear" for i in ins):
+            out[n.name] = n.op_type
+    return out
+
+
+def to_int8_dynamic(proto: onnx.ModelProto, options: PrecisionOptions = PrecisionOptions()
+                    ) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """Dynamic int8 quantization of MatMul/Conv weights (per channel), after the quantizer's pre-processing."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    exclude = _requested(proto, options.int8_exclude)
+    op_types = [t for t in options.int8_op_types if t in DYNAMIC_OP_TYPES]
+    with tempfile.TemporaryDirectory(prefix="xdeploy-int8-") as d, _quiet():
+        dst = Path(d, "int8.onnx")
+        try:
+            pre, large = _prepare(proto, Path(d))
+            quantize_dynamic(str(pre), str(dst), op_types_to_quantize=op_types,
                              per_channel=options.int8_per_channel, weight_type=QuantType.QInt8,
                              nodes_to_exclude=exclude, use_external_data_format=large)
         except XDeployError:
             raise
         except Exception as e:
             raise XDeployError(f"int8 quantization failed: {str(e).splitlines()[0] if str(e) else e!r}") from e
-        q = onnx.load(str(dst))  # external data (if any) is read into memory before the temp dir goes
+        q = onnx.load(str(dst))
     ops = collections.Counter(n.op_type for n in q.graph.node)
     return q, {
-        "precision": "int8", "io_dtype": "float32", "method": "dynamic", "weight_type": "int8",
-        "per_channel": options.int8_per_channel, "op_types": list(options.int8_op_types),
-        "excluded": exclude, "kept_fp32": exclude, "requested_nodes_found": exclude,
+        "precision": "int8-dynamic", "format": "integer-ops", "io_dtype": "float32", "method": "dynamic",
+        "weight_type": "int8", "per_channel": options.int8_per_channel, "op_types": op_types,
+        "excluded": exclude, "requested_nodes_found": exclude,
+        "kept_fp32": [{"node": n, "reason": "requested"} for n in exclude],
         "quantized_ops": {k: ops[k] for k in ("MatMulInteger", "ConvInteger", "DynamicQuantizeLinear") if ops[k]},
     }
 

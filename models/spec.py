@@ -13,7 +13,9 @@ from typing import Any
 
 import numpy as np
 
-PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int8-dynamic")  # compute precisions (tolerance keys)
+# What an artifact holds: int8 = static Q/DQ (calibrated), int8-dynamic = onnxruntime dynamic quantization.
+ARTIFACT_PRECISIONS = ("fp32", "fp16", "int8", "int8-dynamic")
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,7 @@ DEFAULT_TOLERANCES: Mapping[str, Tolerance] = {
     "bf16": Tolerance(atol=5e-2, rtol=5e-2, cosine=0.995),
     "fp16": Tolerance(atol=1e-2, rtol=1e-2, cosine=0.999),
     "int8": Tolerance(atol=1e-1, rtol=1e-1, cosine=0.98),
+    "int8-dynamic": Tolerance(atol=1e-1, rtol=1e-1, cosine=0.98),
 }
 
 

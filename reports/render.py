@@ -344,7 +344,7 @@ def plot_speed_error(points: list[dict[str, Any]], path: Path) -> bool:
     models = sorted({p["model"] for p in points})
     rows, cols = _grid(len(models))
     fig, axes = plt.subplots(rows, cols, figsize=(6.2 * cols, 4.4 * rows), squeeze=False)
-    markers = {"fp32": "o", "fp16": "s", "int8": "^", "bf16": "D"}
+    markers = {"fp32": "o", "fp16": "s", "int8": "^", "int8-dynamic": "v", "bf16": "D"}
     floor = 1e-8  # the fp32 reference has error 0: drawn on the axis floor of the log scale
     for ax, model in zip(axes.flat, models):
         ps = [p for p in points if p["model"] == model]
@@ -369,7 +369,7 @@ def plot_speed_error(points: list[dict[str, Any]], path: Path) -> bool:
         b, s = ps[0]["batch"], ps[0]["seq"]
         ax.set_title(f"{model}: speed vs error (batch {b}" + (f", seq {s})" if s else ")"))
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, title="marker: o fp32, s fp16, ^ int8", title_fontsize=7)
+        ax.legend(fontsize=7, title="marker: o fp32, s fp16, ^ int8 (Q/DQ), v int8-dynamic", title_fontsize=7)
     for ax in list(axes.flat)[len(models):]:
         ax.set_visible(False)
     _save(fig, path)

@@ -64,8 +64,10 @@ def artifact_at(model: str, precision: str, root: Path, *, checkpoint: Path | No
                 preset: str | None = None) -> Path:
     """The study's artifacts come from the one artifact cache (export/cache.py), kept under `root`."""
     from xdeploy.export.cache import cached_artifact
+    from xdeploy.verify.sensitivity import refine  # fp16 AMP / int8 sensitivity, as `xdeploy export`
 
-    return cached_artifact(model, preset=preset, checkpoint=checkpoint, precision=precision, root=root, log=print)
+    return cached_artifact(model, preset=preset, checkpoint=checkpoint, precision=precision, root=root, log=print,
+                           refine=refine)
 
 
 def weight_bytes_per_token(onnx_path: Path) -> int:

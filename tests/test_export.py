@@ -14,6 +14,7 @@ import onnx
 import pytest
 from families import first, names
 
+from xdeploy import api
 from xdeploy.cli import main
 from xdeploy.core.errors import XDeployError
 from xdeploy.deploy.registry import open_runner
@@ -21,10 +22,11 @@ from xdeploy.export import writer
 from xdeploy.export.artifact import load_artifact
 from xdeploy.export.convert import convert_artifact
 from xdeploy.export.onnx_export import export
-from xdeploy.export.precision import PrecisionOptions, to_fp16, to_fp16_amp
+from xdeploy.export.precision import PrecisionOptions, to_fp16
 from xdeploy.models.registry import MODELS as REGISTRY
 from xdeploy.models.spec import Tolerance, make_feeds
 from xdeploy.verify.metrics import compare
+from xdeploy.verify.sensitivity import fp16_amp
 
 MODELS = names()  # every registered family
 MODELS_ROLE = {m: f.capabilities.role for m, f in REGISTRY.items()}
@@ -53,8 +55,9 @@ def derived(fp32, tmp_path_factory):
     def get(model: str, precision: str, opset: int = 23, optimize: bool = False):
         key = (model, precision, opset, optimize)
         if key not in cache:
-            cache[key] = convert_artifact(fp32(model, opset), root / "-".join(map(str, key)), precision,
-                                          optimize=optimize)
+            # with the measured refinement (fp16 AMP, int8 sensitivity), as `xdeploy convert` runs it
+            cache[key] = api.convert_artifact(fp32(model, opset), root / "-".join(map(str, key)), precision,
+                                              optimize=optimize)
         return cache[key]
 
     return get
@@ -121,8 +124,8 @@ def test_fp16_artifact(derived, model):
 
 
 @pytest.mark.parametrize("model", MODELS)
-def test_int8_artifact(fp32, derived, model):
-    path = derived(model, "int8")
+def test_int8_dynamic_artifact(fp32, derived, model):
+    path = derived(model, "int8-dynamic")
     art = load_artifact(path)
     for graph in art.spec.graphs:
         info = art.manifest["conversion"][graph.name]
@@ -138,16 +141,17 @@ def test_int8_artifact(fp32, derived, model):
         assert agree >= 0.9
 
 
-def test_int8_exclude_keeps_nodes_fp32(fp32, tmp_path):
+def test_int8_dynamic_exclude_keeps_nodes_fp32(fp32, tmp_path):
     src = load_artifact(fp32("vit"))
     proto = onnx.load(str(src.onnx_path()))
     matmuls = [n.name for n in proto.graph.node if n.op_type == "MatMul"]
-    out = convert_artifact(src.path, tmp_path / "q", "int8", options=PrecisionOptions(int8_exclude=(matmuls[0],)))
+    out = convert_artifact(src.path, tmp_path / "q", "int8-dynamic",
+                           options=PrecisionOptions(int8_exclude=(matmuls[0],)))
     q = onnx.load(str(load_artifact(out).onnx_path()))
     assert matmuls[0] in {n.name for n in q.graph.node if n.op_type == "MatMul"}
     assert matmuls[1] not in {n.name for n in q.graph.node if n.op_type == "MatMul"}
     with pytest.raises(XDeployError, match="int8 exclude list names nodes no graph has: nope"):
-        convert_artifact(src.path, tmp_path / "r", "int8", options=PrecisionOptions(int8_exclude=("nope",)))
+        convert_artifact(src.path, tmp_path / "r", "int8-dynamic", options=PrecisionOptions(int8_exclude=("nope",)))
     assert not (tmp_path / "r").exists()
 
 
@@ -231,7 +235,7 @@ def test_automatic_mixed_precision_keeps_diverging_nodes_fp32():
 
     ref = run(proto)
     assert not compare(ref, run(to_fp16(proto)), tol).passed  # the op block list alone does not save it
-    out, info = to_fp16_amp(proto, feeds, tol)
+    out, info = fp16_amp(proto, feeds, tol)
     onnx.checker.check_model(out, full_check=True)
     assert compare(ref, run(out), tol).passed
     # square's result (up to 810000) does not fit fp16: kept fp32, then -- since its output still overflows
@@ -241,9 +245,9 @@ def test_automatic_mixed_precision_keeps_diverging_nodes_fp32():
     assert amp == {"square", "unscale"} and info["amp"]["unresolved"] is None
     const = {t.name: t.data_type for t in out.graph.initializer}
     assert const["c9e4"] == onnx.TensorProto.FLOAT and const["c300"] == onnx.TensorProto.FLOAT16
-    _, off = to_fp16_amp(proto, feeds, tol, PrecisionOptions(amp=False, fp16_block_nodes=("add",)))
+    _, off = fp16_amp(proto, feeds, tol, PrecisionOptions(amp=False, fp16_block_nodes=("add",)))
     assert [(k["node"], k["reason"]) for k in off["kept_fp32"]] == [("add", "node_block_list")]
-    _, skip = to_fp16_amp(proto, feeds, tol, PrecisionOptions(amp=False, fp16_block_nodes=("nope",)))
+    _, skip = fp16_amp(proto, feeds, tol, PrecisionOptions(amp=False, fp16_block_nodes=("nope",)))
     assert skip["requested_nodes_found"] == []  # names of other graphs are skipped; convert rejects unknowns
 
 

@@ -13,11 +13,11 @@ from families import names, params, smallest
 from onnxruntime.transformers.float16 import convert_float_to_float16
 from planted import attention_query, corrupt_weight, scale_up
 
+from xdeploy.api import export  # with the measured refinement (fp16 AMP, int8 sensitivity)
 from xdeploy.cli import main
 from xdeploy.core.errors import XDeployError
 from xdeploy.core.fsutil import atomic_write_json
 from xdeploy.export.artifact import MANIFEST, load_artifact, write_manifest_files
-from xdeploy.export.onnx_export import export
 from xdeploy.export.precision import EXPORT_PRECISIONS
 from xdeploy.models.registry import MODELS
 from xdeploy.models.spec import DEFAULT_TOLERANCES, Tolerance

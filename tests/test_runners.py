@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from families import n_graphs, names
 
+from xdeploy.api import export  # with the measured refinement (fp16 AMP, int8 sensitivity)
 from xdeploy.core.errors import XDeployError
 from xdeploy.deploy.registry import RUNNERS, open_runner, runner_class
 from xdeploy.export.artifact import load_artifact
-from xdeploy.export.onnx_export import export
 from xdeploy.export.precision import EXPORT_PRECISIONS
 from xdeploy.models.spec import DEFAULT_TOLERANCES, Tolerance, make_feeds
 from xdeploy.verify.metrics import cosine

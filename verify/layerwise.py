@@ -132,6 +132,10 @@ class _Probe:
         return out
 
     def run(self, names: list[str]) -> dict[str, np.ndarray]:
+        return self.compile(names)()
+
+    def compile(self, names: list[str]) -> Any:
+        """A call that runs the model on `self.feeds` (read at call time) and returns tensors `names`."""
         g = self.model.graph
         extra = [n for n in names if n not in self.outputs]
         n_before = len(g.output)
@@ -146,7 +150,7 @@ class _Probe:
                                f"{str(e).splitlines()[0]}") from None
         finally:
             del g.output[n_before:]
-        return run()
+        return run
 
     def _ort(self, names: list[str]) -> Any:
         from xdeploy.deploy.sessions import ort_session
@@ -181,6 +185,31 @@ class _Probe:
             return {n: np.asarray(by_name[n]) for n in names}
 
         return run
+
+
+def tensor_values(model: onnx.ModelProto, feeds: dict[str, np.ndarray], names: list[str], *,
+                  runtime: str = "ort", providers: list[Any] | None = None, opt_level: str = "all"
+                  ) -> dict[str, np.ndarray]:
+    """The values of tensors `names` (graph outputs or intermediates) of `model` on `feeds`, run in `runtime`
+    (ort, ov, ov:bf16): one run with them exposed as extra outputs (the model is restored after)."""
+    return tensor_values_many(model, [feeds], names, runtime=runtime, providers=providers, opt_level=opt_level)[0]
+
+
+def tensor_values_many(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], names: list[str], *,
+                       runtime: str = "ort", providers: list[Any] | None = None, opt_level: str = "all"
+                       ) -> list[dict[str, np.ndarray]]:
+    """`tensor_values` on several feeds with one session / one compiled model."""
+    if runtime not in RUNTIMES:
+        from xdeploy.core.errors import one_of
+
+        raise one_of("layerwise runtime", runtime, RUNTIMES)
+    probe = _Probe(model, feeds[0], list(providers or ["CPUExecutionProvider"]), opt_level, runtime)
+    call = probe.compile(list(dict.fromkeys(names)))
+    out = []
+    for f in feeds:
+        probe.feeds = probe._adapt(f)
+        out.append(call())
+    return out
 
 
 def _range(a: np.ndarray) -> tuple[float, float]:

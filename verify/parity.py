@@ -14,9 +14,9 @@ from xdeploy.verify.metrics import HUGE, Comparison, compare, cosine  # noqa: F4
 
 # ------------------------------------------------------------------------------------------ input sets ----
 
-PRECISION_ORDER = ("fp32", "fp16", "bf16", "int8")  # tightest to loosest default tolerance
+PRECISION_ORDER = ("fp32", "fp16", "bf16", "int8", "int8-dynamic")  # tightest to loosest default tolerance
 # Minimum fraction of meaningful positions whose logits argmax (top-1) agrees with the reference.
-TOP1_MIN = {"fp32": 1.0, "fp16": 0.99, "bf16": 0.95, "int8": 0.9}
+TOP1_MIN = {"fp32": 1.0, "fp16": 0.99, "bf16": 0.95, "int8": 0.9, "int8-dynamic": 0.9}
 TEXTS = (  # real text for artifacts with a tokenizer: short, long (truncated at the exported max), empty
     "A deployed model that is fast but wrong is worse than useless.",
     "The quick brown fox jumps over the lazy dog near the riverbank at dawn.",

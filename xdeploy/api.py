@@ -3,6 +3,7 @@
 Everything a user script needs, re-exported from the layer that owns it (the CLI is thin over these):
 
     art = api.export("bert", preset="minilm", precision="fp32", out="artifacts/bert")   # -> artifact path
+    q = api.convert_artifact(art, "artifacts/bert-int8", "int8")                        # static Q/DQ int8
     with api.open_runner("ort", art) as r: ...                                          # any runner spec
     report = api.check_artifact(art, ["ort", "ov"])                                     # parity vs PyTorch
     api.run_job(api.RunConfig(out="reports/latest"))                                    # the main job
@@ -10,19 +11,38 @@ Everything a user script needs, re-exported from the layer that owns it (the CLI
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from xdeploy.deploy.embedder import Embedder
 from xdeploy.deploy.generate import GenerationConfig, Generator
 from xdeploy.deploy.registry import open_runner
 from xdeploy.deploy.tokenizer_graph import tokenizer_graph_builder
+from xdeploy.export import convert as _convert
+from xdeploy.export import onnx_export as _onnx_export
 from xdeploy.export.artifact import Artifact, load_artifact
-from xdeploy.export.convert import convert_artifact
-from xdeploy.export.onnx_export import export
 from xdeploy.models.spec import make_feeds
 from xdeploy.pipeline import RunConfig, RunResult, run_job
 from xdeploy.verify.parity import ParityReport, check_artifact
+from xdeploy.verify.sensitivity import refine as _refine
 
 __all__ = [
     "Artifact", "Embedder", "GenerationConfig", "Generator", "ParityReport", "RunConfig", "RunResult",
     "check_artifact", "convert_artifact", "export", "load_artifact", "make_feeds", "open_runner", "run_job",
     "tokenizer_graph_builder",
 ]
+
+
+def export(model: str, *, measured: bool = True, **kwargs: Any) -> Path:
+    """Export `model` to an artifact (export/onnx_export.py `export`, same arguments), with the measured
+    refinement of reduced precisions (verify/sensitivity.py): fp16 automatic mixed precision and int8
+    sensitivity keep the nodes that break the tolerance in floating point. `measured=False`: the plain
+    transform with the requested keep lists only."""
+    return _onnx_export.export(model, refine=_refine if measured else None, **kwargs)
+
+
+def convert_artifact(src: str | Path, out: str | Path, precision: str, *, measured: bool = True,
+                     **kwargs: Any) -> Path:
+    """Derive an artifact at `precision` from an fp32 one (export/convert.py `convert_artifact`), with the
+    measured refinement as in `export`."""
+    return _convert.convert_artifact(src, out, precision, refine=_refine if measured else None, **kwargs)

@@ -1,4 +1,4 @@
-"""The main job: every model -> export fp32/fp16/int8 -> parity -> bench -> scale -> decode -> report.
+"""The main job: every model -> export fp32/fp16/int8/int8-dynamic -> parity -> bench -> scale -> decode -> report.
 
     from xdeploy.pipeline import RunConfig, run_job
     result = run_job(RunConfig(out="reports/latest"))        # `xdeploy run`, `make demo`
@@ -31,7 +31,7 @@ import numpy as np
 
 from xdeploy.core.errors import XDeployError, one_of
 
-PRECISIONS = ("fp32", "fp16", "int8")
+PRECISIONS = ("fp32", "fp16", "int8", "int8-dynamic")  # int8 = static Q/DQ, int8-dynamic = ORT dynamic
 RUNNERS = ("ort", "ov")  # candidates; "torch" is the fp32 reference everything is compared with
 SKIPPABLE = ("roofline", "bench", "decode", "scale")
 
@@ -178,6 +178,7 @@ def export_all(cfg: RunConfig, model: str, prog: _Progress,
     (--resume: the journal's artifact, if it still verifies)."""
     from xdeploy.export.convert import convert_artifact
     from xdeploy.export.onnx_export import export
+    from xdeploy.verify.sensitivity import refine
 
     preset = cfg.preset(model)
     root = Path(cfg.artifacts)
@@ -189,7 +190,8 @@ def export_all(cfg: RunConfig, model: str, prog: _Progress,
             with prog.step("export", f"{model} {preset} {prec}"):
                 if prec == "fp32":
                     return export(model, preset=preset, out=out, force=True)
-                return convert_artifact(paths["fp32"], out, prec, force=True)
+                # with the measured refinement (fp16 AMP, int8 sensitivity), as `xdeploy convert` does
+                return convert_artifact(paths["fp32"], out, prec, force=True, refine=refine)
         paths[prec] = reuse(model, prec, out, one) if reuse else one()
     return paths
 

@@ -1,4 +1,4 @@
-"""xdeploy convert: fp32 artifact -> fp16 / int8 / optimized artifact, without PyTorch."""
+"""xdeploy convert: fp32 artifact -> fp16 / int8 (static Q/DQ) / int8-dynamic / optimized artifact, without PyTorch."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from xdeploy.api import convert_artifact
     from xdeploy.export.artifact import load_artifact
-    from xdeploy.export.convert import convert_artifact
 
     path = convert_artifact(args.artifact, args.out, args.precision, optimize=args.optimize, opt_level=args.opt_level,
                             options=precision_options(args), force=args.force)

@@ -5,8 +5,14 @@ from __future__ import annotations
 import argparse
 
 from xdeploy.commands import add_json_option, write_json
-from xdeploy.export.onnx_export import DEFAULT_OPSET, DEFAULT_OPTIMIZE, export
-from xdeploy.export.precision import EXPORT_PRECISIONS, FP16_BLOCK_OPS, PrecisionOptions
+from xdeploy.export.onnx_export import DEFAULT_OPSET, DEFAULT_OPTIMIZE
+from xdeploy.export.precision import (
+    CALIBRATION_METHODS,
+    DEFAULT_CALIBRATION_METHOD,
+    EXPORT_PRECISIONS,
+    FP16_BLOCK_OPS,
+    PrecisionOptions,
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -15,7 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--preset", help="named size (see `xdeploy models`); default: the first preset")
     src.add_argument("--checkpoint", metavar="DIR", help="Hugging Face or sentence-transformers directory")
     p.add_argument("--opset", type=int, default=DEFAULT_OPSET, help=f"ONNX opset (default {DEFAULT_OPSET})")
-    p.add_argument("--precision", default="fp32", help=f"one of {', '.join(EXPORT_PRECISIONS)}")
+    p.add_argument("--precision", default="fp32", help=f"one of {', '.join(EXPORT_PRECISIONS)} (int8: static "
+                   "Q/DQ with calibration; int8-dynamic: onnxruntime dynamic quantization)")
     p.add_argument("--attn-impl", choices=("sdpa", "math"), help="attention kernel to export (default sdpa)")
     add_conversion_arguments(p)
     p.add_argument("--out", metavar="DIR", help="artifact directory (default artifacts/MODEL-PRESET-PRECISION)")
@@ -44,6 +51,16 @@ def add_conversion_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--int8-exclude", metavar="NODES", default="", help="node names left unquantized in int8 graphs")
     g.add_argument("--int8-per-tensor", dest="int8_per_channel", action="store_false",
                    help="int8: one scale per weight tensor instead of per output channel")
+    g.add_argument("--calibration", metavar="FILE",
+                   help="static int8 calibration data: text lines (tokenized with the model's tokenizer), or .npy "
+                        "/ .npz arrays named after the graph inputs (default: the model family's built-in set)")
+    g.add_argument("--calibration-method", default=DEFAULT_CALIBRATION_METHOD, choices=CALIBRATION_METHODS,
+                   help=f"how activation ranges are chosen (default {DEFAULT_CALIBRATION_METHOD}, by measurement)")
+    g.add_argument("--no-sensitivity", dest="sensitivity", action="store_false",
+                   help="int8: skip the measured search for nodes to keep float when the tolerance is missed")
+    g.add_argument("--int8-max-excluded", type=int, metavar="N",
+                   help="int8: budget of nodes per graph the sensitivity search may keep float (default: a quarter "
+                        "of the graph's quantizable nodes)")
 
 
 def precision_options(args: argparse.Namespace) -> PrecisionOptions:
@@ -52,10 +69,13 @@ def precision_options(args: argparse.Namespace) -> PrecisionOptions:
 
     return PrecisionOptions(fp16_block_ops=names(args.fp16_block_ops), fp16_block_nodes=names(args.fp16_block_nodes),
                             amp=args.amp, int8_exclude=names(args.int8_exclude),
-                            int8_per_channel=args.int8_per_channel)
+                            int8_per_channel=args.int8_per_channel, int8_calibration_file=args.calibration,
+                            int8_method=args.calibration_method, int8_sensitivity=args.sensitivity,
+                            int8_max_excluded=args.int8_max_excluded)
 
 
 def run(args: argparse.Namespace) -> int:
+    from xdeploy.api import export
     from xdeploy.deploy.tokenizer_graph import tokenizer_graph_builder
     from xdeploy.export.artifact import load_artifact
 
@@ -89,8 +109,16 @@ def print_conversion(manifest: dict) -> None:
             amp = [k for k in info.get("kept_fp32", []) if k.get("reason") == "amp"]
             parts.append(f"{len(info.get('kept_fp32', []))} nodes kept fp32 ({len(amp)} by AMP), "
                          f"{info.get('fp16_nodes', 0)} fp16")
-        if info.get("precision") == "int8":
+        if info.get("precision") in ("int8", "int8-dynamic"):
             parts.append("quantized " + ", ".join(f"{v} {k}" for k, v in info.get("quantized_ops", {}).items()))
+        if info.get("format") == "qdq":
+            cal = info.get("calibration", {})
+            sens = info.get("sensitivity", {})
+            kept = [k["node"] for k in info.get("kept_fp32", [])]
+            parts.append(f"{info.get('quantized_nodes', 0)} nodes int8 ({cal.get('method')} calibration, "
+                         f"{cal.get('samples')} samples, {cal.get('source')}); kept float: {', '.join(kept) or 'none'}")
+            if sens.get("unresolved"):
+                parts.append(f"sensitivity budget spent, still failing: {sens['unresolved'].get('reason')}")
         if info.get("fused_ops"):
             parts.append("fused " + ", ".join(f"{v} {k}" for k, v in info["fused_ops"].items()))
         if parts:

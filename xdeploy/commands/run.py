@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from xdeploy.models.registry import MODELS as FAMILIES
+    from xdeploy.pipeline import PRECISIONS
 
     models = tuple(FAMILIES)
     p.add_argument("--full", action="store_true",
@@ -27,7 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--artifacts", default="artifacts/run", metavar="DIR",
                    help="where the exported artifacts go (default artifacts/run)")
     p.add_argument("--models", default=",".join(models), metavar="M,...", help=f"subset of {','.join(models)}")
-    p.add_argument("--precisions", default="fp32,fp16,int8", metavar="P,...", help="artifact precisions")
+    p.add_argument("--precisions", default=",".join(PRECISIONS), metavar="P,...",
+                   help=f"artifact precisions (default {','.join(PRECISIONS)}; int8 = static Q/DQ)")
     p.add_argument("--runners", default="ort,ov", metavar="R,...",
                    help="runners compared with the PyTorch reference (default ort,ov)")
     p.add_argument("--tolerance", action="append", default=[], metavar="[OUTPUT:]atol=X,rtol=Y,cosine=Z",

@@ -1,0 +1,233 @@
+"""Static int8: which quantizer, which calibration method, and how fast the Q/DQ graphs run where.
+
+    python -m xdeploy.studies.int8_study --model bert --preset base          # BERT-base b1 s128
+    python -m xdeploy.studies.int8_study --model vit --preset base16 --quantizers ort-minmax
+    python -m xdeploy.studies.int8_study --model bert --checkpoint DIR --no-speed   # accuracy on real weights
+
+Quantizers (each without the sensitivity search, so the raw quantizers are compared):
+  ort-minmax, ort-entropy, ort-percentile   onnxruntime.quantization.quantize_static, QDQ (export/precision.py)
+  nncf                                     NNCF's post-training quantization of the ONNX graph (PERFORMANCE
+                                           preset = symmetric int8 activations as TensorRT needs, TRANSFORMER
+                                           model type: its SmoothQuant and bias correction), same calibration
+  dynamic                                  today's onnxruntime dynamic int8 (int8-dynamic)
+Accuracy: `xdeploy parity` on ort and ov (worst cosine over outputs and cases; the cases include the exported
+maximum length with padded rows, and real text when the artifact has a tokenizer).
+Speed: every candidate (quantizer x runner, plus fp32 on ort / ov / ov:bf16) in one process, interleaved: each
+round gives every candidate `--per-round` calls in turn (one untimed first); a candidate's round value is the
+median of its calls, and speed-ups are ratios of paired rounds (baseline round / candidate round), reported as
+median [min, max] over rounds. Baseline: onnxruntime running the dynamic int8 graph. Achieved FLOP/s are the
+model's analytic FLOPs / median latency, against the int8 GEMM peak the roofline cache holds (if any).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xdeploy.core.errors import XDeployError
+from xdeploy.core.fsutil import atomic_write_json
+
+QUANTIZERS = ("ort-minmax", "ort-entropy", "ort-percentile", "nncf", "dynamic")
+
+
+def _artifact(workdir: Path, name: str, build: Any) -> Path:
+    out = workdir / name
+    if not (out / "manifest.json").exists():
+        print(f"building {out} ...", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        build(out)
+        print(f"  {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    return out
+
+
+def _nncf(fp32: Path, out: Path) -> None:
+    """The ORT-minmax artifact's layout with model.onnx replaced by NNCF's quantization of the fp32 graph."""
+    import nncf
+    import onnx
+
+    from xdeploy.core.fsutil import atomic_dir
+    from xdeploy.export.artifact import MANIFEST, load_artifact, write_manifest_files
+    from xdeploy.export.calibration import default_calibration
+
+    art = load_artifact(fp32)
+    cal = default_calibration(art.spec, art.tokenizer_dir)
+    m = dict(art.manifest)
+    with atomic_dir(out, force=True) as tmp:
+        for sub in ("reference", "tokenizer"):
+            if (art.path / sub).is_dir():
+                shutil.copytree(art.path / sub, tmp / sub)
+        conversion = {}
+        for g in art.spec.graphs:
+            proto = onnx.load(str(art.onnx_path(g.name)))
+            q = nncf.quantize(proto, nncf.Dataset(cal.samples[g.name]), preset=nncf.QuantizationPreset.PERFORMANCE,
+                              model_type=nncf.ModelType.TRANSFORMER, subset_size=len(cal.samples[g.name]))
+            onnx.save(q, str(tmp / m["graphs"][g.name]["file"]))
+            conversion[g.name] = {"precision": "int8", "format": "qdq", "quantizer": f"nncf {nncf.__version__}",
+                                  "calibration": {"method": "nncf default", **cal.record(g.name)}}
+        m |= {"precision": "int8", "conversion": conversion}
+        write_manifest_files(tmp, m)
+        atomic_write_json(tmp / MANIFEST, m)
+
+
+def build_artifacts(model: str, preset: str | None, checkpoint: str | None, workdir: Path,
+                    quantizers: tuple[str, ...]) -> dict[str, Path]:
+    from xdeploy import api
+    from xdeploy.export.precision import PrecisionOptions
+
+    tag = f"{model}-{preset or 'ckpt'}"
+    arts = {"fp32": _artifact(workdir, f"{tag}-fp32", lambda o: api.export(
+        model, preset=preset, checkpoint=checkpoint, out=o, force=True))}
+    for qn in quantizers:
+        if qn == "dynamic":
+            build = lambda o: api.convert_artifact(arts["fp32"], o, "int8-dynamic", force=True)  # noqa: E731
+        elif qn == "nncf":
+            build = lambda o: _nncf(arts["fp32"], o)  # noqa: E731
+        else:
+            opts = PrecisionOptions(int8_method=qn.removeprefix("ort-"), int8_sensitivity=False)
+            build = lambda o, opts=opts: api.convert_artifact(arts["fp32"], o, "int8", options=opts,  # noqa: E731
+                                                              force=True)
+        arts[qn] = _artifact(workdir, f"{tag}-{qn}", build)
+    return arts
+
+
+def accuracy(arts: dict[str, Path], runners: tuple[str, ...], shapes: list[tuple[int, int | None]]
+             ) -> dict[str, Any]:
+    from xdeploy.export.artifact import load_artifact
+    from xdeploy.verify.parity import check_artifact
+
+    out: dict[str, Any] = {}
+    for name, path in arts.items():
+        rep = check_artifact(load_artifact(path), list(runners), shapes=shapes)
+        for r in runners:
+            cs = [c for c in rep.checks if c.runner == r]
+            out[f"{name}/{r}"] = {"passed": all(c.passed for c in cs), "worst_cosine": min(c.cosine for c in cs),
+                                  "worst_max_abs": max(c.max_abs for c in cs),
+                                  "failures": [f"{c.case} {c.output}: {c.reason}" for c in cs if not c.passed][:3]}
+    return out
+
+
+def speed(arts: dict[str, Path], cands: list[tuple[str, str, str]], batch: int, seq: int, threads: int,
+          rounds: int, per_round: int, baseline: str) -> dict[str, Any]:
+    """cands: (label, runner spec, artifact key)."""
+    from xdeploy.deploy.registry import open_runner
+    from xdeploy.export.artifact import load_artifact
+    from xdeploy.models.registry import get_family
+    from xdeploy.models.spec import make_feeds
+
+    fp32 = load_artifact(arts["fp32"])
+    graph = fp32.graph()
+    sizes = {a: (batch if a == "batch" else seq) for a in fp32.spec.axes}
+    feeds = make_feeds(graph, sizes, seed=0)
+    flops = get_family(fp32.model).flops(fp32.config, sizes)
+    runners, calls = {}, {}
+    try:
+        for label, spec, key in cands:
+            runners[label] = open_runner(spec, load_artifact(arts[key]), threads=threads)
+            calls[label] = runners[label].prepare(feeds)
+            for _ in range(3):
+                calls[label]()
+        per: dict[str, list[float]] = {label: [] for label, _, _ in cands}
+        clock = time.perf_counter
+        for _ in range(rounds):
+            for label, _, _ in cands:
+                call = calls[label]
+                call()  # untimed: the previous candidate's spinning threads and cold caches land here
+                ts = []
+                for _ in range(per_round):
+                    t0 = clock()
+                    call()
+                    ts.append(clock() - t0)
+                per[label].append(float(np.median(ts)))
+    finally:
+        for r in runners.values():
+            r.close()
+    base = np.asarray(per[baseline])
+    res = {}
+    for label, spec, key in cands:
+        a = np.asarray(per[label])
+        ratio = base / a
+        res[label] = {"runner": spec, "artifact": key, "p50_ms": float(np.median(a) * 1e3),
+                      "round_ms_min": float(a.min() * 1e3), "round_ms_max": float(a.max() * 1e3),
+                      "speedup": {"median": float(np.median(ratio)), "min": float(ratio.min()),
+                                                 "max": float(ratio.max())},
+                      "gflops": flops / float(np.median(a)) / 1e9}
+    return {"flops": flops, "sizes": sizes, "results": res}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m xdeploy.studies.int8_study", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="bert")
+    p.add_argument("--preset")
+    p.add_argument("--checkpoint")
+    p.add_argument("--quantizers", default=",".join(QUANTIZERS))
+    p.add_argument("--workdir", default="artifacts/int8_study")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--per-round", type=int, default=5)
+    p.add_argument("--shapes", default="1x128,3xmax", help="parity shapes for the accuracy part")
+    p.add_argument("--no-accuracy", dest="accuracy", action="store_false")
+    p.add_argument("--no-speed", dest="speed", action="store_false")
+    p.add_argument("--json", metavar="FILE")
+    a = p.parse_args(argv)
+    from xdeploy.studies.runner_compare import machine
+    from xdeploy.verify.parity import parse_shapes
+
+    try:
+        quantizers = tuple(q for q in a.quantizers.split(",") if q)
+        bad = [q for q in quantizers if q not in QUANTIZERS]
+        if bad:
+            raise XDeployError(f"unknown quantizer {bad[0]!r}; expected some of {', '.join(QUANTIZERS)}")
+        arts = build_artifacts(a.model, a.preset, a.checkpoint, Path(a.workdir), quantizers)
+        report: dict[str, Any] = {"study": "int8_study", "model": a.model, "preset": a.preset,
+                                  "checkpoint": a.checkpoint, "machine": machine(), "threads": a.threads}
+        if a.accuracy:
+            report["accuracy"] = accuracy(arts, ("ort", "ov"), parse_shapes(a.shapes))
+            print(json.dumps(report["accuracy"], indent=1), flush=True)
+        if a.speed:
+            cands = [("ort fp32", "ort", "fp32"), ("ov fp32", "ov", "fp32"), ("ov:bf16 fp32", "ov:bf16", "fp32")]
+            for q in quantizers:
+                cands += [(f"ort {q}", "ort", q), (f"ov {q}", "ov", q)]
+            baseline = "ort dynamic" if "dynamic" in quantizers else "ort fp32"
+            report["speed"] = speed(arts, cands, a.batch, a.seq, a.threads, a.rounds, a.per_round, baseline)
+            report["speed"]["baseline"] = baseline
+            report["speed"]["peaks"] = _peaks()
+            _print_speed(report["speed"], a)
+    except XDeployError as e:
+        print(f"int8_study: error: {e}", file=sys.stderr)
+        return e.exit_code
+    report["machine_end_load"] = machine()["load_avg_1m"]
+    if a.json:
+        atomic_write_json(a.json, report)
+    return 0
+
+
+def _peaks() -> dict[str, float]:
+    from xdeploy.bench.roofline import load_peaks
+
+    try:
+        return dict(load_peaks())
+    except Exception:  # no roofline cache on this machine: report FLOP/s without a percentage
+        return {}
+
+
+def _print_speed(s: dict[str, Any], a: argparse.Namespace) -> None:
+    base = s["baseline"]
+    print(f"\n{a.model} {a.preset or 'ckpt'} batch {a.batch} seq {a.seq}, {a.threads} thread(s), {a.rounds} rounds x "
+          f"{a.per_round} calls, interleaved; speed-up = paired-round ratio vs {base}")
+    for label, r in s["results"].items():
+        sp = r["speedup"]
+        print(f"  {label:22s} {r['p50_ms']:8.2f} ms  [{r['round_ms_min']:.2f}, {r['round_ms_max']:.2f}]  "
+              f"x{sp['median']:.2f} [{sp['min']:.2f}, {sp['max']:.2f}]  {r['gflops']:.0f} GFLOP/s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

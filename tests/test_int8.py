@@ -1,0 +1,274 @@
+"""Static int8 (Q/DQ): graph structure, parity of every registered model on ort / ov / ov:bf16, calibration data
+(defaults, user files, methods, bad files) and the sensitivity search on a planted sensitive layer."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import json
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+from planted import activation_outlier
+
+from xdeploy import api
+from xdeploy.cli import main
+from xdeploy.core.errors import XDeployError
+from xdeploy.export.artifact import load_artifact
+from xdeploy.export.calibration import default_calibration, load_calibration
+from xdeploy.export.precision import PrecisionOptions, to_int8_static
+from xdeploy.models.registry import MODELS
+from xdeploy.verify.layerwise import tensor_values
+from xdeploy.verify.parity import check_artifact
+from xdeploy.verify.sensitivity import eval_cases, int8_sensitivity
+
+WEIGHT_OPS = ("MatMul", "Gemm", "Conv")
+
+
+@pytest.fixture(scope="module")
+def fp32(tmp_path_factory):
+    root = tmp_path_factory.mktemp("int8")
+    cache: dict = {}
+
+    def get(model: str):
+        if model not in cache:
+            cache[model] = api.export(model, preset="tiny", out=root / f"{model}-fp32")
+        return cache[model]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def int8(fp32, tmp_path_factory):
+    root = tmp_path_factory.mktemp("int8q")
+    cache: dict = {}
+
+    def get(model: str):
+        if model not in cache:
+            cache[model] = api.convert_artifact(fp32(model), root / f"{model}-int8", "int8")
+        return cache[model]
+
+    return get
+
+
+def _weight_nodes(proto: onnx.ModelProto) -> dict[str, str]:
+    """MatMul/Gemm/Conv nodes of an fp32 graph whose second input is a constant weight."""
+    inits = {i.name for i in proto.graph.initializer}
+    return {n.name: n.op_type for n in proto.graph.node if n.op_type in WEIGHT_OPS and n.input[1] in inits}
+
+
+def assert_qdq_structure(ref: onnx.ModelProto, q: onnx.ModelProto, kept: set[str]) -> int:
+    """Every weight MatMul/Gemm/Conv not kept float reads DequantizeLinear on both inputs: the activation's from
+    a QuantizeLinear with zero point 0 (int8, symmetric), the weight's from an int8 initializer with one scale
+    per output channel; no dynamic-quantization op; no other op reads a quantized activation."""
+    ops = collections.Counter(n.op_type for n in q.graph.node)
+    assert not {"MatMulInteger", "DynamicQuantizeLinear", "ConvInteger", "MatMulIntegerToFloat"} & set(ops), ops
+    assert max(o.version for o in q.opset_import if o.domain in ("", "ai.onnx")) >= 13
+    inits = {i.name: i for i in q.graph.initializer}
+    producer = {o: n for n in q.graph.node for o in n.output}
+    by_name = {n.name: n for n in q.graph.node}
+    # weight nodes: constant second input in the fp32 graph, or after the quantizer's constant folding (a tied
+    # embedding's Transpose becomes an initializer: GPT's lm_head)
+    weights = {n.name: n.op_type for n in q.graph.node if n.op_type in WEIGHT_OPS and (
+        n.input[1] in inits or (n.input[1] in producer and producer[n.input[1]].op_type == "DequantizeLinear"
+                                and producer[n.input[1]].input[0] in inits))}
+    assert weights and set(_weight_nodes(ref)) <= set(weights), "a weight MatMul/Gemm/Conv went missing"
+    act_dq = set()
+    for name, op in weights.items():
+        n = by_name[name]
+        assert n.op_type == op
+        if name in kept:
+            assert all(producer.get(i) is None or producer[i].op_type != "DequantizeLinear" for i in n.input[:2])
+            continue
+        x_dq, w_dq = producer[n.input[0]], producer[n.input[1]]
+        assert x_dq.op_type == "DequantizeLinear" and w_dq.op_type == "DequantizeLinear", name
+        qx = producer[x_dq.input[0]]
+        assert qx.op_type == "QuantizeLinear", name
+        zp = inits[qx.input[2]]
+        assert zp.data_type == onnx.TensorProto.INT8 and not numpy_helper.to_array(zp).any(), name
+        w = inits[w_dq.input[0]]
+        assert w.data_type == onnx.TensorProto.INT8, name
+        w_zp, w_scale = (numpy_helper.to_array(inits[w_dq.input[k]]) for k in (2, 1))
+        assert not w_zp.any() and w_scale.size > 1, f"{name}: weights not symmetric per channel"
+        act_dq.add(x_dq.output[0])
+    for n in q.graph.node:
+        if n.op_type not in (*WEIGHT_OPS, "QuantizeLinear", "DequantizeLinear"):
+            assert not act_dq & set(n.input), f"{n.name} ({n.op_type}) reads a quantized activation"
+    assert not act_dq & {o.name for o in q.graph.output}
+    return len(weights) - len(kept & set(weights))
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_qdq_structure_and_parity_on_every_runner(fp32, int8, model):
+    art = load_artifact(int8(model))
+    ref = load_artifact(fp32(model))
+    assert art.precision == "int8" and art.tolerance == ref.spec.tolerances["int8"]
+    for g in art.spec.graphs:
+        info = art.manifest["conversion"][g.name]
+        assert info["format"] == "qdq" and info["activation_symmetric"] and info["per_channel"]
+        cal = info["calibration"]
+        assert cal["method"] == "percentile" and cal["samples"] == 32 and len(cal["sha256"]) == 64
+        assert cal["source"].startswith("default:")
+        assert info["sensitivity"]["enabled"] and info["sensitivity"]["unresolved"] is None
+        kept = {k["node"] for k in info["kept_fp32"]}
+        n = assert_qdq_structure(onnx.load(str(ref.onnx_path(g.name))), onnx.load(str(art.onnx_path(g.name))), kept)
+        assert n == info["quantized_nodes"] > 0
+    rep = check_artifact(art, ["ort", "ov", "ov:bf16"])
+    assert rep.passed, [(c.runner, c.graph, c.output, c.case, c.reason) for c in rep.failures]
+
+
+def test_default_calibration_is_deterministic_and_follows_the_inputs(fp32):
+    bert, vit = load_artifact(fp32("bert")), load_artifact(fp32("vit"))
+    a, b = default_calibration(bert.spec), default_calibration(bert.spec)
+    assert a.sha256 == b.sha256 and a.source["model"] == "default:text"
+    lengths = [s["input_ids"].shape[1] for s in a.samples["model"]]
+    assert min(lengths) < 16 and max(lengths) == bert.spec.axes["seq"].max  # short sentences and paragraphs
+    assert all(s["attention_mask"].sum(1).min() >= 1 for s in a.samples["model"])
+    img = default_calibration(vit.spec)
+    px = np.concatenate([s["pixel_values"] for s in img.samples["model"]])
+    assert img.source["model"] == "default:image" and np.isfinite(px).all() and px.std() > 0.3
+    # the text set is not the parity sentences
+    from xdeploy.export.calibration_text import SENTENCES
+    from xdeploy.verify.parity import TEXTS
+
+    assert not set(SENTENCES) & set(TEXTS)
+
+
+def test_calibration_files_text_npz_and_bad_input(fp32, tmp_path):
+    bert, vit = load_artifact(fp32("bert")), load_artifact(fp32("vit"))
+    lines = tmp_path / "lines.txt"
+    lines.write_text("first line of text\n\nsecond, a little longer line of text\nthird\nfourth\nfifth\n")
+    cal = load_calibration(lines, bert.spec)
+    assert cal.source["model"] == "file:lines.txt" and len(cal.samples["model"]) == 2  # 5 lines, 4 per sample
+    assert cal.sha256["model"] == hashlib.sha256(lines.read_bytes()).hexdigest()
+    px = np.random.default_rng(0).standard_normal((6, *vit.spec.graph("model").inputs[0].dims[1:])).astype("f4")
+    np.savez(tmp_path / "px.npz", pixel_values=px)
+    np.save(tmp_path / "px.npy", px)
+    for f in ("px.npz", "px.npy"):
+        c = load_calibration(tmp_path / f, vit.spec)
+        assert [s["pixel_values"].shape[0] for s in c.samples["model"]] == [4, 2]
+    bad = {
+        "missing.txt": None,
+        "bin.txt": b"\xff\xfe\x00bad",
+        "empty.txt": b"\n\n",
+        "obj.npy": "object",
+        "ids.npz": {"input_ids": np.full((2, 4), 10**6), "attention_mask": np.ones((2, 4), np.int64),
+                    "token_type_ids": np.zeros((2, 4), np.int64)},
+        "keys.npz": {"nope": np.zeros(3)},
+        "nan.npy": np.full(px.shape, np.nan, np.float32),
+        "shape.npy": np.zeros((2, 3, 5, 5), np.float32),
+        "broken.npz": b"PK\x03\x04 not a zip",
+    }
+    for name, content in bad.items():
+        p = tmp_path / name
+        if isinstance(content, bytes):
+            p.write_bytes(content)
+        elif isinstance(content, dict):
+            np.savez(p, **content)
+        elif isinstance(content, np.ndarray):
+            np.save(p, content)
+        elif content == "object":
+            np.save(p, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+        spec = bert.spec if name.endswith(".txt") or name == "ids.npz" or name == "keys.npz" else vit.spec
+        with pytest.raises(XDeployError) as e:
+            load_calibration(p, spec)
+        msg = str(e.value)
+        assert "calibration file" in msg and "\n" not in msg, (name, msg)
+    with pytest.raises(XDeployError, match="takes no token ids"):
+        load_calibration(lines, vit.spec)
+    with pytest.raises(XDeployError, match="expected a .npz with one array per input"):
+        load_calibration(tmp_path / "px.npy", bert.spec)
+
+
+def test_cli_convert_with_calibration_file_and_method(fp32, tmp_path, capsys):
+    lines = tmp_path / "cal.txt"
+    lines.write_text("\n".join(f"calibration sentence number {i} about trains and weather" for i in range(8)))
+    out = tmp_path / "q"
+    assert main(["convert", str(fp32("bert")), "--precision", "int8", "--calibration", str(lines),
+                 "--calibration-method", "minmax", "--no-sensitivity", "--out", str(out)]) == 0
+    assert "minmax calibration, 2 samples, file:cal.txt" in capsys.readouterr().out
+    info = json.loads((out / "manifest.json").read_text())["conversion"]["model"]
+    assert info["calibration"] == {"method": "minmax", "source": "file:cal.txt", "samples": 2,
+                                   "sha256": hashlib.sha256(lines.read_bytes()).hexdigest()}
+    assert info["sensitivity"] == {"enabled": False}
+    # the method changes the activation scales (default: percentile)
+    mm = tmp_path / "mm"
+    assert main(["convert", str(fp32("bert")), "--precision", "int8", "--calibration", str(lines),
+                 "--no-sensitivity", "--out", str(mm)]) == 0
+
+    def act_scales(path):
+        p = onnx.load(str(path / "model.onnx"))
+        inits = {i.name: numpy_helper.to_array(i) for i in p.graph.initializer}
+        return {n.input[0]: float(inits[n.input[1]]) for n in p.graph.node if n.op_type == "QuantizeLinear"}
+
+    a, b = act_scales(out), act_scales(mm)
+    assert a.keys() == b.keys() and any(abs(a[k] - b[k]) > 1e-6 * b[k] for k in a)
+    capsys.readouterr()
+    for argv, msg in [(["--calibration", str(tmp_path / "none.npz")], "does not exist"),
+                      (["--calibration-method", "median"], "invalid choice")]:
+        with pytest.raises(SystemExit) as e:
+            sys.exit(main(["convert", str(fp32("bert")), "--precision", "int8", "--out", str(tmp_path / "x"), *argv]))
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and msg in err, err
+    assert not (tmp_path / "x").exists()
+
+
+def _planted(fp32):
+    art = load_artifact(fp32("bert"))
+    proto = onnx.load(str(art.onnx_path()))
+    # the last weight node: nothing downstream (no residual) hides what its quantization destroys
+    weights = [n for n in proto.graph.node if n.name in _weight_nodes(proto)]
+    name = activation_outlier(proto, weights[-1].name)
+    opts = PrecisionOptions(int8_calibration=default_calibration(art.spec))
+    return art, proto, name, opts
+
+
+def test_sensitivity_keeps_the_planted_layer_float(fp32):
+    art, proto, name, opts = _planted(fp32)
+    graph = art.graph()
+    tol = art.spec.tolerances["int8"]
+    # without the search the planted layer breaks the tolerance
+    q0, info0 = int8_sensitivity(proto, graph=graph, spec=art.spec, options=dataclasses.replace(
+        opts, int8_sensitivity=False))
+    assert name in {n.name for n in q0.graph.node} and not info0["kept_fp32"]
+    case = eval_cases(graph, art.spec)[2]  # the maximum length
+    outs = [t.name for t in graph.outputs]
+    ref, bad = tensor_values(proto, case.feeds, outs), tensor_values(q0, case.feeds, outs)
+    from xdeploy.verify.metrics import compare
+
+    assert not all(compare(ref[k], bad[k], tol).passed for k in outs)
+    # with it: the planted MatMul is ranked first, kept float, and the graph is within tolerance
+    q, info = int8_sensitivity(proto, graph=graph, spec=art.spec, options=opts, runtimes=("ort",))
+    sens = info["sensitivity"]
+    assert sens["unresolved"] is None and sens["rounds"][0]["kept_float"] == name, sens
+    kept = {k["node"]: k for k in info["kept_fp32"]}
+    assert kept[name]["reason"] == "sensitivity" and kept[name]["round"] == 1 and kept[name]["cosine_gain"] > 0.05
+    assert len(kept) <= sens["budget"] == max(2, (info["quantized_nodes"] + len(kept)) // 4)
+    assert_qdq_structure(proto, q, set(kept))
+    good = tensor_values(q, case.feeds, outs)
+    assert all(compare(ref[k], good[k], tol).passed for k in outs)
+    # a spent budget is recorded, not hidden
+    _, spent = int8_sensitivity(proto, graph=graph, spec=art.spec, runtimes=("ort",),
+                                options=dataclasses.replace(opts, int8_max_excluded=0))
+    assert spent["sensitivity"]["unresolved"]["why"] == "budget spent" and not spent["kept_fp32"]
+
+
+def test_requested_exclusions_and_cached_ranges(fp32, tmp_path):
+    art = load_artifact(fp32("bert"))
+    proto = onnx.load(str(art.onnx_path()))
+    first = next(iter(_weight_nodes(proto)))
+    cal = default_calibration(art.spec)
+    cache = tmp_path / "ranges.json"
+    opts = PrecisionOptions(int8_exclude=(first,))
+    q1, info1 = to_int8_static(proto, cal.samples["model"], opts, cache=cache)
+    assert cache.is_file()
+    q2, _ = to_int8_static(proto, [], opts, cache=cache)  # ranges from the cache: no calibration data needed
+    assert q1.graph.SerializeToString() == q2.graph.SerializeToString()
+    assert info1["kept_fp32"] == [{"node": first, "reason": "requested"}]
+    assert_qdq_structure(proto, q1, {first})
+    with pytest.raises(XDeployError, match="needs calibration data"):
+        to_int8_static(proto, [], opts)

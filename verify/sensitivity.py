@@ -1,0 +1,356 @@
+"""Measured precision refinement: which nodes to keep in floating point, decided by running the graphs.
+
+    proto, record = refine(fp32_proto, "int8", graph=graph, spec=spec, options=PrecisionOptions(...))
+
+export/precision.py only transforms graphs (given keep lists); this module measures and calls it again:
+
+fp16 automatic mixed precision (`fp16_amp`): `layerwise.find_divergence` compares the fp16 graph with the fp32
+    one node by node on example feeds; the first node whose output leaves the fp16 tolerance is kept fp32 (or,
+    when it already is, the neighbours that feed it fp16 / take its overflowing result) and the conversion is
+    redone, until the graph is within tolerance or `amp_max_nodes` nodes were added.
+
+int8 sensitivity (`int8_sensitivity`): quantize statically; run the graph's outputs against the fp32 graph on
+    parity-like cases (EVAL_CASES: `xdeploy parity`'s default shapes and seeds plus two more seeds, and the
+    longest calibration sample) on each runtime in `runtimes` (onnxruntime, and OpenVINO bf16 where installed:
+    the loosest runner), judged like `xdeploy parity` (tolerance, top-1 of logits). Checks the fp32 graph
+    itself fails on a runtime are excused (bf16 flipping near-tied logits is not int8's doing). While a check
+    fails, on its case:
+      1. rank the quantized nodes by the error they add locally, from one run of both graphs with every node's
+         float input x and output y exposed (`layerwise.tensor_values`):
+             cost = (||y_int8 - y_fp32|| - relerr(x) * ||y_fp32||) / mean ||y_fp32||
+      2. try each of the SHORTLIST costliest float (`keep_float`: a graph edit, no re-quantization) and keep
+         float the one that raises the case's worst output cosine most -- local cost alone misjudges nodes
+         whose error the residual stream amplifies or hides;
+      3. every REQUANTIZE_EVERY rounds and at the end, re-run the quantizer with the exclusions from the cached
+         calibration ranges (the fp32 activations do not change, so this takes seconds).
+    Until every check passes or the budget (`int8_max_excluded`, default a quarter of the graph's quantizable
+    nodes) is spent. The record lists each kept node with its round, local cost and cosine gain, the nodes
+    tried per round, and the unresolved failure if the budget ran out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from xdeploy.export import precision as prec
+from xdeploy.models.spec import ExportSpec, Graph, Tolerance, make_feeds
+from xdeploy.verify.layerwise import find_divergence, tensor_values, tensor_values_many
+from xdeploy.verify.parity import InputCase, check_outputs, tolerance_precision
+
+SHORTLIST = 6  # nodes per round whose float version is tried on the failing case
+REQUANTIZE_EVERY = 4  # rounds between re-quantizations with the exclusions (the edits are equivalent)
+MAX_OUTPUT_ELEMENTS = 2e7  # an evaluation case whose outputs would exceed this runs at batch 1
+
+
+def default_runtimes() -> tuple[str, ...]:
+    """onnxruntime, plus OpenVINO with bf16 compute (the loosest-numerics runner) where OpenVINO is installed."""
+    try:
+        import openvino  # noqa: F401
+    except ImportError:
+        return ("ort",)
+    return ("ort", "ov:bf16")
+
+
+def refine(proto: onnx.ModelProto, precision: str, *, graph: Graph, spec: ExportSpec,
+           options: prec.PrecisionOptions, runtimes: Sequence[str] | None = None
+           ) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """The `refine` hook of export/precision.convert: the plain transform plus the measured search."""
+    if precision == "fp16":
+        feeds = options.amp_feeds if options.amp_feeds is not None else prec.amp_feeds(graph, spec)
+        return fp16_amp(proto, feeds, spec.tolerances["fp16"], options)
+    if precision == "int8":
+        return int8_sensitivity(proto, graph=graph, spec=spec, options=options,
+                                runtimes=tuple(runtimes or default_runtimes()))
+    return prec.convert(proto, precision, graph=graph, spec=spec, options=options)
+
+
+# ---------------------------------------------------------------------------------------------- fp16 ----
+
+def fp16_amp(proto: onnx.ModelProto, feeds: Mapping[str, np.ndarray], tol: Tolerance,
+             options: prec.PrecisionOptions | None = None) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """fp16 with the op block list, then keep diverging nodes fp32 until the graph is within `tol`."""
+    options = options or prec.PrecisionOptions()
+    if not options.amp:
+        return prec.to_fp16_blocked(proto, options)
+    float_nodes, producer, by_name, consumers = prec.fp16_graph_info(proto)
+    by_op = [n for n, op in float_nodes.items() if op in options.fp16_block_ops]
+    names = {n.name for n in proto.graph.node}
+    requested = [n for n in options.fp16_block_nodes if n in names]
+    amp: list[dict[str, Any]] = []
+    added: list[str] = []
+    out, _ = prec.to_fp16_blocked(proto, options)
+    unresolved = None
+    while True:
+        d = find_divergence(proto, out, dict(feeds), tol, providers=list(options.amp_providers))
+        if d is None:
+            break
+        blocked = set(requested) | set(added) | set(by_op)
+        if d.node not in blocked:
+            add = [d.node]  # keep the diverging node fp32
+        elif max(abs(d.ref_range[0]), abs(d.ref_range[1])) > prec.FP16_MAX:
+            # Already fp32, but its result does not fit fp16: the Cast back to fp16 overflows, so its
+            # consumers must stay fp32 too.
+            add = [n.name for n in consumers.get(d.output, []) if n.name in float_nodes and n.name not in blocked]
+        else:
+            # Already fp32: the error comes from its fp16 inputs, so keep their producers fp32.
+            add = [producer[i].name for i in by_name[d.node].input
+                   if i in producer and producer[i].name in float_nodes and producer[i].name not in blocked]
+        record = {"node": d.node, "op_type": d.op_type, "max_abs": d.max_abs, "cosine": d.cosine, "kept_fp32": add}
+        if not add or len(added) + len(add) > options.amp_max_nodes:
+            unresolved = record
+            break
+        amp.append(record)
+        added += add
+        out, _ = prec.to_fp16_blocked(proto, options, extra_block_nodes=added)
+    info = prec.fp16_record(proto, options, requested + added, amp={
+        "enabled": True, "providers": list(options.amp_providers),
+        "tolerance": dataclasses.asdict(tol), "iterations": amp, "unresolved": unresolved})
+    return out, info
+
+
+# ---------------------------------------------------------------------------------------------- int8 ----
+
+# (batch, seq, seed): `xdeploy parity`'s default cases (verify/parity.py DEFAULT_SHAPES, seeds 0, 1, 2: what
+# the artifact is judged on) and two more seeds, so a search does not fit one draw of random inputs.
+EVAL_CASES: tuple[tuple[int, int | None, int], ...] = ((1, 1, 0), (2, 17, 1), (3, None, 2), (2, 17, 101),
+                                                       (3, None, 102))
+
+
+def eval_cases(graph: Graph, spec: ExportSpec, calibration: Sequence[Mapping[str, np.ndarray]] = ()
+               ) -> list[InputCase]:
+    """Parity-like cases (EVAL_CASES): padded rows at batch 2, the maximum length at batch 3 with an empty row
+    (batch 1 when the outputs would be huge), and for text graphs the longest calibration sample (real text)."""
+    axes = {d for t in graph.inputs for d in t.dims if isinstance(d, str)}
+    cases = []
+    for b, s, seed in EVAL_CASES:
+        sizes = {a: int(min(max(b if a == "batch" else (spec.axes[a].max if s is None else s),
+                                spec.axes[a].min), spec.axes[a].max)) for a in sorted(axes)}
+        elems = sum(math.prod(d if isinstance(d, int) else sizes.get(d, 1) for d in t.dims) for t in graph.outputs)
+        if elems > MAX_OUTPUT_ELEMENTS and "batch" in sizes:
+            sizes["batch"] = 1
+        empty = sizes.get("batch", 1) >= 3 and any(t.kind == "mask" for t in graph.inputs)
+        feeds = make_feeds(graph, sizes, seed=seed, empty_row=empty)
+        for t in graph.inputs:  # as parity: a full cache holds at most max - 1 past positions
+            if t.kind == "positions" and "cache" in spec.axes:
+                feeds[t.name] = np.minimum(feeds[t.name], spec.axes["cache"].max - 1).astype(t.dtype)
+        label = "x".join(str(sizes[a]) for a in sizes) + (" empty-row" if empty else "") + f" seed {seed}"
+        cases.append(InputCase(label, graph.name, sizes, feeds))
+    if calibration and any(t.kind == "ids" for t in graph.inputs):  # real text (synthetic images add nothing)
+        longest = max(calibration, key=lambda f: sum(a.size for a in f.values()))
+        cases.append(InputCase("calibration sample", graph.name, {}, dict(longest)))
+    return cases
+
+
+def _norm(a: np.ndarray) -> float:
+    a64 = a.astype(np.float64).ravel()
+    return float(np.linalg.norm(a64[np.isfinite(a64)]))
+
+
+def node_costs(reference: onnx.ModelProto, candidate: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
+               nodes: Sequence[str], *, chunk: int = 32) -> dict[str, float]:
+    """The error each quantized node adds, from one run of each graph with the nodes' float input x and output y
+    exposed (`layerwise.tensor_values`):
+        cost = (||y_int8 - y_fp32|| - relerr(x) * ||y_fp32||) / mean ||y_fp32|| over the nodes
+    i.e. the output error beyond what the input error alone would give, in units of a typical node output
+    (absolute, so a node whose output dominates the residual stream counts for more than a small one)."""
+    by_name = {n.name: n for n in reference.graph.node}
+    inits = {i.name for i in reference.graph.initializer}
+    graph_inputs = {i.name for i in reference.graph.input}
+    pairs: dict[str, tuple[str | None, str]] = {}
+    for name in nodes:
+        n = by_name.get(name)
+        if n is None:
+            continue
+        x = next((i for i in n.input[:2] if i and i not in inits), None)
+        pairs[name] = (None if x in graph_inputs else x, n.output[0])
+    names = sorted({t for xy in pairs.values() for t in xy if t})
+    err: dict[str, float] = {}
+    norm: dict[str, float] = {}
+    for k in range(0, len(names), chunk):
+        part = names[k:k + chunk]
+        r = tensor_values(reference, dict(feeds), part)
+        c = tensor_values(candidate, dict(feeds), part)
+        for t in part:
+            if r[t].shape == c[t].shape:
+                err[t] = _norm(c[t].astype(np.float64) - r[t].astype(np.float64))
+                norm[t] = _norm(r[t])
+    typical = float(np.mean([norm[y] for _, y in pairs.values() if y in norm] or [1.0])) or 1.0
+    out = {}
+    for n, (x, y) in pairs.items():
+        if y in err:
+            inherited = err[x] / norm[x] * norm[y] if x and x in err and norm[x] > 0 else 0.0
+            out[n] = (err[y] - inherited) / typical
+    return out
+
+
+def keep_float(candidate: onnx.ModelProto, reference: onnx.ModelProto, nodes: Sequence[str]) -> onnx.ModelProto:
+    """A copy of the Q/DQ graph `candidate` with `nodes` reading their float inputs again (the activation before
+    its QuantizeLinear, the fp32 weight and bias from `reference`): the same graph the quantizer writes with
+    them excluded, made in milliseconds, so the search can try candidates by their effect on the outputs."""
+    q = onnx.ModelProto()
+    q.CopyFrom(candidate)
+    ref_nodes = {n.name: n for n in reference.graph.node}
+    ref_inits = {i.name: i for i in reference.graph.initializer}
+    have = {i.name for i in q.graph.initializer}
+    producer = {o: n for n in q.graph.node for o in n.output}
+    for n in q.graph.node:
+        if n.name not in nodes or n.name not in ref_nodes:
+            continue
+        for k, name in enumerate(n.input):
+            if name in producer and producer[name].op_type == "DequantizeLinear":
+                orig = ref_nodes[n.name].input[k]
+                if orig in ref_inits:
+                    if orig in producer:  # the quantizer named its DequantizeLinear output after the weight
+                        init = onnx.TensorProto()
+                        init.CopyFrom(ref_inits[orig])
+                        init.name = orig = f"{orig}_float"
+                    else:
+                        init = ref_inits[orig]
+                    if orig not in have:
+                        q.graph.initializer.append(init)
+                        have.add(orig)
+                n.input[k] = orig
+    return _prune(q)
+
+
+def _prune(q: onnx.ModelProto) -> onnx.ModelProto:
+    """Drop nodes whose outputs nothing reads (Q/DQ pairs left without a consumer) and unused initializers."""
+    g = q.graph
+    while True:
+        used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+        dead = [n for n in g.node if not any(o in used for o in n.output if o)]
+        if not dead:
+            break
+        for n in dead:
+            g.node.remove(n)
+    used = {i for n in g.node for i in n.input}
+    keep = [i for i in g.initializer if i.name in used]
+    del g.initializer[:]
+    g.initializer.extend(keep)
+    return q
+
+
+def _score(reference_out: dict[str, np.ndarray], candidate: onnx.ModelProto, case: InputCase, graph: Graph,
+           tol: Tolerance) -> float:
+    """The worst output cosine of `candidate` on one case in onnxruntime (what the search maximizes)."""
+    from xdeploy.verify.parity import meaningful
+
+    from .metrics import compare
+
+    got = tensor_values(candidate, case.feeds, [t.name for t in graph.outputs])
+    worst = 1.0
+    for t in graph.outputs:
+        r = reference_out[t.name]
+        c = compare(r, got[t.name], tol, mask=meaningful(graph, t, case.feeds, r.shape))
+        worst = min(worst, c.cosine if c.cosine == c.cosine else -1.0)
+    return worst
+
+
+def _evaluate(reference_out: list[dict[str, np.ndarray]], candidate: onnx.ModelProto, cases: list[InputCase],
+              graph: Graph, tol: Tolerance, runtimes: Sequence[str]) -> tuple[list[Any], float]:
+    """Failing output checks over cases x runtimes, and the worst cosine seen."""
+    outs = [t.name for t in graph.outputs]
+    failures, worst = [], 1.0
+    for rt in runtimes:
+        tp = tolerance_precision("int8", "bf16" if rt == "ov:bf16" else "fp32")
+        for case, ref, got in zip(cases, reference_out,
+                                  tensor_values_many(candidate, [c.feeds for c in cases], outs, runtime=rt)):
+            for c in check_outputs(ref, got, case, graph, runner=rt, precision=tp, artifact_precision="int8",
+                                   tol=tol):
+                if c.cosine == c.cosine:  # not NaN
+                    worst = min(worst, c.cosine)
+                if not c.passed:
+                    failures.append(c)
+    return failures, worst
+
+
+def int8_sensitivity(proto: onnx.ModelProto, *, graph: Graph, spec: ExportSpec, options: prec.PrecisionOptions,
+                     runtimes: Sequence[str] = ("ort",), shortlist: int = SHORTLIST
+                     ) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """Static int8, then keep the costliest quantized nodes float until the cases pass (module docstring)."""
+    feeds, cal_record = prec.calibration_feeds(graph, spec, options)
+    tol = spec.tolerances["int8"]
+    with tempfile.TemporaryDirectory(prefix="xdeploy-sensitivity-") as d:
+        cache = Path(d) / "ranges.json"
+        q, info = prec.to_int8_static(proto, feeds, options, calibration_record=cal_record, cache=cache)
+        if not options.int8_sensitivity:
+            info["sensitivity"] = {"enabled": False}
+            return q, info
+        cases = eval_cases(graph, spec, feeds)
+        outs = [t.name for t in graph.outputs]
+        reference_out = tensor_values_many(proto, [c.feeds for c in cases], outs)
+        quantizable = prec.quantizable_nodes(proto, options.int8_op_types)
+        budget = max_excluded(options, len(quantizable))
+        # A check the fp32 graph itself fails on that runtime (OpenVINO bf16 flipping the top-1 of near-tied
+        # logits) is not int8's doing: no float node would fix it, so it does not drive the search.
+        excused: set[tuple[str, str, str]] | None = None  # measured at the first failure
+        edited = False  # q holds keep_float edits the quantizer has not re-made yet
+        kept: list[dict[str, Any]] = []
+        rounds: list[dict[str, Any]] = []
+        unresolved = None
+        while True:
+            failures, worst = _evaluate(reference_out, q, cases, graph, tol, runtimes)
+            if failures and excused is None:
+                fp32_failures, _ = _evaluate(reference_out, proto, cases, graph, tol, runtimes)
+                excused = {(c.runner, c.case, c.output) for c in fp32_failures}
+            failures = [c for c in failures if (c.runner, c.case, c.output) not in (excused or set())]
+            if not failures:
+                break
+            f = min(failures, key=lambda c: c.cosine if c.cosine == c.cosine else -1.0)
+            fail = {"runtime": f.runner, "case": f.case, "output": f.output, "cosine": f.cosine, "reason": f.reason}
+            excluded = set(info["excluded"]) | {k["node"] for k in kept}
+            candidates = [n for n in quantizable if n not in excluded]
+            if len(kept) >= budget or not candidates:
+                unresolved = fail | {"why": "budget spent" if len(kept) >= budget else "nothing left to keep float"}
+                break
+            ci = next(i for i, c in enumerate(cases) if c.name == f.case)
+            case, ref = cases[ci], reference_out[ci]
+            # Greedy by measured effect: the nodes adding the most error locally are the shortlist; the one
+            # whose float version most improves this case's worst output is kept float.
+            costs = node_costs(proto, q, case.feeds, candidates)
+            short = sorted(costs, key=costs.get, reverse=True)[:shortlist]
+            base = _score(ref, q, case, graph, tol)
+            trials = {n: _score(ref, keep_float(q, proto, [n]), case, graph, tol) for n in short}
+            if not trials:
+                unresolved = fail | {"why": "no quantized node could be measured"}
+                break
+            best = max(trials, key=trials.get)
+            kept.append({"node": best, "op_type": quantizable[best], "added_error": costs[best],
+                         "cosine_gain": trials[best] - base, "round": len(rounds) + 1})
+            rounds.append({"failing": fail, "worst_cosine": worst, "tried": {n: trials[n] for n in short},
+                           "kept_float": best})
+            q, edited = keep_float(q, proto, [best]), True
+            if len(rounds) % REQUANTIZE_EVERY == 0 or trials[best] >= tol.cosine:
+                # the quantizer's own graph with these exclusions (the edit above is the same graph, cheaper)
+                q, info = prec.to_int8_static(proto, feeds, options, calibration_record=cal_record, cache=cache,
+                                              extra_exclude=[k["node"] for k in kept])
+                edited = False
+        if edited:
+            q, info = prec.to_int8_static(proto, feeds, options, calibration_record=cal_record, cache=cache,
+                                          extra_exclude=[k["node"] for k in kept])
+    by_node = {k["node"]: k for k in kept}
+    info["kept_fp32"] = [by_node.get(e["node"], e) | {"reason": e["reason"]} for e in info["kept_fp32"]]
+    info["sensitivity"] = {
+        "enabled": True, "runtimes": list(runtimes), "budget": budget, "shortlist": shortlist,
+        "tolerance": dataclasses.asdict(tol), "cases": [c.name for c in cases], "rounds": rounds,
+        "worst_cosine": worst, "unresolved": unresolved,
+        "fp32_also_fails": [" ".join(k) for k in sorted(excused or ())],
+    }
+    return q, info
+
+
+def max_excluded(options: prec.PrecisionOptions, quantizable: int) -> int:
+    """The search's budget: `options.int8_max_excluded` nodes, or by default a quarter of the graph's
+    quantizable nodes (at least 2): past that, the int8 graph is mostly float and int8-dynamic or fp32 is the
+    better artifact."""
+    if options.int8_max_excluded is not None:
+        return options.int8_max_excluded
+    return max(2, quantizable // 4)
