@@ -107,8 +107,9 @@ def accuracy(arts: dict[str, Path], runners: tuple[str, ...], shapes: list[tuple
         rep = check_artifact(load_artifact(path), list(runners), shapes=shapes)
         for r in runners:
             cs = [c for c in rep.checks if c.runner == r]
-            out[f"{name}/{r}"] = {"passed": all(c.passed for c in cs), "worst_cosine": min(c.cosine for c in cs),
-                                  "worst_max_abs": max(c.max_abs for c in cs),
+            out[f"{name}/{r}"] = {"passed": all(c.passed for c in cs),
+                                  "worst_cosine": min(c.comparison.cosine for c in cs),
+                                  "worst_max_abs": max(c.comparison.max_abs for c in cs),
                                   "failures": [f"{c.case} {c.output}: {c.reason}" for c in cs if not c.passed][:3]}
     return out
 

@@ -265,8 +265,8 @@ def _evaluate(reference_out: list[dict[str, np.ndarray]], candidate: onnx.ModelP
                                   tensor_values_many(candidate, [c.feeds for c in cases], outs, runtime=rt)):
             for c in check_outputs(ref, got, case, graph, runner=rt, precision=tp, artifact_precision="int8",
                                    tol=tol):
-                if c.cosine == c.cosine:  # not NaN
-                    worst = min(worst, c.cosine)
+                if c.comparison.cosine == c.comparison.cosine:  # not NaN
+                    worst = min(worst, c.comparison.cosine)
                 if not c.passed:
                     failures.append(c)
     return failures, worst
@@ -304,8 +304,9 @@ def int8_sensitivity(proto: onnx.ModelProto, *, graph: Graph, spec: ExportSpec, 
             failures = [c for c in failures if (c.runner, c.case, c.output) not in (excused or set())]
             if not failures:
                 break
-            f = min(failures, key=lambda c: c.cosine if c.cosine == c.cosine else -1.0)
-            fail = {"runtime": f.runner, "case": f.case, "output": f.output, "cosine": f.cosine, "reason": f.reason}
+            f = min(failures, key=lambda c: c.comparison.cosine if c.comparison.cosine == c.comparison.cosine else -1.0)
+            fail = {"runtime": f.runner, "case": f.case, "output": f.output, "cosine": f.comparison.cosine,
+                    "reason": f.reason}
             excluded = set(info["excluded"]) | {k["node"] for k in kept}
             candidates = [n for n in quantizable if n not in excluded]
             if len(kept) >= budget or not candidates:
