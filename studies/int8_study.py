@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-speed", dest="speed", action="store_false")
     p.add_argument("--json", metavar="FILE")
     a = p.parse_args(argv)
-    from xdeploy.studies.runner_compare import machine
+    from xdeploy.studies import machine, machine_line
     from xdeploy.verify.parity import parse_shapes
 
     try:
@@ -205,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     except XDeployError as e:
         print(f"int8_study: error: {e}", file=sys.stderr)
         return e.exit_code
-    report["machine_end_load"] = machine()["load_avg_1m"]
+    report["machine_end"] = machine()
+    print(machine_line(report["machine"]))
     if a.json:
         atomic_write_json(a.json, report)
     return 0
