@@ -102,7 +102,10 @@ def assert_qdq_structure(ref: onnx.ModelProto, q: onnx.ModelProto, kept: set[str
     return len(weights) - len(kept & set(weights))
 
 
-@pytest.mark.parametrize("model", list(MODELS))
+# Every registered model. The encoder-decoder Transformer (3 graphs, each calibrated and searched) costs minutes
+# on 2 shared cores, so it runs with `-m slow`, as its reduced-precision exports do in test_runners.py.
+@pytest.mark.parametrize("model", [pytest.param(m, marks=[pytest.mark.slow] if len(MODELS[m].spec(
+    next(iter(MODELS[m].presets.values()))).graphs) > 2 else []) for m in MODELS])
 def test_qdq_structure_and_parity_on_every_runner(fp32, int8, model):
     art = load_artifact(int8(model))
     ref = load_artifact(fp32(model))
