@@ -62,6 +62,7 @@ DYNAMIC_OP_TYPES: tuple[str, ...] = ("MatMul", "Conv")  # quantize_dynamic has n
 # Calibration methods (onnxruntime.quantization.CalibrationMethod); the default by measurement (docs/export.md).
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 DEFAULT_CALIBRATION_METHOD = "percentile"
+ACTIVATION_TYPES = ("int8", "uint8")
 FP16_MAX = 65504.0
 
 
@@ -81,6 +82,9 @@ class PrecisionOptions:
     int8_exclude: tuple[str, ...] = ()  # node names left float in int8 graphs (in addition to what sensitivity finds)
     int8_op_types: tuple[str, ...] = INT8_OP_TYPES
     int8_method: str = DEFAULT_CALIBRATION_METHOD  # static int8: how activation ranges are chosen
+    # static int8 activations: "int8" symmetric (zero point 0: TensorRT's explicit quantization, OpenVINO) or
+    # "uint8" asymmetric (onnxruntime's CPU int8 kernels: measured ~2.5x faster there; TensorRT rejects it)
+    int8_activations: str = "int8"
     int8_calibration: Any = field(default=None, hash=False)  # a calibration.Calibration; default: the model's set
     int8_calibration_file: str | None = None  # text lines / .npy / .npz (export/calibration.py load_calibration)
     int8_sensitivity: bool = True  # (verify/sensitivity.py) keep the costliest nodes float until within tolerance
@@ -99,6 +103,8 @@ def check_precision(precision: str) -> None:
 def check_options(options: PrecisionOptions | None) -> None:
     if options is not None and options.int8_method not in CALIBRATION_METHODS:
         raise one_of("calibration method", options.int8_method, CALIBRATION_METHODS)
+    if options is not None and options.int8_activations not in ACTIVATION_TYPES:
+        raise one_of("int8 activation type", options.int8_activations, ACTIVATION_TYPES)
 
 
 def convert(proto: onnx.ModelProto, precision: str, *, graph: Graph, spec: ExportSpec,
@@ -397,6 +403,7 @@ def to_int8_static(proto: onnx.ModelProto, calibration: Sequence[Mapping[str, np
     method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
               "percentile": CalibrationMethod.Percentile}[options.int8_method]
     names = {i.name for i in proto.graph.input}
+    unsigned = options.int8_activations == "uint8"
     with tempfile.TemporaryDirectory(prefix="xdeploy-int8-") as d, _quiet():
         dst = Path(d, "int8.onnx")
         try:
@@ -404,12 +411,12 @@ def to_int8_static(proto: onnx.ModelProto, calibration: Sequence[Mapping[str, np
             quantize_static(
                 str(pre), str(dst), _Reader(calibration, names), quant_format=QuantFormat.QDQ,
                 op_types_to_quantize=list(options.int8_op_types), per_channel=options.int8_per_channel,
-                activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                activation_type=QuantType.QUInt8 if unsigned else QuantType.QInt8, weight_type=QuantType.QInt8,
                 nodes_to_exclude=exclude + activation_only,
                 use_external_data_format=large, calibrate_method=method,
                 calibration_cache_path=str(cache) if cache else None,
                 extra_options={
-                    "ActivationSymmetric": True, "WeightSymmetric": True,  # zero points 0 (TensorRT)
+                    "ActivationSymmetric": not unsigned, "WeightSymmetric": True,  # zero points 0 (TensorRT)
                     # Q/DQ on inputs only: a quantized Conv output (ViT's patch embedding) followed by Reshape
                     # makes onnxruntime 1.31's QDQ propagation build an invalid QuantizeLinear at opset 23
                     # (output_dtype INT8 vs a UINT8 zero point); the next MatMul quantizes it anyway.
@@ -431,8 +438,8 @@ def to_int8_static(proto: onnx.ModelProto, calibration: Sequence[Mapping[str, np
     quantized = qdq_quantized_nodes(q)
     ops = collections.Counter(n.op_type for n in q.graph.node)
     return q, {
-        "precision": "int8", "format": "qdq", "io_dtype": "float32", "activation_type": "int8",
-        "activation_symmetric": True, "weight_type": "int8", "weight_symmetric": True,
+        "precision": "int8", "format": "qdq", "io_dtype": "float32", "activation_type": options.int8_activations,
+        "activation_symmetric": not unsigned, "weight_type": "int8", "weight_symmetric": True,
         "per_channel": options.int8_per_channel, "op_types": list(options.int8_op_types),
         "calibration": {"method": options.int8_method, **dict(calibration_record or {})},
         "excluded": exclude, "requested_nodes_found": requested,

@@ -275,3 +275,22 @@ def test_requested_exclusions_and_cached_ranges(fp32, tmp_path):
     assert_qdq_structure(proto, q1, {first})
     with pytest.raises(XDeployError, match="needs calibration data"):
         to_int8_static(proto, [], opts)
+
+
+def test_uint8_activations_for_onnxruntime(fp32, tmp_path, capsys):
+    """--int8-activations uint8: asymmetric uint8 activation Q/DQ (onnxruntime's fast CPU kernels), recorded."""
+    out = tmp_path / "u8"
+    assert main(["convert", str(fp32("bert")), "--precision", "int8", "--int8-activations", "uint8",
+                 "--no-sensitivity", "--out", str(out)]) == 0
+    info = json.loads((out / "manifest.json").read_text())["conversion"]["model"]
+    assert info["activation_type"] == "uint8" and not info["activation_symmetric"]
+    q = onnx.load(str(out / "model.onnx"))
+    inits = {i.name: i for i in q.graph.initializer}
+    zps = [inits[n.input[2]] for n in q.graph.node if n.op_type == "QuantizeLinear"]
+    assert zps and all(z.data_type == onnx.TensorProto.UINT8 for z in zps)
+    assert check_artifact(load_artifact(out), ["ort"]).passed
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["convert", str(fp32("bert")), "--precision", "int8", "--int8-activations", "int4", "--out",
+              str(tmp_path / "x")])
+    assert e.value.code == 2 and "invalid choice" in capsys.readouterr().err

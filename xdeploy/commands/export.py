@@ -56,6 +56,9 @@ def add_conversion_arguments(p: argparse.ArgumentParser) -> None:
                         "/ .npz arrays named after the graph inputs (default: the model family's built-in set)")
     g.add_argument("--calibration-method", default=DEFAULT_CALIBRATION_METHOD, choices=CALIBRATION_METHODS,
                    help=f"how activation ranges are chosen (default {DEFAULT_CALIBRATION_METHOD}, by measurement)")
+    g.add_argument("--int8-activations", default="int8", choices=("int8", "uint8"),
+                   help="static int8 activations: int8 symmetric (default; TensorRT, OpenVINO) or uint8 asymmetric "
+                        "(onnxruntime's CPU int8 kernels, ~2.5x faster there; TensorRT rejects it)")
     g.add_argument("--no-sensitivity", dest="sensitivity", action="store_false",
                    help="int8: skip the measured search for nodes to keep float when the tolerance is missed")
     g.add_argument("--int8-max-excluded", type=int, metavar="N",
@@ -70,8 +73,8 @@ def precision_options(args: argparse.Namespace) -> PrecisionOptions:
     return PrecisionOptions(fp16_block_ops=names(args.fp16_block_ops), fp16_block_nodes=names(args.fp16_block_nodes),
                             amp=args.amp, int8_exclude=names(args.int8_exclude),
                             int8_per_channel=args.int8_per_channel, int8_calibration_file=args.calibration,
-                            int8_method=args.calibration_method, int8_sensitivity=args.sensitivity,
-                            int8_max_excluded=args.int8_max_excluded)
+                            int8_method=args.calibration_method, int8_activations=args.int8_activations,
+                            int8_sensitivity=args.sensitivity, int8_max_excluded=args.int8_max_excluded)
 
 
 def run(args: argparse.Namespace) -> int:
