@@ -1,10 +1,13 @@
-"""OpenVINO on the CPU: compile the artifact's ONNX graph with a precision hint.
+"""OpenVINO on the CPU: compile the artifact's graph (its OpenVINO IR when it carries one, else the ONNX graph)
+with a precision hint.
 
     open_runner("ov", art)                                   # f32 compute
     open_runner("ov:bf16", art, threads=2, hint="latency",   # bf16 compute (AVX-512 BF16 / AMX CPUs)
                 cache_dir="~/.cache/xdeploy/ov")             # compiled-model blobs reused across processes
 
-Compile options come from sessions.py (`ov_config`). Variants set INFERENCE_PRECISION_HINT ("" and "f32"
+An fp32 artifact exported with `--openvino-ir` carries openvino/<graph>.xml converted from the reference module
+(export/openvino_ir.py: fewer layout ops once compiled); option `format` picks: "auto" (the IR when present),
+"onnx", "ir". Compile options come from sessions.py (`ov_config`). Variants set INFERENCE_PRECISION_HINT ("" and "f32"
 -> f32, "bf16" -> bf16). Weights stay as stored in the ONNX file (fp32, fp16 or int8 Q/DQ); the hint is the
 precision the CPU plugin computes in. Dynamic axes stay dynamic: the ONNX frontend keeps them and each call
 may use any shape inside the exported range.
@@ -18,12 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from xdeploy.core.errors import XDeployError
+from xdeploy.core.errors import XDeployError, one_of
 
 from .base import Runner, RunnerInfo, validate_feeds
 from .sessions import OV_PRECISION_HINTS, ov_compile, ov_config
 
 _OV_TO_NAME = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
+GRAPH_FORMATS = ("auto", "onnx", "ir")  # auto: the artifact's OpenVINO IR when it carries one
 
 
 class OvRunner(Runner):
@@ -36,13 +40,23 @@ class OvRunner(Runner):
         except ImportError:
             raise XDeployError("runner 'ov' needs the openvino package: pip install 'xdeploy[openvino]'") from None
         self._ov = ov
-        unknown = set(self.options) - {"hint", "cache_dir", "device"}
+        unknown = set(self.options) - {"hint", "cache_dir", "device", "format"}
         if unknown:
-            raise XDeployError(f"unknown ov option(s) {sorted(unknown)}; expected hint, cache_dir, device")
+            raise XDeployError(f"unknown ov option(s) {sorted(unknown)}; expected hint, cache_dir, device, format")
+        fmt = self.options.get("format", "auto")
+        if fmt not in GRAPH_FORMATS:
+            raise one_of("ov graph format", fmt, GRAPH_FORMATS)
         config = ov_config(self.variant, hint=self.options.get("hint", "latency"), threads=self.threads,
                            cache_dir=self.options.get("cache_dir"))
         self.device = str(self.options.get("device", "CPU"))
-        path = self.artifact.onnx_path(self.graph.name)
+        # The artifact's OpenVINO IR (converted from the reference module: fewer layout ops once compiled,
+        # export/openvino_ir.py) when it has one, else the ONNX graph; format="onnx" / "ir" forces one.
+        ir = self.artifact.openvino_ir(self.graph.name)
+        if fmt == "ir" and ir is None:
+            raise XDeployError(f"artifact {self.artifact.path} carries no OpenVINO IR for graph {self.graph.name!r}; "
+                               "export it with --openvino-ir (fp32) or use format='onnx'")
+        path = ir if ir is not None and fmt != "onnx" else self.artifact.onnx_path(self.graph.name)
+        self.graph_format = "ir" if path == ir else "onnx"
         # Compiling from the path (not a read_model result) lets the cache skip reading the ONNX file
         # entirely when a blob for this model + config exists.
         self.compiled = ov_compile(path, config, self.device)

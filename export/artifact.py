@@ -95,6 +95,12 @@ class Artifact:
         rec = self.manifest.get("tokenizer_graph")
         return self.path / rec["file"] if rec else None
 
+    def openvino_ir(self, graph: str = "model") -> Path | None:
+        """openvino/<graph>.xml converted from the reference module (export openvino_ir=True), checked at load;
+        None when the artifact carries no IR for the graph."""
+        rec = (self.manifest.get("openvino") or {}).get("graphs", {}).get(self.graph(graph).name)
+        return self.path / rec["xml"] if rec else None
+
     @property
     def tolerance(self) -> Tolerance:
         return self.spec.tolerances[self.precision]
@@ -272,6 +278,21 @@ def load_artifact(path: str | Path, *, verify: bool = True) -> Artifact:
             Capabilities.from_json(m["capabilities"])
         except (TypeError, ValueError) as e:
             raise XDeployError(f"invalid manifest {mpath}: capabilities: {e}") from None
+
+    ov_ir = m.get("openvino")
+    if ov_ir is not None:
+        _need(isinstance(ov_ir, dict) and isinstance(ov_ir.get("graphs"), dict), mpath,
+              "openvino must be an object with a graphs object")
+        _need(m["precision"] == "fp32", mpath, f"an OpenVINO IR (fp32 weights) in a {m['precision']} artifact")
+        for name, g in ov_ir["graphs"].items():
+            _need(name in m["graphs"] and isinstance(g, dict), mpath, f"openvino graph {name!r} is not a graph")
+            for key, suffix in (("xml", ".xml"), ("bin", ".bin")):
+                rel = g.get(key)
+                _inside(root, rel, mpath)
+                _need(rel.endswith(suffix) and rel in files, mpath,
+                      f"openvino {key} {rel!r} must be a {suffix} file listed in files")
+            _need(g["bin"] == g["xml"].removesuffix(".xml") + ".bin", mpath,
+                  "openvino bin must sit beside its xml (OpenVINO reads <name>.bin next to <name>.xml)")
 
     if verify:
         for rel, digest in files.items():

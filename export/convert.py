@@ -58,7 +58,11 @@ def convert_artifact(src: str | Path, out: str | Path, precision: str, *, optimi
         raise XDeployError(f"output {out} is the source artifact; choose another --out")
     options = prec.with_calibration(options, precision, art.spec, art.tokenizer_dir)
     # the source's manifest (its extra sections included) with what this conversion changes
-    manifest = {k: v for k, v in art.manifest.items() if k not in ("files", "versions", "export_seconds")}
+    # (not the OpenVINO IR: it holds the fp32 reference weights, which a converted artifact does not compute with)
+    manifest = {k: v for k, v in art.manifest.items()
+                if k not in ("files", "versions", "export_seconds", "openvino")}
+    ir_graphs = (art.manifest.get("openvino") or {}).get("graphs", {})
+    ir_files = {f for g in ir_graphs.values() for f in (g["xml"], g["bin"])}
     manifest |= {"precision": precision, "optimized": optimize, "conversion": {},
                  "derived_from": {"path": str(art.path.resolve()), "files": dict(art.manifest["files"])}}
     optimizer = art.capabilities.optimizer if optimize else None
@@ -66,7 +70,7 @@ def convert_artifact(src: str | Path, out: str | Path, precision: str, *, optimi
         # everything but the graphs carries over: reference weights, tokenizer, any extra section's files
         graph_files = {g["file"] for g in art.manifest["graphs"].values()}
         for rel in art.manifest["files"]:
-            if rel not in graph_files and rel.removesuffix(".data") not in graph_files:
+            if rel not in graph_files and rel.removesuffix(".data") not in graph_files and rel not in ir_files:
                 w.add_file(rel, art.path / rel)
         for graph in art.spec.graphs:
             proto = onnx.load(str(art.onnx_path(graph.name)))

@@ -130,7 +130,8 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
            opset: int = DEFAULT_OPSET, precision: str = "fp32", force: bool = False,
            attn_impl: str | None = None, seed: int = 0, optimize: bool = DEFAULT_OPTIMIZE, opt_level: int = 1,
            precision_options: Any = None, config_overrides: dict[str, Any] | None = None,
-           tokenizer_graph: TokenizerGraphBuilder | None = None, refine: Any = None) -> Path:
+           tokenizer_graph: TokenizerGraphBuilder | None = None, refine: Any = None,
+           openvino_ir: bool = False) -> Path:
     """Export every graph of `model` into the artifact directory `out` (written atomically).
 
     `config_overrides` replaces preset config fields (e.g. {"max_positions": 4096} for scaling runs); the
@@ -144,13 +145,18 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
     `tokenizer_graph` (deploy/tokenizer_graph.py's `tokenizer_graph_builder(accept_differences)`) also writes
     tokenizer/tokenizer.onnx (export/tokenizer_graph.py: the checkpoint's tokenizer as an onnxruntime-extensions
     graph, truncating to the pooling max_length or the seq axis), verified against Hugging Face tokenizers by
-    the builder, which refuses when ids differ unless told to accept them."""
+    the builder, which refuses when ids differ unless told to accept them.
+
+    `openvino_ir` (fp32 only) also writes openvino/<graph>.xml + .bin converted from the same module by
+    openvino.convert_model (export/openvino_ir.py), which the `ov` runner compiles instead of the ONNX graph."""
     from . import precision as prec
 
     if opset not in SUPPORTED_OPSETS:
         raise XDeployError(f"unsupported opset {opset}; expected one of: {', '.join(map(str, SUPPORTED_OPSETS))}")
     prec.check_precision(precision)
     prec.check_options(precision_options)
+    if openvino_ir and precision != "fp32":
+        raise XDeployError(f"an OpenVINO IR is carried by fp32 artifacts only; got precision {precision}")
     src = resolve_source(model, preset=preset, checkpoint=checkpoint, attn_impl=attn_impl, seed=seed,
                          config_overrides=config_overrides)
     spec = src.family.spec(src.config)
@@ -173,6 +179,10 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
             w.manifest["conversion"][graph.name] = info
             w.add_graph(graph.name, proto)
         prec.check_requested_nodes(precision, precision_options, w.manifest["conversion"])
+        if openvino_ir:
+            from .openvino_ir import write_ir
+
+            write_ir(w, spec, lambda g: _GraphModule(src.module, g.method), example_sizes(spec))
         for f in src.tokenizer_files:
             w.add_file(f"tokenizer/{f.name}", f)
         if tokenizer_graph is not None:

@@ -32,6 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "tokenizers: text in for the C++ runtime, Triton and Embedder(tokenizer='graph')")
     p.add_argument("--accept-tokenizer-differences", action="store_true",
                    help="write the tokenizer graph even where its ids differ from HF tokenizers (recorded)")
+    p.add_argument("--openvino-ir", action="store_true",
+                   help="fp32: also write openvino/<graph>.xml converted from the reference module (openvino."
+                        "convert_model); the ov runner compiles it instead of the ONNX graph (fewer layout ops)")
     add_json_option(p)
 
 
@@ -88,12 +91,15 @@ def run(args: argparse.Namespace) -> int:
                   precision=args.precision, force=args.force, attn_impl=args.attn_impl, optimize=args.optimize,
                   opt_level=args.opt_level, precision_options=precision_options(args),
                   tokenizer_graph=tokenizer_graph_builder(args.accept_tokenizer_differences)
-                  if args.tokenizer_graph else None)
+                  if args.tokenizer_graph else None, openvino_ir=args.openvino_ir)
     art = load_artifact(path)
     graphs = ", ".join(g.name for g in art.spec.graphs)
     print(f"exported {art.model} ({art.precision}, opset {art.opset}{', optimized' if args.optimize else ''}; "
           f"graphs: {graphs}) -> {path}")
     print_conversion(art.manifest)
+    if art.manifest.get("openvino"):
+        print(f"OpenVINO IR: {', '.join(g['xml'] for g in art.manifest['openvino']['graphs'].values())} "
+              "(the ov runner compiles it; every other runtime reads the ONNX)")
     tg = art.manifest.get("tokenizer_graph")
     if tg:
         v = tg["verified"]

@@ -1,0 +1,87 @@
+"""An OpenVINO IR converted straight from the reference module, carried beside the ONNX graphs.
+
+    export(model, ..., openvino_ir=True)          # fp32 artifacts only; openvino/<graph>.xml + .bin
+
+Why: OpenVINO's ONNX frontend keeps the exported graph's layout (per-head Reshape/Transpose around attention,
+the dynamo exporter's Transposes around LayerNorm/GELU), and the CPU plugin compiles it to ~4x the Transpose and
+~1.6x the Reorder nodes of the same model converted from PyTorch by `openvino.convert_model`. At fp32 that
+overhead is noise; at bf16 (AMX / AVX-512 BF16), where the arithmetic gets fast, it is a few percent of the
+latency (docs/benchmarks.md, "OpenVINO: ONNX vs IR"). So fp32 artifacts can carry an IR converted from the same
+module (same weights, same inputs and outputs, dynamic axes as in the manifest); the `ov` runner compiles it when
+present (deploy/ov_runner.py, `format="auto"`), parity checks it like any graph, and every other runtime keeps
+reading the ONNX. The IR holds fp32 weights (`compress_to_fp16=False`): the precision the CPU computes in is the
+runner's hint, as for the ONNX graph. Converted (fp16/int8) artifacts do not carry it (their weights differ).
+
+The manifest section "openvino" records, per graph, the xml/bin files (their sha256 are in `files`, checked at
+load like the ONNX graphs) and the converter's version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from xdeploy.core.errors import XDeployError
+from xdeploy.models.spec import ExportSpec, Graph, make_feeds
+
+SECTION = "openvino"
+FOLDER = "openvino"
+
+
+def convert_graph_ir(module: nn.Module, graph: Graph, sizes: Mapping[str, int]) -> Any:
+    """openvino.convert_model of `module` (one graph's method exposed as forward, as the ONNX exporter sees it;
+    traced at the example `sizes`): inputs named and typed as the manifest says, dynamic axes dynamic (fixed dims
+    fixed), outputs named as the ONNX graph's. Returns an ov.Model."""
+    try:
+        import openvino as ov
+    except ImportError:
+        raise XDeployError("an OpenVINO IR needs the openvino package: pip install 'xdeploy[openvino]'") from None
+    feeds = make_feeds(graph, sizes, seed=0)
+    example = tuple(torch.from_numpy(feeds[t.name]) for t in graph.inputs)
+    # positional (the wrapper's forward takes *args): named below, after conversion
+    shapes = [(ov.PartialShape([-1 if isinstance(d, str) else d for d in t.dims]), ov.Type(t.dtype))
+              for t in graph.inputs]
+    logging.getLogger("torch").setLevel(logging.ERROR)
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
+        warnings.simplefilter("ignore")
+        try:
+            ir = ov.convert_model(module.eval(), example_input=example, input=shapes)
+        except Exception as e:  # the frontend raises several types; keep the first line
+            raise XDeployError(f"openvino.convert_model failed for graph {graph.name!r}: "
+                               f"{str(e).strip().splitlines()[0]}") from e
+    if len(ir.outputs) != len(graph.outputs) or len(ir.inputs) != len(graph.inputs):
+        raise XDeployError(f"openvino.convert_model gave {len(ir.inputs)} inputs / {len(ir.outputs)} outputs for "
+                           f"graph {graph.name!r}; the graph declares {len(graph.inputs)} / {len(graph.outputs)}")
+    for port, t in zip(ir.inputs, graph.inputs):
+        port.get_tensor().set_names({t.name})
+    for port, t in zip(ir.outputs, graph.outputs):
+        port.get_tensor().set_names({t.name})
+    return ir
+
+
+def write_ir(writer: Any, spec: ExportSpec, graph_module: Callable[[Graph], nn.Module],
+             sizes: Mapping[str, int]) -> None:
+    """Every graph of `spec` as openvino/<graph>.xml + .bin through the artifact writer, and the manifest
+    section that points at them (an fp32 artifact's only: the IR holds the reference's fp32 weights).
+    `graph_module(graph)` is the module the ONNX exporter traces for that graph (onnx_export passes it, so
+    both formats come from the same wrapper at the same example sizes)."""
+    import openvino as ov
+
+    if writer.manifest["precision"] != "fp32":
+        raise XDeployError(f"an OpenVINO IR is carried by fp32 artifacts only (it holds the reference's fp32 "
+                           f"weights); this artifact is {writer.manifest['precision']}")
+    graphs = {}
+    for graph in spec.graphs:
+        ir = convert_graph_ir(graph_module(graph), graph, sizes)
+        xml = f"{FOLDER}/{graph.name}.xml"
+        ov.save_model(ir, str(writer.path(xml)), compress_to_fp16=False)
+        graphs[graph.name] = {"xml": xml, "bin": xml.removesuffix(".xml") + ".bin"}
+    writer.add_section(SECTION, {"graphs": graphs, "source": "openvino.convert_model(reference module)",
+                                 "weights": "fp32"}, versions=["openvino"])
