@@ -51,14 +51,18 @@ def run(models: Sequence[str], *, artifacts: Path, threads: int, max_seconds: fl
         cmp = compare({n: r.prepare(feeds) for n, r in runners.items()}, attempts=2, max_seconds=max_seconds)
         for hint in ("f32", "bf16"):
             sp = paired_speedup(cmp.rounds[f"onnx {hint}"], cmp.rounds[f"ir {hint}"])
-            stable = cmp.stable or sp.rel_ci <= cmp.thresholds.ratio_rel_ci
+            t = cmp.thresholds  # the pair's own verdict: both series steady and a narrow paired interval
+            stable = sp.rel_ci <= t.ratio_rel_ci and all(
+                cmp.series[f"{fmt} {hint}"].rel_iqr <= t.series_rel_iqr for fmt in ("onnx", "ir"))
             rows.append({"model": spec, "hint": hint, "onnx_s": cmp.series[f"onnx {hint}"].median_s,
                          "ir_s": cmp.series[f"ir {hint}"].median_s, "ratio": sp.median, "low": sp.low,
-                         "high": sp.high, "stable": stable, "cause": cmp.cause,
+                         "high": sp.high, "stable": stable,
+                         "cause": None if stable else
+                         ("load" if (cmp.load.other_cores or 0) > t.other_cores else "noise"),
                          "ops_onnx": op_counts(runners[f"onnx {hint}"]), "ops_ir": op_counts(runners[f"ir {hint}"]),
                          "loadavg": cmp.load.loadavg_1m, "other_cores": cmp.load.other_cores})
             r = rows[-1]
-            ratio = f"{sp.median:.3f} ({sp.low:.3f}-{sp.high:.3f})" if stable else f"unstable ({cmp.cause})"
+            ratio = f"{sp.median:.3f} ({sp.low:.3f}-{sp.high:.3f})" + ("" if stable else f", unstable ({r['cause']})")
             print(f"{spec} {hint}: onnx {r['onnx_s'] * 1e3:.2f} ms, ir {r['ir_s'] * 1e3:.2f} ms, onnx/ir {ratio}; "
                   f"ops onnx {r['ops_onnx']} ir {r['ops_ir']}; load {r['loadavg']:.1f}, other "
                   f"{r['other_cores']:.1f} cores", flush=True)
