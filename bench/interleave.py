@@ -280,6 +280,30 @@ def run_rounds(calls: Mapping[str, Callable[[], Any]], *, min_rounds: int = 8, m
     return Attempt(rounds=rounds, calls=samples, calls_per_round=per, load=meter.stop())
 
 
+def run_timed_rounds(timers: Mapping[str, Callable[[], Sequence[float]]], *, rounds: int = 7) -> Attempt:
+    """Rotated rounds of candidates that time themselves: each call of `timers[name]` is one round of that
+    candidate and returns the seconds of each of its timed calls (e.g. a child process that loads a model once,
+    warms up and reports its own per-call times, so its start-up is not timed). The round time is their mean,
+    as in `run_rounds`; `judge` gives the paired speed-ups and the stability verdict."""
+    names = list(timers)
+    if not names or rounds < 1:
+        raise XDeployError(f"need candidates and rounds >= 1; got {names}, {rounds}")
+    out: dict[str, list[float]] = {n: [] for n in names}
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    per: dict[str, int] = {}
+    meter = LoadMeter().start()
+    for r in range(rounds):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:  # rotate: each candidate leads equally often
+            ts = [float(t) for t in timers[name]()]
+            if not ts or min(ts) <= 0:
+                raise XDeployError(f"{name}: a round needs positive call times; got {ts[:4]}")
+            out[name].append(sum(ts) / len(ts))
+            samples[name].extend(ts)
+            per[name] = len(ts)
+    return Attempt(rounds=out, calls=samples, calls_per_round=per, load=meter.stop())
+
+
 def judge(attempt: Attempt, baseline: str | None, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> Comparison:
     """Statistics and the stability verdict of one attempt."""
     series = {n: series_stats(r, attempt.calls_per_round[n]) for n, r in attempt.rounds.items()}

@@ -4,17 +4,17 @@
     .venv/bin/python -m xdeploy.studies.text_embed_bench ARTIFACT --binary deploy/cpp/build/xdeploy-embed
 
 Each round runs, in rotated order, one C++ process (`--time REPS`: REPS timed embed() calls after a warm-up
-call, in process, model loaded once) and the two Python Embedders (same REPS timed calls); the per-call medians of
-one round are paired, so a round's ratio compares runs under the same machine load. Printed: the median over
-rounds of each side's per-call time (and sentences/s), the median paired ratio with its min..max over rounds,
-and "unstable" when the ratio's spread exceeds 20%. Every side uses 1 intra-op thread (a fair 1-core figure on
-a shared machine). Benchmark only; not a test.
+call, in process, model loaded once) and the two Python Embedders (same REPS timed calls); bench/interleave.py
+pairs the rounds (`run_timed_rounds`: a round's time is the mean of its REPS calls) and judges them (`judge`):
+each side's median round time (and sentences/s) with its IQR, the paired speed-ups with their 95% interval, or
+"unstable (load|noise)" past the thresholds of docs/benchmarks.md. Tokenization alone is an ordinary interleaved
+`compare` of the two tokenizers. Every side uses 1 intra-op thread (a fair 1-core figure on a shared machine).
+Benchmark only; not a test.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -46,6 +46,7 @@ def py_times(emb: object, lines: list[str], reps: int) -> list[float]:
 
 
 def main() -> None:
+    from xdeploy.bench.interleave import compare, judge, run_timed_rounds, speedup_text
     from xdeploy.core.fingerprint import fingerprint, summary
     from xdeploy.deploy.embedder import Embedder
 
@@ -62,41 +63,23 @@ def main() -> None:
             sides = {"cpp": lambda ln=lines: cpp_times(a.binary, a.artifact, ln, a.reps),
                      "py-hf": lambda ln=lines: py_times(hf, ln, a.reps),
                      "py-graph": lambda ln=lines: py_times(gr, ln, a.reps)}
-            med: dict[str, list[float]] = {k: [] for k in sides}
-            names = list(sides)
-            for r in range(a.rounds):
-                for k in names[r % 3:] + names[:r % 3]:  # rotated order
-                    med[k].append(statistics.median(sides[k]()))
-            print(f"\nbatch {batch} ({a.rounds} rounds x {a.reps} calls):")
-            for k in names:
-                m = statistics.median(med[k])
-                print(f"  {k:9s} {m * 1e3:8.3f} ms/call  {batch / m:9.1f} sentences/s  "
-                      f"(round medians {min(med[k]) * 1e3:.3f}..{max(med[k]) * 1e3:.3f} ms)")
-            for k in ("py-hf", "py-graph"):
-                ratios = [p_ / c for p_, c in zip(med[k], med["cpp"])]
-                m = statistics.median(ratios)
-                spread = (max(ratios) - min(ratios)) / m
-                print(f"  {k} / cpp time: median {m:.2f}x (rounds {min(ratios):.2f}..{max(ratios):.2f})"
-                      + ("  UNSTABLE (spread > 20%)" if spread > 0.2 else ""))
-            ratios = [g / h for g, h in zip(med["py-graph"], med["py-hf"])]
-            print(f"  py-graph / py-hf time: median {statistics.median(ratios):.2f}x "
-                  f"(rounds {min(ratios):.2f}..{max(ratios):.2f})")
+            att = run_timed_rounds(sides, rounds=a.rounds)
+            cmp = judge(att, baseline="py-hf")
+            print(f"\nbatch {batch} ({a.rounds} rounds x {a.reps} calls; other processes used "
+                  f"{cmp.load.other_cores or 0:.1f} cores):")
+            for k, s in cmp.series.items():
+                print(f"  {k:9s} {s.median_s * 1e3:8.3f} ms/call  {batch / s.median_s:9.1f} sentences/s  "
+                      f"(round times IQR {s.rel_iqr:.0%} of median)")
+            for k in ("cpp", "py-graph"):
+                print(f"  {k} vs py-hf (py-hf time / {k} time, paired rounds): {speedup_text(cmp.stability(k))}")
+            vs_graph = judge(att, baseline="py-graph").stability("cpp")  # the same rounds, paired the other way
+            print(f"  cpp vs py-graph (py-graph time / cpp time, paired rounds): {speedup_text(vs_graph)}")
             # tokenization alone (Embedder.tokenize: cut, tokenize, truncate), interleaved the same way
-            tok: dict[str, list[float]] = {"hf": [], "graph": []}
-            for r in range(a.rounds):
-                for k, e in ((("hf", hf), ("graph", gr)) if r % 2 else (("graph", gr), ("hf", hf))):
-                    e.tokenize(lines)
-                    ts = []
-                    for _ in range(a.reps * 5):
-                        t0 = time.perf_counter()
-                        e.tokenize(lines)
-                        ts.append(time.perf_counter() - t0)
-                    tok[k].append(statistics.median(ts))
-            ratios = [g / h for g, h in zip(tok["graph"], tok["hf"])]
-            print(f"  tokenize only: hf {statistics.median(tok['hf']) * 1e6:.0f} us, graph "
-                  f"{statistics.median(tok['graph']) * 1e6:.0f} us per call; graph / hf median "
-                  f"{statistics.median(ratios):.2f}x (rounds {min(ratios):.2f}..{max(ratios):.2f})")
-
+            tok = compare({"hf": lambda ln=lines: hf.tokenize(ln), "graph": lambda ln=lines: gr.tokenize(ln)},
+                          baseline="hf", min_rounds=a.rounds, max_rounds=a.rounds * 4, max_seconds=5.0)
+            print(f"  tokenize only: hf {tok.series['hf'].median_s * 1e6:.0f} us, graph "
+                  f"{tok.series['graph'].median_s * 1e6:.0f} us per call; graph vs hf (hf time / graph time): "
+                  f"{speedup_text(tok.stability('graph'))}")
 
 if __name__ == "__main__":
     main()

@@ -198,3 +198,27 @@ def test_percent_of_peak_is_never_shown_above_100() -> None:
 
     assert pct_text(87.4) == "87%" and pct_text(None) == "-" and pct_text(100.0) == "100%"
     assert pct_text(132.0) == "> peak (peak underestimated)"  # an older record's 132%: flagged, not printed
+
+
+def test_timed_rounds_of_self_timing_candidates_are_rotated_and_paired():
+    """Candidates that report their own call times (a C++ process, studies/text_embed_bench.py): one call is one
+    round, rotated; judge pairs the rounds (a burst in one round moves both sides of that round)."""
+    from xdeploy.bench.interleave import judge, run_timed_rounds
+
+    order: list[str] = []
+    burst = {2: 3.0}  # round 2 runs under load: every candidate 3x slower in it
+
+    def timer(name: str, t: float):
+        def run() -> list[float]:
+            rnd = len(order) // 2
+            order.append(name)
+            return [t * burst.get(rnd, 1.0)] * 5
+        return run
+
+    att = run_timed_rounds({"slow": timer("slow", 0.004), "fast": timer("fast", 0.001)}, rounds=4)
+    assert order == ["slow", "fast", "fast", "slow", "slow", "fast", "fast", "slow"]
+    assert att.rounds["slow"][2] == pytest.approx(0.012) and att.calls_per_round == {"slow": 5, "fast": 5}
+    cmp = judge(att, baseline="slow")
+    assert cmp.speedups["fast"].median == pytest.approx(4.0) and cmp.speedups["fast"].rel_ci == pytest.approx(0.0)
+    with pytest.raises(XDeployError, match="positive call times"):
+        run_timed_rounds({"x": lambda: []}, rounds=1)
