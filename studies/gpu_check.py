@@ -128,22 +128,22 @@ def verification_rows(records: Iterable[Mapping[str, Any]], runners: Sequence[st
 
 
 def render(rows: Sequence[Mapping[str, Any]], tests: Mapping[str, Any], meta: Mapping[str, Any]) -> str:
+    from xdeploy.reports.render import markdown_table
+
+    header = ("preset", "model", "artifact", "runner", "parity outputs passed", "min cosine", "p50 ms (shape)",
+              "GPU memory peak MiB (nvidia-smi, whole run)", "first failure")
+    table = [(r["preset"], r["model"], r["precision"], r["runner"], f"{r['parity_passed']}/{r['parity_outputs']}",
+              f"{r['min_cosine']:.6f}" if r["min_cosine"] is not None else "-",
+              f"{r['p50_ms']:.3f} ({r['shape']})" if r["p50_ms"] is not None else "-",
+              f"{r['gpu_memory_peak_mib']:.0f}", r.get("first_failure") or "") for r in rows]
+    if not rows:
+        table = [("(no record from the GPU runners: see the run logs next to this file)", *[""] * 8)]
     lines = ["# GPU verification (`make gpu-check`)", "",
              f"Machine: {meta.get('gpu', '?')}; driver {meta.get('driver', '?')}; "
              f"TensorRT {meta.get('tensorrt', '?')}; onnxruntime-gpu {meta.get('onnxruntime', '?')}; "
              f"torch {meta.get('torch', '?')}; {meta.get('date', '')}.",
              "", f"`gpu`-marked tests: {tests.get('summary', 'not run')} (exit {tests.get('returncode', '?')}).", "",
-             "| preset | model | artifact | runner | parity outputs passed | min cosine | p50 ms (shape) "
-             "| GPU memory peak MiB (nvidia-smi, whole run) | first failure |",
-             "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- |"]
-    for r in rows:
-        cos = f"{r['min_cosine']:.6f}" if r["min_cosine"] is not None else "-"
-        p50 = f"{r['p50_ms']:.3f} ({r['shape']})" if r["p50_ms"] is not None else "-"
-        lines.append(f"| {r['preset']} | {r['model']} | {r['precision']} | {r['runner']} | "
-                     f"{r['parity_passed']}/{r['parity_outputs']} | {cos} | {p50} | {r['gpu_memory_peak_mib']:.0f} | "
-                     f"{(r.get('first_failure') or '').replace('|', '/')} |")
-    if not rows:
-        lines.append("| (no record from the GPU runners: see the run logs next to this file) | | | | | | | | |")
+             markdown_table(header, table)]
     return "\n".join(lines) + "\n"
 
 
