@@ -4,7 +4,8 @@ the engine cache key and layout, the builder's precision plan, and the equivalen
 The hardware side (deploy/trt_runner.py) and the onnxruntime TensorRT provider (deploy/ort_gpu_runner.py)
 both use these, so what they build is decided here, where CPU tests can check it.
 
-Engine cache layout, under a cache root (default $XDG_CACHE_HOME/xdeploy/trt):
+Engine cache layout, under a cache root (default: the project's one cache root, export/cache.py `cache_root()`
+= $XDEPLOY_CACHE or ~/.cache/xdeploy, then trt/):
 
     <root>/<model>-<graph>-<precision>-<key[:16]>/engine.plan   serialized engine
                                                  /engine.json  the key and every field it was made from
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
@@ -26,6 +26,7 @@ from typing import Any
 
 from xdeploy.core.errors import XDeployError
 from xdeploy.core.fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
+from xdeploy.export.cache import cache_root
 from xdeploy.models.spec import Axis, Graph
 
 Shape = tuple[int, ...]
@@ -142,8 +143,8 @@ def int8_format(onnx_path: str | Path) -> str | None:
 
 
 def default_cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "xdeploy" / "trt"
+    """<cache root>/trt: engines live beside the artifact and roofline caches ($XDEPLOY_CACHE moves them all)."""
+    return cache_root() / "trt"
 
 
 def _slug(s: str) -> str:

@@ -485,3 +485,12 @@ def test_xdeploy_doctor_lists_runner_gaps_and_refuses_gpu_check_here(capsys):
     assert main(["doctor", "--gpu"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("xdeploy: error: gpu-check: cannot run here: no nvidia-smi") and "\n" not in err
+
+
+def test_engine_cache_lives_under_the_one_cache_root(monkeypatch, tmp_path):
+    from xdeploy.export.cache import cache_root
+    from xdeploy.export.tensorrt import default_cache_root
+
+    monkeypatch.setenv("XDEPLOY_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # not used: one root for every cache
+    assert default_cache_root() == cache_root() / "trt" == tmp_path / "cache" / "trt"
