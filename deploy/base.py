@@ -112,13 +112,7 @@ class Runner(abc.ABC):
         Each call reads the *current contents* of `inputs` and writes results into `outputs` in place; the
         caller may change array contents between calls, never shapes. This default copies the outputs;
         backends override it to bind the buffers directly (onnxruntime IO binding, OpenVINO shared tensors)."""
-        checked = validate_feeds(self.graph, self.artifact.spec.axes, inputs)
-        for name, a in checked.items():
-            if a is not inputs[name]:
-                raise XDeployError(f"bound input {name!r} must be a C-contiguous array")
-        unknown = [n for n in outputs if n not in self.output_names]
-        if unknown:
-            raise XDeployError(f"unknown output(s) {unknown}; graph {self.graph.name!r} has {self.output_names}")
+        checked = self.check_bound(inputs, outputs)
 
         def call() -> None:
             result = self._run(checked)
@@ -126,6 +120,19 @@ class Runner(abc.ABC):
                 np.copyto(buf, result[name])
 
         return call
+
+    def check_bound(self, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]
+                    ) -> dict[str, np.ndarray]:
+        """The checks every `bind` makes: the feeds are valid and C-contiguous as given (a copy would hide the
+        caller's later writes), every output name is one of the graph's. Returns the validated feeds."""
+        checked = validate_feeds(self.graph, self.artifact.spec.axes, inputs)
+        for name, a in checked.items():
+            if a is not inputs[name]:
+                raise XDeployError(f"bound input {name!r} must be a C-contiguous array")
+        unknown = [n for n in outputs if n not in self.output_names]
+        if unknown:
+            raise XDeployError(f"unknown output(s) {unknown}; graph {self.graph.name!r} has {self.output_names}")
+        return checked
 
     def close(self) -> None:
         """Release sessions / device memory. Idempotent."""

@@ -473,13 +473,7 @@ class TrtRunner(Runner):
 
         Same contract as Runner.bind: inputs must be C-contiguous (a copy would hide the caller's later writes),
         outputs writeable C-contiguous arrays of the exact dtype and shape the engine produces."""
-        checked = validate_feeds(self.graph, self.artifact.spec.axes, inputs)
-        for n, a in checked.items():
-            if a is not inputs[n]:
-                raise XDeployError(f"bound input {n!r} must be a C-contiguous array")
-        unknown = [n for n in outputs if n not in self.output_names]
-        if unknown:
-            raise XDeployError(f"unknown output(s) {unknown}; graph {self.graph.name!r} has {self.output_names}")
+        checked = self.check_bound(inputs, outputs)
         for n, b in outputs.items():
             if not isinstance(b, np.ndarray) or not b.flags.c_contiguous or not b.flags.writeable:
                 raise XDeployError(f"bound output {n!r} must be a writeable C-contiguous numpy array")
