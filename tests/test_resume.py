@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import psutil
@@ -64,18 +65,19 @@ def _work_lines(journal: Path) -> int:
     return sum(b'"event":"begin"' in x or b'"event":"record"' in x for x in journal.read_bytes().splitlines())
 
 
-def _run_until(out: Path, art: Path, new_lines: int) -> int:
-    """Start `xdeploy run --resume` in a child; SIGKILL it once its journal has `new_lines` more lines of work.
-    Returns the child's exit code (-9 when killed, 0 when it finished first)."""
+def _run_until(out: Path, art: Path, new_lines: int, count: Callable[[Path], int] = _work_lines,
+               limit: Sequence[str] | None = None) -> int:
+    """Start `xdeploy run --resume` in a child; SIGKILL it once `count(journal)` has grown by `new_lines` (by
+    default: lines of work). Returns the child's exit code (-9 when killed, 0 when it finished first)."""
     journal = out / "journal.jsonl"
-    before = _work_lines(journal)
-    child = subprocess.Popen([sys.executable, "-m", "xdeploy.cli", "run", *ARGS, *LIMIT, "--out", str(out),
-                              "--artifacts", str(art), "--resume"], stdout=subprocess.DEVNULL,
+    before = count(journal)
+    child = subprocess.Popen([sys.executable, "-m", "xdeploy.cli", "run", *ARGS, *(LIMIT if limit is None else limit),
+                              "--out", str(out), "--artifacts", str(art), "--resume"], stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 300
         while child.poll() is None and time.monotonic() < deadline:
-            if _work_lines(journal) - before >= new_lines:
+            if count(journal) - before >= new_lines:
                 os.kill(child.pid, signal.SIGKILL)
                 break
             time.sleep(0.01)
@@ -236,21 +238,9 @@ def _done_parts(journal: Path) -> int:
 
 
 def _run_until_parts(out: Path, art: Path, new_parts: int) -> int:
-    """`xdeploy run --resume` in a child, SIGKILLed once its journal has `new_parts` more finished bench parts."""
-    journal = out / "journal.jsonl"
-    before = _done_parts(journal)
-    child = subprocess.Popen([sys.executable, "-m", "xdeploy.cli", "run", *ARGS, "--out", str(out),
-                              "--artifacts", str(art), "--resume"], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while child.poll() is None and time.monotonic() < deadline:
-        if _done_parts(journal) - before >= new_parts:
-            os.kill(child.pid, signal.SIGKILL)
-            break
-        time.sleep(0.01)
-    if child.poll() is None and time.monotonic() >= deadline:
-        child.kill()
-    return child.wait()
+    """`xdeploy run --resume` (no memory limit) in a child, SIGKILLed once its journal has `new_parts` more
+    finished bench parts."""
+    return _run_until(out, art, new_parts, count=_done_parts, limit=())
 
 
 def test_resume_inside_bench_reuses_the_comparisons_already_journaled(tmp_path):
