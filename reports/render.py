@@ -179,9 +179,11 @@ def _plt() -> Any:
     return plt
 
 
-def _grid(n: int) -> tuple[int, int]:
+def _panels(n: int, width: float = 6.2) -> tuple[Any, Any]:
+    """(figure, 2-D array of axes) for n panels, two per row, each `width` x 4.4 inches."""
     cols = min(n, 2)
-    return (n + cols - 1) // cols, cols
+    rows = (n + cols - 1) // cols
+    return _plt().subplots(rows, cols, figsize=(width * cols, 4.4 * rows), squeeze=False)
 
 
 def _plain_log2_x(ax: Any, ticks: Sequence[int]) -> None:
@@ -216,10 +218,8 @@ def plot_scale(scale: list[Mapping[str, Any]], path: Path, *, memory: bool) -> b
     pts = [r for r in scale if not memory or (r.get("memory") or {}).get("activations_bytes")]
     if not pts:
         return False
-    plt = _plt()
     models = sorted({r["model"] for r in pts})
-    rows, cols = _grid(len(models))
-    fig, axes = plt.subplots(rows, cols, figsize=(6.2 * cols, 4.4 * rows), squeeze=False)
+    fig, axes = _panels(len(models))
     for ax, model in zip(axes.flat, models):
         mine = [r for r in pts if r["model"] == model]
         for (lowering, batch), rs in sorted(_by(mine, "lowering", "batch").items(), key=lambda kv: str(kv[0])):
@@ -253,9 +253,7 @@ def plot_throughput(lat: list[Mapping[str, Any]], path: Path) -> bool:
     panels = {k: v for k, v in groups.items() if len({r["batch"] for r in v}) >= 2}
     if not panels:
         return False
-    plt = _plt()
-    rows, cols = _grid(len(panels))
-    fig, axes = plt.subplots(rows, cols, figsize=(7.4 * cols, 4.4 * rows), squeeze=False)
+    fig, axes = _panels(len(panels), width=7.4)
     for ax, ((model, graph, seq), rs) in zip(axes.flat, sorted(panels.items(), key=lambda kv: str(kv[0]))):
         for (runner, ap), g in sorted(_by(rs, "runner", "artifact_precision").items()):
             g = sorted(g, key=lambda r: r["batch"])
@@ -281,10 +279,8 @@ def plot_decode(dec: list[Mapping[str, Any]], path: Path) -> bool:
     dec = [r for r in dec if r["step_s"]]
     if not dec:
         return False
-    plt = _plt()
     models = sorted({r["model"] for r in dec})
-    rows, cols = _grid(len(models))
-    fig, axes = plt.subplots(rows, cols, figsize=(6.2 * cols, 4.4 * rows), squeeze=False)
+    fig, axes = _panels(len(models))
     for ax, model in zip(axes.flat, models):
         for r in sorted((r for r in dec if r["model"] == model), key=lambda r: (r["runner"], r["mode"])):
             # step i (0-based) feeds token prompt_len+1+i and attends over prompt_len+1+i cached positions
@@ -340,10 +336,8 @@ def speed_error_points(records: Sequence[Mapping[str, Any]]) -> list[dict[str, A
 def plot_speed_error(points: list[dict[str, Any]], path: Path) -> bool:
     if not points:
         return False
-    plt = _plt()
     models = sorted({p["model"] for p in points})
-    rows, cols = _grid(len(models))
-    fig, axes = plt.subplots(rows, cols, figsize=(6.2 * cols, 4.4 * rows), squeeze=False)
+    fig, axes = _panels(len(models))
     markers = {"fp32": "o", "fp16": "s", "int8": "^", "int8-dynamic": "v", "bf16": "D"}
     floor = 1e-8  # the fp32 reference has error 0: drawn on the axis floor of the log scale
     for ax, model in zip(axes.flat, models):
