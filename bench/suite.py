@@ -276,12 +276,12 @@ def run_bench(target: str, *, runners: Sequence[str], preset: str | None = None,
               log: Callable[[str], None] | None = None, **kw: Any) -> list[dict[str, Any]]:
     """Benchmark every (artifact precision, runner, batch, seq) of a model name or artifact directory; see
     `bench_artifacts` for the measurement and the keyword arguments."""
-    from xdeploy.deploy.registry import parse_spec
+    from xdeploy.deploy.registry import check_spec
 
     if not runners:
         raise XDeployError("no runners given; expected e.g. --runners torch,ort")
     for r in runners:
-        parse_spec(r)
+        check_spec(r)
     for n, v in (("batch", batches), ("seq", seqs)):
         if not v or any(x < 1 for x in v):
             raise XDeployError(f"--{n} needs positive integers, got {list(v)}")
@@ -324,8 +324,10 @@ def bench_artifacts(arts: Sequence[Any], *, runners: Sequence[str], batches: Seq
         if log:
             log(f"threads per runner: {threads} (cores free now; --threads overrides)")
     configs: list[dict[str, int]] = []
+    all_skipped: list[str] = []  # configurations the artifacts' axes do not accept
     for art in arts:
         cs, skipped = bench_configs(art, batches, seqs)
+        all_skipped += [f"{art.model} {art.precision} {s}" for s in skipped]
         configs += [c for c in cs if c not in configs]
         for s in skipped:
             if log:
@@ -337,8 +339,10 @@ def bench_artifacts(arts: Sequence[Any], *, runners: Sequence[str], batches: Seq
         text = str(e).strip()
         msg = text.splitlines()[-1][:200] if text else type(e).__name__
         failures.append(f"{what}: {msg}")
-        if log:
-            log(f"[red]failed[/red] {failures[-1]}")
+        if log:  # escaped: an error text such as "pip install 'xdeploy[gpu]'" is not rich markup
+            from rich.markup import escape
+
+            log(f"[red]failed[/red] {escape(failures[-1])}")
 
     for sizes in configs:
         cands: list[tuple[str, Any]] = []
@@ -401,6 +405,8 @@ def bench_artifacts(arts: Sequence[Any], *, runners: Sequence[str], batches: Seq
             compared(sizes, records[n_rec:], failures[n_fail:])
     if failures and not records:
         raise XDeployError(f"every benchmark configuration failed; first: {failures[0]}")
+    if not records:
+        raise XDeployError(f"nothing ran: every configuration was skipped ({'; '.join(all_skipped[:3])})")
     return records
 
 

@@ -19,6 +19,14 @@ class ParityError(XDeployError):
     exit_code = 1
 
 
+class InputError(XDeployError):
+    """One input of a list is bad. `index` is 0-based (the Python list's); the CLI says "line index+1" instead."""
+
+    def __init__(self, index: int, problem: str) -> None:
+        self.index, self.problem = index, problem
+        super().__init__(f"input {index} {problem}")
+
+
 def one_of(kind: str, value: object, valid: object) -> XDeployError:
     """Error for an unknown name: `unknown model 'x'; expected one of: a, b`."""
     names = ", ".join(sorted(map(str, valid)))  # type: ignore[call-overload]

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from xdeploy.core.errors import XDeployError, one_of
+from xdeploy.core.errors import InputError, XDeployError, one_of
 from xdeploy.export.artifact import Artifact, load_artifact
 from xdeploy.models.spec import TextFeeds
 
@@ -113,6 +113,36 @@ def pool(hidden: np.ndarray, mask: np.ndarray, mode: str, normalize: bool) -> np
     return out.astype(np.float32, copy=False)
 
 
+def text_encoder_inputs(artifact: Artifact) -> tuple[list[str], TextFeeds]:
+    """The input names of a text encoder's graph and its declared feeds, or a one-line error for an artifact
+    that is not one."""
+    graph = artifact.graph("model")
+    names = [t.name for t in graph.inputs]
+    # the feed names a text encoder declares (models/spec.py TextFeeds, read from the manifest)
+    text = artifact.capabilities.text or TextFeeds()
+    feeds = [n for n in (text.ids, text.mask, text.type_ids) if n]
+    caps = artifact.capabilities
+    if caps.text is None or caps.token_axis not in artifact.spec.axes or text.ids not in names \
+            or not set(names) <= set(feeds) or text.hidden not in [t.name for t in graph.outputs]:
+        raise XDeployError(f"artifact {artifact.path} is not a text encoder: its graph takes {names} "
+                           f"and gives {[t.name for t in graph.outputs]}; expected {text.ids} (+ "
+                           f"{', '.join(feeds[1:])}) -> {text.hidden}")
+    return names, text
+
+
+def check_text_artifact(artifact: Artifact | str | Path, tokenizer: str = "hf") -> Artifact:
+    """What embedding text needs, checked up front (a server must refuse at start, not answer every request with
+    an error): a text-encoder graph and a readable tokenizer (`tokenizer`: "hf" tokenizer.json, or "graph")."""
+    art = artifact if isinstance(artifact, Artifact) else load_artifact(artifact)
+    text_encoder_inputs(art)
+    if tokenizer == "graph":
+        if art.tokenizer_graph is None:
+            raise XDeployError(f"artifact {art.path} has no tokenizer graph; export it with --tokenizer-graph")
+    else:
+        _load_tokenizer(art)
+    return art
+
+
 def _load_tokenizer(artifact: Artifact) -> Any:
     from tokenizers import Tokenizer
 
@@ -133,15 +163,15 @@ def _as_text(x: Any, i: int) -> str:
         try:
             x.encode("utf-8")
         except UnicodeEncodeError:
-            raise XDeployError(f"input {i} is not valid Unicode (it holds a lone surrogate)") from None
+            raise InputError(i, "is not valid Unicode (it holds a lone surrogate)") from None
         return x
     if isinstance(x, bytes | bytearray):
         try:
             return bytes(x).decode("utf-8")
         except UnicodeDecodeError as e:
-            raise XDeployError(f"input {i} is not valid UTF-8 (byte {e.start}: {bytes(x)[e.start:e.start + 1]!r})"
-                               ) from None
-    raise XDeployError(f"input {i} must be a str (or UTF-8 bytes), got {type(x).__name__}")
+            raise InputError(i, f"is not valid UTF-8 (byte {e.start}: {bytes(x)[e.start:e.start + 1]!r})"
+                             ) from None
+    raise InputError(i, f"must be a str (or UTF-8 bytes), got {type(x).__name__}")
 
 
 class Embedder:
@@ -153,17 +183,9 @@ class Embedder:
                  threads: int = 0, tokenizer: str = "hf", **runner_options: Any) -> None:
         self.artifact = artifact if isinstance(artifact, Artifact) else load_artifact(artifact)
         graph = self.artifact.graph("model")
-        names = [t.name for t in graph.inputs]
-        # the feed names a text encoder declares (models/spec.py TextFeeds, read from the manifest)
-        text = self.artifact.capabilities.text or TextFeeds()
-        feeds = [n for n in (text.ids, text.mask, text.type_ids) if n]
-        caps = self.artifact.capabilities
-        if caps.text is None or caps.token_axis not in self.artifact.spec.axes or text.ids not in names \
-                or not set(names) <= set(feeds) or text.hidden not in [t.name for t in graph.outputs]:
-            raise XDeployError(f"artifact {self.artifact.path} is not a text encoder: its graph takes {names} "
-                               f"and gives {[t.name for t in graph.outputs]}; expected {text.ids} (+ "
-                               f"{', '.join(feeds[1:])}) -> {text.hidden}")
+        names, text = text_encoder_inputs(self.artifact)
         self.input_names, self.text = names, text
+        caps = self.artifact.capabilities
         if truncation not in TRUNCATION:
             raise one_of("truncation policy", truncation, TRUNCATION)
         if sessions not in SESSIONS:
@@ -172,16 +194,16 @@ class Embedder:
         self.token_axis = str(caps.token_axis)
         bmax, smax = axes["batch"].max, axes[self.token_axis].max
         if not isinstance(batch_size, int) or not 1 <= batch_size <= bmax:
-            raise XDeployError(f"batch_size must be 1..{bmax} (the artifact's batch axis), got {batch_size!r}")
+            raise XDeployError(f"batch size must be 1..{bmax} (the artifact's batch axis), got {batch_size!r}")
         if not isinstance(pad_to, int) or pad_to < 1:
-            raise XDeployError(f"pad_to must be a positive integer, got {pad_to!r}")
+            raise XDeployError(f"pad-to must be a positive integer, got {pad_to!r}")
         p = artifact_pooling(self.artifact)
         if pooling is not None and pooling not in POOLING_MODES:
             raise one_of("pooling mode", pooling, POOLING_MODES)
         self.pooling = Pooling(pooling or p.mode, p.normalize if normalize is None else normalize, p.max_length)
         limit = max_length or p.max_length or smax
         if not 2 <= limit <= smax:
-            raise XDeployError(f"max_length must be 2..{smax} (the artifact's token axis), got {limit}")
+            raise XDeployError(f"max length must be 2..{smax} tokens (the artifact's token axis), got {limit}")
         if tokenizer not in TOKENIZERS:
             raise one_of("tokenizer", tokenizer, TOKENIZERS)
         if tokenizer == "graph":
@@ -295,8 +317,8 @@ class Embedder:
         for i, e in enumerate(encs):
             if e.overflowing:  # the tokenizer cut it to max_length, special tokens re-added ([CLS] ... [SEP])
                 if self.truncation == "error":
-                    raise XDeployError(f"input {i} has more than max_length={self.max_length} tokens "
-                                       "(truncation='error'); shorten it or use truncation='right'")
+                    raise InputError(i, f"has more than max_length={self.max_length} tokens "
+                                     "(truncation='error'); shorten it or use truncation='right'")
                 truncated.append(i)
             ids.append(e.ids)
             types.append(e.type_ids)
@@ -343,7 +365,7 @@ class Embedder:
         for i, r in enumerate(ids):
             row = [int(x) for x in r]
             if not 1 <= len(row) <= self.max_length:
-                raise XDeployError(f"input {i} has {len(row)} token ids; expected 1..{self.max_length}")
+                raise InputError(i, f"has {len(row)} token ids; expected 1..{self.max_length}")
             rows.append(row)
         return self._embed_tokens(rows, [[0] * len(r) for r in rows])[0]
 

@@ -31,6 +31,17 @@ def parse_spec(spec: str) -> tuple[str, str]:
     return name, variant
 
 
+def check_spec(spec: str) -> tuple[str, str]:
+    """parse_spec plus the variant: a misspelt spec ("ov:fp16") is an error before any runner is opened."""
+    name, variant = parse_spec(spec)
+    variants = runner_class(spec).variants
+    if variant not in variants:
+        raise XDeployError(f"runner {name!r} has no variant {variant!r}; expected {name} or "
+                           f"{', '.join(f'{name}:{v}' for v in variants if v)}" if any(variants) else
+                           f"runner {name!r} takes no variant; expected {name}")
+    return name, variant
+
+
 def runner_class(spec: str) -> type[Runner]:
     name, _ = parse_spec(spec)
     module, _, cls = RUNNERS[name].partition(":")

@@ -188,6 +188,16 @@ def _baseline(artifact: str, o: LoadOptions) -> dict[str, Any]:
                        latency_s={k: getattr(st, k) for k in ("p50", "p90", "p99", "mean", "std", "min", "max")})
 
 
+def _ready_models(protocol: str, client: Any) -> list[str]:
+    """Names of the models the server has READY (for the error that says which name to call)."""
+    try:
+        index = client.get_model_repository_index(**({"as_json": True} if protocol == "grpc" else {}))
+    except Exception:  # an old or partial server: the error still names the model asked for
+        return []
+    models = index.get("models", []) if isinstance(index, dict) else index
+    return sorted(m["name"] for m in models if m.get("state", "READY") == "READY")
+
+
 def _run(protocol: str, target: str, o: LoadOptions, server: ServerProcess | None) -> list[dict[str, Any]]:
     from xdeploy.bench.latency import summarize
     from xdeploy.core.fingerprint import fingerprint
@@ -197,7 +207,9 @@ def _run(protocol: str, target: str, o: LoadOptions, server: ServerProcess | Non
     mod, client = _client(protocol, target, o.timeout)
     try:
         if not client.is_model_ready(o.model):
-            raise XDeployError(f"model {o.model!r} is not ready on {protocol}://{target}")
+            served = _ready_models(protocol, client)
+            raise XDeployError(f"model {o.model!r} is not ready on {protocol}://{target}; it serves: "
+                               f"{', '.join(served) or 'no ready model'} (pass --model-name NAME)")
         for k in range(o.warmup):
             _request(mod, client, o.model, texts[k * o.batch:(k + 1) * o.batch], o.timeout)
     except XDeployError:

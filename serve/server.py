@@ -15,8 +15,8 @@ dynamic batch with one error.) Health/readiness are Triton's own: GET /v2/health
 /v2/models/embedder/ready; gRPC ServerReady/ModelReady.
 
 Why a second Python: PyTriton's Python-backend stub fails under this machine's Python 3.11
-(`'_thread.RLock' object has no attribute '_recursion_count'`) and works under 3.13, and the server needs no
-torch. So the server runs in a lean environment (`make serve-env` -> .venv-serve: Python 3.13, onnxruntime,
+(`'_thread.RLock' object has no attribute '_recursion_count'`) and works under 3.12 and 3.13, and the server needs no
+torch. So the server runs in a lean environment (`make serve-env` -> .venv-serve: Python 3.12, onnxruntime,
 tokenizers, numpy, nvidia-pytriton, xdeploy installed --no-deps); `xdeploy serve` in the main environment
 launches `python -m xdeploy.serve.server` there. `serve_python()` says which interpreter is used.
 
@@ -35,6 +35,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -104,11 +105,17 @@ def serve_python() -> str:
     py = SERVE_ENV / "bin" / "python"
     if not py.exists():
         raise XDeployError(f"no serving environment: {py} is missing; create it with `make serve-env` "
-                           "(Python 3.13 + nvidia-pytriton), or set XDEPLOY_SERVE_PYTHON")
+                           "(Python 3.12 + nvidia-pytriton), or set XDEPLOY_SERVE_PYTHON")
     return str(py)
 
 
 # ------------------------------------------------------------------------- the server (serving env) ----
+
+def _libdir() -> str:
+    import sysconfig
+
+    return str(sysconfig.get_config_var("LIBDIR") or "")
+
 
 def write_embedder_repository(artifact: str | Path, repo: Path, options: ServeOptions) -> int:
     """A one-model Triton repository serving the artifact through the Embedder (serve/triton_embedder_model.py,
@@ -181,7 +188,7 @@ def run_repository(repo: str | Path, options: ServeOptions, *, stop: threading.E
         env = dict(os.environ)
         # the stub embeds the Python found on PATH: put this environment's first so models import its packages
         env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
-        env["LD_LIBRARY_PATH"] = ":".join(p for p in (env.get("LD_LIBRARY_PATH"), str(libs)) if p)
+        env["LD_LIBRARY_PATH"] = ":".join(p for p in (env.get("LD_LIBRARY_PATH"), str(libs), _libdir()) if p)
         cmd = [str(root / "bin" / "tritonserver"), "--model-repository", str(Path(repo).resolve()),
                "--backend-directory", str(backends), "--http-address", options.host, "--http-port",
                str(options.http_port), "--grpc-address", options.host, "--grpc-port", str(options.grpc_port),
@@ -267,8 +274,11 @@ class ServerProcess:
             self.artifact = Path(artifact)
             options = options or ServeOptions(http_port=free_port(), grpc_port=free_port(),
                                               model_name=repository_model_name(artifact))
-        else:
-            self.artifact = load_artifact(artifact).path  # one-line errors before a process is started
+        else:  # one-line errors before a process is started: not an artifact, not a text encoder, no tokenizer
+            from xdeploy.deploy.embedder import check_text_artifact
+
+            self.artifact = check_text_artifact(load_artifact(artifact),
+                                                tokenizer=(options.tokenizer if options else "hf")).path
         self.options = options or ServeOptions(http_port=free_port(), grpc_port=free_port())
         check_host(self.options.host, self.options.allow_remote)
         self.start_timeout, self.stop_timeout = start_timeout, stop_timeout
@@ -297,7 +307,8 @@ class ServerProcess:
             return False
 
     def start(self) -> ServerProcess:
-        out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115 - closed in stop()
+        # without --log the output goes to a temporary file, read back when the server fails to start
+        out = open(self.log, "ab") if self.log else tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         env.pop("PYTHONPATH", None)  # the serving env has its own site-packages
         # own session/process group: stop() can reach tritonserver and the Python-backend stubs under it
@@ -310,14 +321,32 @@ class ServerProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 code = self.proc.returncode
+                why = self._last_error()
                 self.stop()
                 raise XDeployError(f"the Triton server exited with code {code} while starting"
-                                   + (f"; see {self.log}" if self.log else "; pass a log file to see why"))
+                                   + (f": {why}" if why else "")
+                                   + (f"; the full log is in {self.log}" if self.log else
+                                      "; pass --log FILE (`xdeploy serve`) or log=FILE (ServerProcess) for the "
+                                      "full log"))
             if self.ready():
                 return self
             time.sleep(0.25)
         self.stop()
         raise XDeployError(f"the Triton server was not ready after {self.start_timeout:.0f} s")
+
+    def _last_error(self) -> str:
+        """The server's own one-line error (`xdeploy: error: ...`), or its last line, from its output so far."""
+        try:
+            if self.log:
+                lines = self.log.read_bytes()[-20000:].decode("utf-8", "replace").splitlines()
+            else:
+                self._out.seek(0)
+                lines = self._out.read()[-20000:].decode("utf-8", "replace").splitlines()
+        except (OSError, ValueError):
+            return ""
+        lines = [ln.strip() for ln in lines if ln.strip()]
+        errors = [ln.removeprefix("xdeploy: error: ") for ln in lines if ln.startswith("xdeploy: error: ")]
+        return (errors or lines or [""])[-1][:300]
 
     def stop(self) -> int | None:
         """SIGTERM, wait for a clean exit, then SIGKILL whatever is left in the process group. Returns the exit
@@ -335,7 +364,7 @@ class ServerProcess:
             os.killpg(self.proc.pid, signal.SIGKILL)  # stragglers (a hung tritonserver or stub)
         if code is None:
             self.proc.wait(10)
-        if self._out is not subprocess.DEVNULL:
+        if self._out is not subprocess.DEVNULL:  # a file: --log, or the temporary one
             self._out.close()
         self.proc = None
         return code

@@ -112,8 +112,8 @@ def test_bad_input_gives_one_line_errors(emb, minilm):
         with pytest.raises(XDeployError, match=msg):
             emb.embed(texts)
     assert emb.embed([b"utf-8 bytes \xc3\xa9"]).shape == (1, 384)
-    for kwargs, msg in [({"batch_size": 65}, "batch_size must be 1..64"), ({"truncation": "left"}, "truncation"),
-                        ({"max_length": 513}, "max_length must be 2..512"), ({"pooling": "avg"}, "pooling mode"),
+    for kwargs, msg in [({"batch_size": 65}, "batch size must be 1..64"), ({"truncation": "left"}, "truncation"),
+                        ({"max_length": 513}, "max length must be 2..512"), ({"pooling": "avg"}, "pooling mode"),
                         ({"runner": "nope"}, "unknown runner 'nope'"), ({"sessions": "pool"}, "sessions mode")]:
         with pytest.raises(XDeployError, match=msg):
             Embedder(minilm, **kwargs)

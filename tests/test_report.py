@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -284,9 +285,14 @@ def test_sigkill_mid_write_leaves_previous_report(tmp_path):
 def test_xdeploy_run_smoke_end_to_end(tmp_path, capsys):
     """The main job on the smallest configuration: export -> parity -> bench -> report, for real."""
     out, js = tmp_path / "latest", tmp_path / "run.json"
-    rc = main(["run", "--smoke", "--models", "vit", "--runners", "ort", "--precisions", "fp32,int8",
+    rc = main(["run", "--smoke", "--models", "vit", "--runners", "ort", "--precision", "fp32,int8",
                "--out", str(out), "--artifacts", str(tmp_path / "art"), "--json", str(js)])
-    assert rc == 0, capsys.readouterr()
+    cap = capsys.readouterr()
+    assert rc == 0, cap
+    # stderr is not a terminal here (as in CI): one plain progress line per step start and end, with elapsed
+    steps = [ln for ln in cap.err.splitlines() if " step " in ln]
+    assert steps and all(re.match(r"\[ *\d+\.\d s\] step \d+/\d+ (started|done): ", ln) for ln in steps), cap.err
+    assert any("done: report" in ln for ln in steps) and len(steps) % 2 == 0
     doc = json.loads(js.read_text())
     assert doc["parity_passed"] and doc["summary"] == str(out / "summary.md")
     assert {"export", "parity", "bench", "report"} <= set(doc["phase_s"])
@@ -303,14 +309,16 @@ def test_xdeploy_run_smoke_end_to_end(tmp_path, capsys):
         _png_ok(out / "plots" / p)
     md = (out / "summary.md").read_text()
     assert "**Parity: all checks pass.**" in md and "| vit tiny | model | ort | int8 |" in md
-    printed = capsys.readouterr().out
-    assert f"report: {out}/summary.md" in printed
+    # the report records the command as typed, every flag, under a title that says which run it was
+    assert f"xdeploy run --smoke --models vit --runners ort --precision fp32,int8 --out {out}" in md
+    assert "smoke" in md.splitlines()[0] and "default presets" not in md.splitlines()[0]
+    assert f"report: {out}/summary.md" in cap.out
 
 
 def test_xdeploy_run_exits_1_on_parity_failure_after_writing_the_report(tmp_path, capsys):
     # atol=rtol=0 and a cosine floor above 1 cannot be met by a different runtime: every check fails
     out = tmp_path / "latest"
-    rc = main(["run", "--smoke", "--models", "vit", "--runners", "ort", "--precisions", "fp32", "--skip",
+    rc = main(["run", "--smoke", "--models", "vit", "--runners", "ort", "--precision", "fp32", "--skip",
                "roofline,bench,decode,scale", "--tolerance", "atol=0,rtol=0,cosine=2", "--out", str(out),
                "--artifacts", str(tmp_path / "art")])
     err = capsys.readouterr().err

@@ -344,13 +344,21 @@ def check_artifact(artifact: Any, runners: Sequence[str], *, shapes: Sequence[tu
     returns the fp32 ONNX to compare the artifact's graph with (path or ModelProto); default: re-exported
     from the artifact's reference weights."""
     from xdeploy.core.errors import XDeployError
-    from xdeploy.deploy.registry import open_runner, parse_spec
+    from xdeploy.deploy.registry import check_spec, open_runner
+    from xdeploy.export.artifact import Artifact, load_artifact
 
+    if not isinstance(artifact, Artifact):  # a path, like open_runner and Generator take
+        artifact = load_artifact(artifact)
     if layerwise not in ("never", "on-failure", "always"):
         raise XDeployError(f"layerwise mode {layerwise!r}; expected never, on-failure or always")
-    for spec in runners:
-        parse_spec(spec)  # an unknown runner name is the caller's error, not a parity failure
+    for spec in runners:  # a misspelt spec is a usage error, not a runner that fails parity
+        check_spec(spec)
     graph_names = list(graphs) if graphs else [g.name for g in artifact.spec.graphs]
+    outputs = {t.name for gname in graph_names for t in artifact.graph(gname).outputs}
+    unknown = sorted(set(overrides or {}) - outputs - {"*"})
+    if unknown:
+        raise XDeployError(f"tolerance override for unknown output(s) {', '.join(unknown)}; the graphs "
+                           f"{', '.join(graph_names)} give: {', '.join(sorted(outputs))}")
     checks: list[OutputCheck] = []
     infos: list[dict[str, Any]] = []
     findings: list[LayerwiseFinding] = []

@@ -31,6 +31,14 @@ COMMANDS: dict[str, str] = {
 }
 
 
+EPILOG = """exit codes (every subcommand):
+  0  success
+  1  a verdict failed: a parity check, a regression in `report compare`, a load test with no successful request
+  2  a usage or input error, or nothing to do (e.g. every bench config skipped, no records in common to compare)
+
+`xdeploy COMMAND --help` lists a command's options; README.md has the table of common flags."""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line + exit 2, like every other user error
         self.exit(2, f"{self.prog}: error: {message}\n")
@@ -39,12 +47,14 @@ class _Parser(argparse.ArgumentParser):
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     from xdeploy import __version__
 
-    parser = _Parser(prog="xdeploy", description="Export, optimize, run and benchmark transformer models.")
+    parser = _Parser(prog="xdeploy", description="Export, optimize, run and benchmark transformer models.",
+                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"xdeploy {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name, help_text in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        # argparse %-formats help strings: a literal % (e.g. "% of GEMM peak") must be doubled
+        p = sub.add_parser(name, help=help_text.replace("%", "%%"), description=help_text.replace("%", "%%"))
         if name == command:
             importlib.import_module(f"xdeploy.commands.{name}").add_arguments(p)
     return parser
@@ -54,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = argv[0] if argv and argv[0] in COMMANDS else None
     args = build_parser(command).parse_args(argv)
+    args.argv = argv  # the command line as typed (reports record it)
     try:
         return int(importlib.import_module(f"xdeploy.commands.{args.command}").run(args) or 0)
     except XDeployError as e:

@@ -67,6 +67,7 @@ class RunConfig:
     skip: tuple[str, ...] = ()  # optional phases not to run (SKIPPABLE); export, parity and report always run
     resume: bool = False  # continue the journal in `out` (skip steps already measured with the same key)
     memory_limit: float | None = None  # bytes the memory guard may assume available (None: what the OS says)
+    command: str = ""  # the command line as typed, recorded in the report (default: rebuilt from the flags)
 
     def runs(self, phase: str) -> bool:
         return phase not in self.skip
@@ -80,6 +81,9 @@ class RunConfig:
         return self.presets.get(model) or (family.full if self.full else family.quick)
 
     def check(self) -> None:
+        if self.full and self.smoke:
+            raise XDeployError("--full and --smoke exclude each other: --full runs the base presets for the "
+                               "reference report, --smoke the smallest run")
         known = registered_models()
         for m in self.models:
             if m not in known:
@@ -96,10 +100,10 @@ class RunConfig:
                 raise one_of("phase to skip", ph, SKIPPABLE)
         if "fp32" not in self.precisions:
             raise XDeployError("the precisions must include fp32 (the other artifacts are converted from it)")
-        from xdeploy.deploy.registry import parse_spec
+        from xdeploy.deploy.registry import check_spec
 
         for r in self.runners:
-            parse_spec(r)
+            check_spec(r)
         from xdeploy.verify.parity import parse_tolerance_overrides
 
         parse_tolerance_overrides(self.tolerances)
@@ -258,8 +262,11 @@ def parity_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progre
     for prec, path in paths.items():
         with prog.step("parity", f"{model} {preset} {prec}"):
             art = load_artifact(path)
+            # the job's overrides name outputs of any of its models: this artifact takes those it has
+            names = {t.name for g in art.spec.graphs for t in g.outputs} | {"*"}
+            mine = {k: v for k, v in (overrides or {}).items() if k in names} or None
             rep = check_artifact(art, list(cfg.runners), shapes=shapes or parity_shapes(cfg),
-                                 layerwise="on-failure", threads=cfg.threads, overrides=overrides)
+                                 layerwise="on-failure", threads=cfg.threads, overrides=mine)
             recs += parity_records(rep, model, preset)
     return recs
 
@@ -764,8 +771,9 @@ def run_job(cfg: RunConfig, *, progress: Callable[[str, int], None] | None = Non
                          f"{r['graph']}/{r['output']}: {r['reason']}" for r in records
                          if r["kind"] == "parity" and not r["passed"])
         duration = time.perf_counter() - t0
-        meta = {"title": f"xdeploy run ({'full: base presets' if cfg.full else 'default presets'})",
-                "command": _command(cfg),
+        mode = "full: base presets" if cfg.full else "smoke: smallest run" if cfg.smoke else "default presets"
+        meta = {"title": f"xdeploy run ({mode})",
+                "command": cfg.command or _command(cfg),
                 "presets": ", ".join(f"{m} {cfg.preset(m)}" for m in cfg.models),
                 "precisions": list(cfg.precisions), "runners": ["torch (reference)", *cfg.runners],
                 "duration_s": float(duration), "phase_s": prog.phase_s, "errors": errors,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from xdeploy.commands import add_json_option, write_json
+from xdeploy.commands import THREADS_HELP, add_json_option, step_log, write_json
+from xdeploy.commands import console as make_console
 from xdeploy.core.errors import XDeployError
 
 
@@ -35,8 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=_ints, default=[1], help="batch sizes, e.g. 1,8 (default 1)")
     p.add_argument("--seq", type=_ints, default=[128], help="sequence lengths, e.g. 32,128,512 (default 128; "
                    "ignored for models without a token axis such as ViT)")
-    p.add_argument("--threads", type=int, default=0,
-                   help="intra-op threads (default 0 = the cores free at the start, measured)")
+    p.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
     p.add_argument("--warmup", type=int, default=3, help="untimed warm-up calls (default 3)")
     p.add_argument("--min-iters", type=int, default=10, help="interleaved rounds at least (default 10)")
     p.add_argument("--max-iters", type=int, default=200, help="interleaved rounds at most (default 200)")
@@ -55,31 +55,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from xdeploy.bench.roofline import get_roofline, load_peaks
     from xdeploy.bench.suite import best_text, best_vs_baseline, latency_table, run_bench
     from xdeploy.core.records import write_records
 
     if args.threads < 0:
         raise XDeployError(f"--threads must be >= 0, got {args.threads}")
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=160)  # files and pipes: do not squeeze the table into 80 columns
+    console = make_console()
+    log = step_log(console)
     peaks = load_peaks()
     if not peaks and not args.no_roofline:
-        console.print("no roofline cached for this machine: measuring a quick one (`xdeploy roofline` for the "
+        log("no roofline cached for this machine: measuring a quick one (`xdeploy roofline` for the "
                       "full measurement)")
         peaks = {k: float(v["value"]) for k, v in get_roofline(quick=True)["gemm"].items()}
     records = run_bench(args.target, runners=args.runners, preset=args.preset, precisions=args.precision,
                         batches=args.batch, seqs=args.seq, opset=args.opset, attn_impl=args.attn_impl,
                         threads=args.threads, warmup=args.warmup, min_iters=args.min_iters,
                         max_iters=args.max_iters, max_seconds=args.max_seconds, isolate=not args.no_isolate,
-                        parity=args.parity, peaks=peaks, fresh=args.fresh, log=lambda m: console.print(m))
+                        parity=args.parity, peaks=peaks, fresh=args.fresh, log=log)
     if peaks:  # no record above 100% of its peak: a peak a record beats is measured again
         from xdeploy.bench.roofline import reconcile
 
-        records = reconcile(records, log=lambda m: console.print(m))
+        records = reconcile(records, log=log)
     console.print(latency_table(records, baseline=args.baseline))
     best = best_vs_baseline(records, args.baseline)
     for b in best:

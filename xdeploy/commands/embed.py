@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from xdeploy.commands import add_json_option, write_json
-from xdeploy.core.errors import XDeployError
+from xdeploy.commands import THREADS_HELP, add_json_option, write_json
+from xdeploy.core.errors import InputError, XDeployError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-length", type=int, help="tokens per sentence (default: the artifact's pooling max_length)")
     p.add_argument("--truncation", choices=("right", "error"), default="right",
                    help="longer sentences: cut to max-length (default, counted) or refuse")
-    p.add_argument("--threads", type=int, default=0, help="backend threads (default: all cores)")
+    p.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
     p.add_argument("--tokenizer", choices=("hf", "graph"), default="hf",
                    help="hf: HF tokenizers; graph: the artifact's tokenizer graph (export --tokenizer-graph)")
     add_json_option(p)
@@ -33,6 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def read_lines(source: str) -> list[bytes]:
     """Lines of FILE or stdin as bytes (decoded per line, so an error can name the line)."""
+    if source == "-" and sys.stdin.isatty():  # a person at a terminal: say why nothing happens
+        print("xdeploy embed: reading sentences from stdin, one per line; end with Ctrl-D (or pass --input FILE)",
+              file=sys.stderr, flush=True)
     try:
         data = sys.stdin.buffer.read() if source == "-" else Path(source).read_bytes()
     except OSError as e:
@@ -69,9 +72,13 @@ def run(args: argparse.Namespace) -> int:
     with Embedder(args.artifact, args.runner, batch_size=args.batch_size, pad_to=args.pad_to,
                   max_length=args.max_length, truncation=args.truncation, threads=args.threads,
                   tokenizer=args.tokenizer) as emb:
-        texts = decode_lines(read_lines(args.input), "stdin" if args.input == "-" else args.input)
+        source = "stdin" if args.input == "-" else args.input
+        texts = decode_lines(read_lines(args.input), source)
         t0 = time.perf_counter()
-        vecs, stats = emb.embed_with_stats(texts)
+        try:
+            vecs, stats = emb.embed_with_stats(texts)
+        except InputError as e:  # the Embedder counts inputs from 0; a file's lines are counted from 1
+            raise XDeployError(f"{source} line {e.index + 1} {e.problem}") from None
         seconds = time.perf_counter() - t0
         info = emb.info()
     if out.endswith(".npy"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from xdeploy.commands import add_json_option, write_json
+from xdeploy.core.errors import XDeployError
 from xdeploy.export.onnx_export import DEFAULT_OPSET, DEFAULT_OPTIMIZE
 from xdeploy.export.precision import (
     CALIBRATION_METHODS,
@@ -73,6 +74,15 @@ def precision_options(args: argparse.Namespace) -> PrecisionOptions:
     def names(s: str) -> tuple[str, ...]:
         return tuple(x.strip() for x in s.split(",") if x.strip())
 
+    # an option of the other precision would be silently ignored: say so instead
+    given = {"--int8-exclude": bool(names(args.int8_exclude)), "--int8-per-tensor": not args.int8_per_channel,
+             "--fp16-block-nodes": bool(names(args.fp16_block_nodes)), "--no-amp": not args.amp,
+             "--fp16-block-ops": names(args.fp16_block_ops) != FP16_BLOCK_OPS}
+    for flag, used in given.items():
+        wants = flag.split("-")[2]  # "int8" or "fp16"
+        if used and not args.precision.startswith(wants):  # int8 covers int8-dynamic
+            raise XDeployError(f"{flag} applies to --precision {wants}, not {args.precision}")
+
     return PrecisionOptions(fp16_block_ops=names(args.fp16_block_ops), fp16_block_nodes=names(args.fp16_block_nodes),
                             amp=args.amp, int8_exclude=names(args.int8_exclude),
                             int8_per_channel=args.int8_per_channel, int8_calibration_file=args.calibration,
@@ -120,6 +130,9 @@ def print_conversion(manifest: dict) -> None:
                          f"{info.get('fp16_nodes', 0)} fp16")
         if info.get("precision") in ("int8", "int8-dynamic"):
             parts.append("quantized " + ", ".join(f"{v} {k}" for k, v in info.get("quantized_ops", {}).items()))
+            if info.get("excluded"):
+                parts.append(f"{len(info['excluded'])} excluded (kept fp32): {', '.join(info['excluded'][:5])}"
+                             + (" ..." if len(info["excluded"]) > 5 else ""))
         if info.get("format") == "qdq":
             cal = info.get("calibration", {})
             sens = info.get("sensitivity", {})

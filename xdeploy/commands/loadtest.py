@@ -6,7 +6,8 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from xdeploy.commands import add_json_option, write_json
+from xdeploy.commands import add_json_option, deprecated_alias, write_json
+from xdeploy.commands import console as make_console
 from xdeploy.core.errors import XDeployError
 
 
@@ -27,7 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=4, help="sentences per request (default 4)")
     p.add_argument("--protocol", choices=("http", "grpc"), default="http",
                    help="client protocol when the target has no scheme or is an artifact (default http)")
-    p.add_argument("--model", default="embedder", help="Triton model name (default embedder)")
+    p.add_argument("--model-name", dest="model", default="embedder",
+                   help="Triton model name to call (default embedder, the name `xdeploy serve` gives)")
+    deprecated_alias(p, "--model", "--model-name")
     p.add_argument("--warmup", type=int, default=8, help="untimed requests first (default 8)")
     p.add_argument("--no-baseline", dest="baseline", action="store_false",
                    help="with an ARTIFACT: skip the in-process Embedder baseline row")
@@ -37,7 +40,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def render(records: Sequence[dict[str, Any]]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     t = Table(title=f"loadtest {records[-1]['target']} model {records[-1]['model']!r}, "
@@ -50,7 +52,7 @@ def render(records: Sequence[dict[str, Any]]) -> None:
         kind = "local" if r["protocol"] == "none" else r["protocol"]  # local: in-process Embedder baseline
         t.add_row(kind, str(r["concurrency"]), str(r["requests"]), str(r["errors"]), f"{r['requests_per_s']:.1f}",
                   f"{r['sentences_per_s']:.1f}", *(f"{lat[k] * 1e3:.1f}" for k in ("p50", "p90", "p99")))
-    Console().print(t)
+    make_console().print(t)
     for r in records:
         if r["note"]:
             print(f"{'baseline' if r['protocol'] == 'none' else 'concurrency'} {r['concurrency']}: {r['note']}")

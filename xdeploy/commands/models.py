@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from rich.console import Console
 from rich.table import Table
 
 from xdeploy.commands import add_json_option, write_json
+from xdeploy.commands import console as make_console
 from xdeploy.models.registry import MODELS, describe
 
 
@@ -23,6 +23,6 @@ def run(args: argparse.Namespace) -> int:
     for r in rows:
         at = " ".join(f"{k}={v}" for k, v in r["flops_at"].items() if k in ("batch", "seq", "src_seq"))
         table.add_row(r["model"], r["preset"], f"{r['params'] / 1e6:.2f}M", f"{r['flops'] / 1e9:.2f}", at)
-    Console().print(table)
+    make_console().print(table)
     write_json(args.json, {"models": rows})
     return 0

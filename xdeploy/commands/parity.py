@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from xdeploy.commands import add_json_option, write_json
+from xdeploy.commands import THREADS_HELP, add_json_option, deprecated_alias, write_json
 from xdeploy.core.errors import ParityError, XDeployError
 
 
@@ -23,14 +23,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shapes", help="comma-separated BATCHxSEQ, SEQ may be 'max' (default 1x1,2x17,3xmax); "
                    "SEQ applies to every non-batch axis; batch >= 3 also gets a fully padded row")
     p.add_argument("--graphs", help="comma-separated graph names (default: all graphs of the artifact)")
-    p.add_argument("--tol", action="append", default=[], metavar="[OUTPUT:]K=V,...",
+    p.add_argument("--tolerance", action="append", default=[], metavar="[OUTPUT:]K=V,...",
                    help="override tolerances, e.g. logits:atol=1e-3,cosine=0.999 (repeatable; no OUTPUT = all)")
+    deprecated_alias(p, "--tol", "--tolerance", append=True)
     lw = p.add_mutually_exclusive_group()
     lw.add_argument("--layerwise", action="store_true",
                     help="always locate the first divergent ONNX node (default: only when a check fails)")
     lw.add_argument("--no-layerwise", action="store_true", help="never run the layerwise divergence finder")
     p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
-    p.add_argument("--threads", type=int, default=0, help="threads per runner (default 0 = all cores)")
+    p.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
     add_json_option(p)
 
 
@@ -45,12 +46,12 @@ def run(args: argparse.Namespace) -> int:
     runners = _split(args.runners)
     if not runners:
         raise XDeployError("--runners is empty; expected e.g. torch,ort,ov")
-    from xdeploy.deploy.registry import parse_spec
+    from xdeploy.deploy.registry import check_spec
 
     for r in runners:
-        parse_spec(r)
+        check_spec(r)  # a typo (ov:fp16) is a usage error (exit 2), not a parity failure (exit 1)
     shapes = parse_shapes(args.shapes) if args.shapes else list(DEFAULT_SHAPES)
-    overrides = parse_tolerance_overrides(args.tol)
+    overrides = parse_tolerance_overrides(args.tolerance)
     mode = "always" if args.layerwise else "never" if args.no_layerwise else "on-failure"
     common: dict[str, Any] = dict(shapes=shapes, graphs=_split(args.graphs) or None, overrides=overrides,
                                   seed=args.seed, layerwise=mode, threads=args.threads)
@@ -101,12 +102,11 @@ def _fmt(x: float | None, spec: str = ".2e") -> str:
 
 def _print(reports: list[tuple[str, Any]]) -> None:
     """One row per artifact x runner x graph x output: the worst case over all inputs (JSON has every case)."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=120)  # logs and CI: wide enough for one row per output
+    from xdeploy.commands import console as make_console
+
+    console = make_console()
     for name, rep in reports:
         table = Table(title=f"parity: {name} vs torch fp32", title_justify="left", box=None, pad_edge=False)
         for col in ("runner", "tol", "graph/output", "cases", "max|d|", "max rel", "min cos", "NaN", "top-1",

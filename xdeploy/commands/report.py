@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from xdeploy.commands import add_json_option, write_json
+from xdeploy.core.errors import XDeployError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,7 +37,6 @@ def _read_inputs(paths: list[str], meta: dict) -> list[dict]:
     """Records of every input; a journal adds its run's status to `meta` (incomplete: where it stopped)."""
     from pathlib import Path
 
-    from xdeploy.core.errors import XDeployError
     from xdeploy.core.journal import JOURNAL_NAME, is_journal, read_journal
     from xdeploy.core.records import read_records
     from xdeploy.reports.render import load_results
@@ -64,9 +64,9 @@ def _read_inputs(paths: list[str], meta: dict) -> list[dict]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
+    from xdeploy.commands import console as make_console
 
-    console = Console()
+    console = make_console()
     if args.action == "render":
         from pathlib import Path
 
@@ -91,11 +91,15 @@ def run(args: argparse.Namespace) -> int:
     from xdeploy.reports.compare import compare_runs, render_table
 
     c = compare_runs(args.run_a, args.run_b, threshold=args.threshold)
+    matched = sum(r.a is not None and r.b is not None for r in c.rows)
+    if not matched:  # a gate that compared nothing must not pass
+        raise XDeployError(f"nothing to compare: {args.run_a} and {args.run_b} have no record in common (records "
+                           f"match on kind, model, preset, precision, runner and shape); {len(c.rows)} record(s) "
+                           "are in only one")
     shown = c if args.all else type(c)(tuple(r for r in c.rows if r.status != "ok"), c.threshold)
     console.print(render_table(shown, title=f"{args.run_a} -> {args.run_b} (threshold {100 * c.threshold:.0f}%, "
                                              "noise = p90-p50 of A + B)"))
     n_ok = sum(r.status == "ok" for r in c.rows)
-    matched = sum(r.a is not None and r.b is not None for r in c.rows)
     console.print(f"{matched} matched records, {n_ok} unchanged within threshold; "
                   f"{len(c.regressions)} regression(s)" + ("" if args.all else " (use --all to list every record)"))
     write_json(args.json, c.as_dict() | {"run_a": args.run_a, "run_b": args.run_b})

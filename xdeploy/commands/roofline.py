@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from xdeploy.commands import add_json_option, write_json
+from xdeploy.commands import add_json_option, step_log, write_json
+from xdeploy.commands import console as make_console
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -17,14 +18,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from xdeploy.bench.roofline import CACHE_FILE, get_roofline, render
     from xdeploy.core.records import write_records
     from xdeploy.export.cache import cache_root
 
-    console = Console()
-    data = get_roofline(refresh=not args.cached, quick=args.quick, log=console.print)
+    console = make_console()
+    data = get_roofline(refresh=not args.cached, quick=args.quick, log=step_log(console))
     render(data, console)
     console.print(f"cached in {cache_root() / CACHE_FILE}")
     if args.records:

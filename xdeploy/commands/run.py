@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from xdeploy.commands import add_json_option, write_json
+from xdeploy.commands import THREADS_HELP, add_json_option, deprecated_alias, progress_lines, write_json
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from rich.console import Console
 
     from xdeploy.pipeline import RunResult
@@ -18,32 +20,40 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from xdeploy.pipeline import PRECISIONS
 
     models = tuple(FAMILIES)
-    p.add_argument("--full", action="store_true",
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--full", action="store_true",
                    help="base presets (" + ", ".join(f"{m} {f.full}" for m, f in FAMILIES.items()) + ") and longer "
                    "timings, for the reference report; default: " + ", ".join(f"{m} {f.quick}" for m, f in
                                                                               FAMILIES.items()))
-    p.add_argument("--smoke", action="store_true", help="smallest meaningful run: one parity shape, a few "
+    size.add_argument("--smoke", action="store_true", help="smallest meaningful run: one parity shape, a few "
                    "iterations, short sweeps (tests, CI smoke)")
     p.add_argument("--out", default="reports/latest", metavar="DIR", help="report directory (default reports/latest)")
     p.add_argument("--artifacts", default="artifacts/run", metavar="DIR",
                    help="where the exported artifacts go (default artifacts/run)")
     p.add_argument("--models", default=",".join(models), metavar="M,...", help=f"subset of {','.join(models)}")
-    p.add_argument("--precisions", default=",".join(PRECISIONS), metavar="P,...",
+    p.add_argument("--precision", dest="precisions", default=",".join(PRECISIONS), metavar="P,...",
                    help=f"artifact precisions (default {','.join(PRECISIONS)}; int8 = static Q/DQ)")
+    deprecated_alias(p, "--precisions", "--precision")
     p.add_argument("--runners", default="ort,ov", metavar="R,...",
                    help="runners compared with the PyTorch reference (default ort,ov)")
     p.add_argument("--tolerance", action="append", default=[], metavar="[OUTPUT:]atol=X,rtol=Y,cosine=Z",
                    help="override parity tolerances (repeatable; same syntax as xdeploy parity)")
     p.add_argument("--skip", default="", metavar="PHASE,...",
                    help="phases not to run: roofline, bench, decode, scale (export, parity, report always run)")
-    p.add_argument("--threads", type=int, default=0,
-                   help="threads per runner (0 = the cores free at the start, measured)")
+    p.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
     p.add_argument("--resume", action="store_true", help="continue the run journaled in --out (after a crash, "
                    "kill or Ctrl-C): steps already measured with the same configuration, artifacts and machine "
                    "are taken from the journal")
     p.add_argument("--memory-limit", metavar="SIZE", help="memory the guard may assume available, e.g. 4GiB "
                    "(default: what the OS reports; also $XDEPLOY_MEMORY_LIMIT)")
     add_json_option(p)
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The command as typed (every flag), for the report's `command:` line."""
+    import shlex
+
+    return "xdeploy " + shlex.join(getattr(args, "argv", None) or ["run"])
 
 
 def _split(text: str) -> tuple[str, ...]:
@@ -62,27 +72,43 @@ def run(args: argparse.Namespace) -> int:
                     smoke=args.smoke, precisions=_split(args.precisions), runners=_split(args.runners),
                     threads=args.threads, tolerances=tuple(args.tolerance), skip=_split(args.skip),
                     resume=args.resume,
-                    memory_limit=parse_bytes(args.memory_limit) if args.memory_limit else None)
+                    memory_limit=parse_bytes(args.memory_limit) if args.memory_limit else None,
+                    command=command_line(args))
     cfg.check()
     console = Console(stderr=True)
     steps = plan(cfg)
-    with Progress(TextColumn("[bold]{task.description:<42}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=False) as bar:
-        task = bar.add_task("starting", total=len(steps))
-
-        def progress(what: str, advance: int) -> None:
-            bar.update(task, description=what[:42], advance=advance)
-
+    def run_it(progress: Callable[[str, int], None]) -> RunResult:
         try:
-            result = run_job(cfg, progress=progress)
+            return run_job(cfg, progress=progress)
         except KeyboardInterrupt:
             console.print(f"journal kept: {cfg.out}/journal.jsonl — `xdeploy run --resume --out {cfg.out}` "
                           f"continues it; `xdeploy report render {cfg.out}/journal.jsonl --out DIR` shows what "
                           "was measured", soft_wrap=True)
             raise
-        bar.update(task, description="done", completed=len(steps))
 
-    out = Console()
+    if console.is_terminal:
+        with Progress(TextColumn("[bold]{task.description:<42}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=console, transient=False) as bar:
+            task = bar.add_task("starting", total=len(steps))
+
+            def progress(what: str, advance: int) -> None:
+                bar.update(task, description=what[:42], advance=advance)
+
+            result = run_it(progress)
+            bar.update(task, description="done", completed=len(steps))
+    else:  # CI, a log file: a bar would only be drawn at the end; one line per step instead
+        log, done = progress_lines(), [0]
+
+        def lines(what: str, advance: int) -> None:
+            done[0] += advance
+            log(f"step {done[0] + (advance == 0)}/{len(steps)} {'started' if advance == 0 else 'done'}: {what}")
+
+        log(f"xdeploy run: {len(steps)} steps -> {cfg.out}")
+        result = run_it(lines)
+
+    from xdeploy.commands import console as make_console
+
+    out = make_console()
     _print_summary(out, result)
     write_json(args.json, {"out": str(result.out), "summary": str(result.out / "summary.md"),
                            "parity_passed": result.parity_passed, "parity_failures": list(result.parity_failures),
@@ -96,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_summary(console: Console, result: RunResult) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     from xdeploy.core.fingerprint import fingerprint, machine_class
@@ -140,6 +167,6 @@ def _print_summary(console: Console, result: RunResult) -> None:
     console.print(f"parity: {len(par) - n_fail}/{len(par)} checks pass" + (f" — [red]{n_fail} FAIL[/]" if n_fail
                                                                              else ""))
     for e in result.errors:
-        console.print(f"[yellow]not run:[/] {e}")
+        console.print(f"[yellow]not run:[/] {escape(e)}")  # escaped: "xdeploy[gpu]" in a hint is not markup
     console.print(f"report: {result.out}/summary.md (plots in {result.out}/plots) — {result.duration_s:.0f} s",
                   soft_wrap=True)

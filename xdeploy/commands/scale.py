@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from xdeploy.commands import add_json_option, write_json
+from xdeploy.commands import THREADS_HELP, add_json_option, step_log, write_json
+from xdeploy.commands import console as make_console
 
 
 def _ints(text: str) -> list[int]:
@@ -28,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", type=int, help="override the number of layers (exponents do not depend on it)")
     p.add_argument("--budget", type=float, help="total seconds for the sweep, shared by the lowerings "
                    "(default 600; --quick 300)")
-    p.add_argument("--threads", type=int, default=0, help="intra-op threads (default: runtime default)")
+    p.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
     p.add_argument("--profile-t", type=int, help="T for onnxruntime's per-op profile (default: largest <= 2048)")
     p.add_argument("--vit-patches", type=_ints, help="values of the models' config sweeps, i.e. ViT-B patch sizes "
                    "(default 32,16,8; empty: none)")
@@ -40,21 +41,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from xdeploy.bench.scale import render, run_scale, summarize
     from xdeploy.core.errors import XDeployError
     from xdeploy.core.records import write_records
 
     if args.batch < 1 or (args.layers is not None and args.layers < 1) or args.threads < 0:
         raise XDeployError("--batch and --layers must be >= 1 and --threads >= 0")
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=160)
+    console = make_console()
     records = run_scale(args.model, preset=args.preset, lowerings=[x for x in args.lowerings.split(",") if x],
                         max_t=args.max_t, batch=args.batch, layers=args.layers, budget=args.budget,
                         threads=args.threads, profile_t=args.profile_t, sweep_values=args.vit_patches,
-                        quick=args.quick, smoke=args.smoke, fresh=args.fresh, log=console.print)
+                        quick=args.quick, smoke=args.smoke, fresh=args.fresh, log=step_log(console))
     render(records, console)
     if args.records:
         write_records(args.records, records)

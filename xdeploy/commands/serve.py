@@ -7,7 +7,7 @@ import signal
 import sys
 import threading
 
-from xdeploy.commands import add_json_option, write_json
+from xdeploy.commands import THREADS_HELP, add_json_option, write_json
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queue-delay-us", type=int, default=2000,
                    help="dynamic batching: longest wait for more requests, microseconds (default 2000)")
     p.add_argument("--runner", default="ort", help="runner the Embedder uses (default ort)")
-    p.add_argument("--threads", type=int, default=0, help="runner threads (0 = backend default)")
+    p.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
     p.add_argument("--tokenizer", choices=("hf", "graph"), default="hf",
                    help="hf tokenizers, or the artifact's tokenizer graph (export --tokenizer-graph)")
     p.add_argument("--max-text-bytes", type=int, default=1 << 22,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from xdeploy.commands import add_json_option, write_json
+from xdeploy.commands import THREADS_HELP, add_json_option, deprecated_alias, write_json
 from xdeploy.core.errors import XDeployError
 from xdeploy.serve.triton import ACCELERATORS, GRAPH_BACKENDS, KINDS, TritonOptions
 
@@ -20,7 +20,9 @@ def _sizes(s: str) -> tuple[int, ...]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("artifact", help="artifact directory (xdeploy export)")
     p.add_argument("--out", metavar="DIR", required=True, help="model repository directory to write")
-    p.add_argument("--name", help="model name clients call (default: the artifact's model family)")
+    p.add_argument("--model-name", dest="name", help="Triton model name clients call (default: the artifact's "
+                   "model family)")
+    deprecated_alias(p, "--name", "--model-name")
     p.add_argument("--max-batch-size", type=int, default=32, help="Triton max_batch_size (default 32)")
     p.add_argument("--instances", type=int, default=1, help="model instances (default 1)")
     p.add_argument("--kind", choices=KINDS, default="cpu", help="instance kind (default cpu)")
@@ -35,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--graph-backend", choices=GRAPH_BACKENDS, default="onnxruntime",
                    help="onnxruntime: platform onnxruntime_onnx (default); python: a Python-backend model running "
                         "onnxruntime, for Triton builds without the onnxruntime backend (e.g. PyTriton's)")
-    p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads per instance (0 = default)")
+    p.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
     p.add_argument("--extensions-library", metavar="SO",
                    help="onnxruntime-extensions library path on the server, for the tokenizer graph step "
                         "(default: the one installed here)")
