@@ -31,15 +31,21 @@ cpp: install
 	cmake --build deploy/cpp/build -j2
 
 # Lean serving env for `xdeploy serve` (serve/server.py): PyTriton's Python stub fails under Python 3.11 and works
-# under 3.13, and the server needs no torch. Pinned in requirements-serve.txt; xdeploy installed --no-deps on top.
-PYTHON_SERVE ?= $(shell for p in python3.13 $$(pyenv root 2>/dev/null)/versions/3.13*/bin/python3.13; do \
+# under 3.12 and 3.13, and the server needs no torch. Python 3.12 first: nvidia-pytriton 0.7 needs numpy < 2, and
+# numpy 1.26.4 / ml-dtypes 0.4.1 have cp312 wheels but no cp313 ones (3.13 compiles numpy from source: minutes).
+# --only-binary makes a missing wheel an error instead of a silent compile. Pinned in requirements-serve.txt;
+# xdeploy installed --no-deps on top. PYTHON_SERVE=/path/to/python3.1x overrides the search.
+PYTHON_SERVE ?= $(shell for p in python3.12 $$(pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12 python3.13 \
+	$$(pyenv root 2>/dev/null)/versions/3.13*/bin/python3.13; do \
 	$$p -c 'import sys' >/dev/null 2>&1 && { command -v $$p || echo $$p; } && break; done)
 SERVE_VENV  ?= .venv-serve
 SERVE_STAMP := $(SERVE_VENV)/.installed-stamp
+SERVE_BINARY = $(if $(PYTHON_SERVE),$(shell $(PYTHON_SERVE) -c \
+	'import sys; print("--only-binary=:all:" if sys.version_info < (3, 13) else "")'))
 $(SERVE_STAMP): requirements-serve.txt pyproject.toml
-	@test -n "$(PYTHON_SERVE)" || { echo "make serve-env: needs Python 3.13 (set PYTHON_SERVE=/path/to/python3.13)"; exit 1; }
+	@test -n "$(PYTHON_SERVE)" || { echo "make serve-env: needs Python 3.12 or 3.13 (set PYTHON_SERVE=/path/to/python3.12)"; exit 1; }
 	$(PYTHON_SERVE) -m venv $(SERVE_VENV)
-	$(SERVE_VENV)/bin/python -m pip install -q -r requirements-serve.txt
+	$(SERVE_VENV)/bin/python -m pip install -q $(SERVE_BINARY) -r requirements-serve.txt
 	$(SERVE_VENV)/bin/python -m pip install -q --no-deps -e .
 	touch $(SERVE_STAMP)
 
