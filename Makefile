@@ -7,10 +7,17 @@ STAMP  := $(VENV)/.installed-stamp
 .PHONY: install demo test lint clean cpp serve-env gpu-env gpu-check peers peers-env
 
 # torch==2.13.0 is pinned (constraints.txt): it is the CPU wheel; an unpinned torch pulls a multi-GB CUDA build.
+# Packages are installed by uv (pinned in constraints.txt, bootstrapped into .venv with pip): the same pinned
+# versions as pip, several times faster (parallel downloads and unpacking; .venv measured 50 s with uv vs 4 min
+# 55 s with pip on the busy 2-core machine). If uv fails, pip does the install; NO_UV=1 uses pip only. uv does
+# not read pip's configuration, so pip's find-links (where a machine may keep its CPU torch wheel) are passed on.
+UV        := $(VENV)/bin/uv
+FIND_LINKS = $(foreach d,$(sort $(PIP_FIND_LINKS) $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)),--find-links $(d))
+UV_PIP     = $(if $(NO_UV),false,$(UV) pip install -q $(FIND_LINKS))
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
+	$(if $(NO_UV),,$(PY) -m pip install -q -c constraints.txt uv)
+	$(UV_PIP) --python $(PY) -c constraints.txt -e '.[test]' || $(PY) -m pip install -q -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -42,10 +49,11 @@ SERVE_VENV  ?= .venv-serve
 SERVE_STAMP := $(SERVE_VENV)/.installed-stamp
 SERVE_BINARY = $(if $(PYTHON_SERVE),$(shell $(PYTHON_SERVE) -c \
 	'import sys; print("--only-binary=:all:" if sys.version_info < (3, 13) else "")'))
-$(SERVE_STAMP): requirements-serve.txt pyproject.toml
+$(SERVE_STAMP): requirements-serve.txt pyproject.toml | $(STAMP)
 	@test -n "$(PYTHON_SERVE)" || { echo "make serve-env: needs Python 3.12 or 3.13 (set PYTHON_SERVE=/path/to/python3.12)"; exit 1; }
 	$(PYTHON_SERVE) -m venv $(SERVE_VENV)
-	$(SERVE_VENV)/bin/python -m pip install -q $(SERVE_BINARY) -r requirements-serve.txt
+	$(UV_PIP) --python $(SERVE_VENV)/bin/python $(SERVE_BINARY) -r requirements-serve.txt \
+		|| $(SERVE_VENV)/bin/python -m pip install -q $(SERVE_BINARY) -r requirements-serve.txt
 	$(SERVE_VENV)/bin/python -m pip install -q --no-deps -e .
 	touch $(SERVE_STAMP)
 
