@@ -54,7 +54,7 @@ $(SERVE_STAMP): requirements-serve.txt pyproject.toml | $(STAMP)
 	$(PYTHON_SERVE) -m venv $(SERVE_VENV)
 	$(UV_PIP) --python $(SERVE_VENV)/bin/python $(SERVE_BINARY) -r requirements-serve.txt \
 		|| $(SERVE_VENV)/bin/python -m pip install -q $(SERVE_BINARY) -r requirements-serve.txt
-	$(SERVE_VENV)/bin/python -m pip install -q --no-deps -e .
+	$(UV_PIP) --python $(SERVE_VENV)/bin/python --no-deps -e . || $(SERVE_VENV)/bin/python -m pip install -q --no-deps -e .
 	touch $(SERVE_STAMP)
 
 serve-env: $(SERVE_STAMP)

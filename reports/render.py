@@ -312,7 +312,8 @@ def speed_error_points(records: Sequence[Mapping[str, Any]]) -> list[dict[str, A
     sp = speedups(lat)
     par = _by([r for r in records if r.get("kind") == "parity"], "model", "runner", "artifact_precision")
     out = []
-    for model in sorted({r["model"] for r in lat}):
+    # a model without parity records has no error axis: no points (not a lone reference at an invented error)
+    for model in sorted({r["model"] for r in lat} & {k[0] for k in par}):
         cfgs = _by([r for r in lat if r["model"] == model and identity(r) in sp], "batch", "seq")
         if not cfgs:
             continue

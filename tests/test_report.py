@@ -180,6 +180,28 @@ def test_parity_failure_is_visible(tmp_path):
     assert "**Parity: 1 check(s) FAIL**" in md and "**FAIL** 3 NaN/Inf" in md
 
 
+def test_no_parity_records_no_speed_vs_error_plot(tmp_path):
+    """A run without parity records has no error axis: the plot is left out (it once drew a lone reference
+    point at an invented error of 1e-8), and the summary says so."""
+    render_report([r for r in synthetic_records() if r["kind"] == "latency"], tmp_path / "r")
+    res = load_results(tmp_path / "r")
+    assert "throughput_vs_batch.png" in res["plots"] and "speed_vs_error.png" not in res["plots"]
+    assert "Not plotted (no records of that kind in this run): " in (tmp_path / "r" / "summary.md").read_text()
+
+
+def test_kinds_without_a_section_render_as_a_generic_table(tmp_path):
+    fp = fingerprint()
+    rows = [make("loadtest", fp, target="http://127.0.0.1:8000", server="tritonserver", model="embedder",
+                 protocol="http", concurrency=c, batch=4, requests=100, errors=0, sentences=400, timed_s=2.0,
+                 requests_per_s=50.0 * c, sentences_per_s=200.0 * c, latency_s=lat(0.02)) for c in (1, 4)]
+    render_report(rows, tmp_path / "r")
+    md = (tmp_path / "r" / "summary.md").read_text()
+    assert "## Other records" in md and "### loadtest" in md
+    table = md[md.index("### loadtest"):]
+    assert "concurrency" in table and "sentences_per_s" in table
+    assert "| 200 |" in table and "| 800 |" in table  # sentences/s of both levels, not just a count
+
+
 def test_invalid_records_are_refused_with_one_line(tmp_path):
     recs = synthetic_records()
     del next(r for r in recs if r["kind"] == "decode")["ttft_s"]
