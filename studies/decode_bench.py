@@ -440,11 +440,12 @@ def _vs_hf(r: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m xdeploy.studies.decode_bench", description=__doc__.splitlines()[0])
-    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--new-tokens", type=int, help="tokens to generate (default 256; --quick: 64)")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--runners", default="torch,ort,ov,ov:bf16")
     p.add_argument("--precisions", default="fp32,fp16,int8")
-    p.add_argument("--quick", action="store_true", help="64 new tokens, no recompute run, no transformer parity")
+    p.add_argument("--quick", action="store_true", help="64 new tokens unless --new-tokens says otherwise, no "
+                   "recompute run, no transformer parity")
     p.add_argument("--no-recompute", action="store_true")
     p.add_argument("--no-transformer", action="store_true", help="skip the transformer base parity run")
     p.add_argument("--artifacts", default=str(ROOT), help=f"where artifacts are kept and reused (default {ROOT})")
@@ -452,10 +453,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="threads for every runner and HF torch (0 = the cores free at the start)")
     p.add_argument("--json", metavar="FILE")
     a = p.parse_args(argv)
-    return finish("decode_bench", lambda: run(
-        new=64 if a.quick else a.new_tokens, prompt_len=a.prompt_len, runners=tuple(a.runners.split(",")),
-        precisions=tuple(a.precisions.split(",")), recompute=not (a.quick or a.no_recompute),
-        seq2seq=not (a.quick or a.no_transformer), root=Path(a.artifacts), threads=a.threads), render, a.json)
+    new = a.new_tokens if a.new_tokens is not None else (64 if a.quick else 256)
+
+    def compute() -> dict[str, Any]:
+        if new < 1:
+            raise XDeployError(f"--new-tokens must be >= 1, got {new}")
+        return run(new=new, prompt_len=a.prompt_len, runners=tuple(a.runners.split(",")),
+                   precisions=tuple(a.precisions.split(",")), recompute=not (a.quick or a.no_recompute),
+                   seq2seq=not (a.quick or a.no_transformer), root=Path(a.artifacts), threads=a.threads)
+
+    return finish("decode_bench", compute, render, a.json)
 
 
 if __name__ == "__main__":

@@ -293,3 +293,16 @@ def test_decode_bench_weight_bytes_and_context_profile(hf):
     assert abs(got - 4 * (params - wpe)) <= 0.02 * 4 * params, (got, 4 * (params - wpe))  # wpe alone is 4%
     prof = context_profile((1.0, 2.0, 3.0, 4.0, 5.0), prompt_len=60)  # contexts 61..65
     assert prof == {"32-63": 2.0, "64-127": 4.5}
+
+
+def test_decode_bench_quick_honours_new_tokens(monkeypatch):
+    """--quick used to replace --new-tokens with 64; the argument handling is what is tested (run is recorded)."""
+    from xdeploy.studies import decode_bench
+
+    seen = []
+    monkeypatch.setattr(decode_bench, "run", lambda **kw: seen.append(kw) or (_ for _ in ()).throw(
+        decode_bench.XDeployError("stop here")))
+    for argv, new in ((["--quick", "--new-tokens", "8"], 8), (["--quick"], 64), ([], 256), (["--new-tokens", "5"], 5)):
+        assert decode_bench.main(argv) == 2
+        assert seen[-1]["new"] == new, argv
+    assert decode_bench.main(["--new-tokens", "0"]) == 2 and len(seen) == 4
