@@ -165,13 +165,17 @@ def test_old_spellings_still_work_for_one_release_with_a_deprecation_line(old, n
 
 def test_threads_means_the_same_in_every_command():
     from xdeploy.cli import build_parser
-    from xdeploy.commands import THREADS_HELP
+    from xdeploy.commands import THREADS_HELP, THREADS_HELP_TIMED
 
+    seen = 0
     for cmd in COMMANDS:
         sub = build_parser(cmd)._subparsers._group_actions[0].choices[cmd]
         for a in sub._actions:
             if "--threads" in a.option_strings:
-                assert a.help == THREADS_HELP and a.default == 0, cmd
+                seen += 1
+                assert a.help == (THREADS_HELP_TIMED if cmd in ("bench", "run") else THREADS_HELP), cmd
+                assert a.default == 0 and "default 0: automatic" in a.help, cmd
+    assert seen >= 8
 
 
 # -------------------------------------------------------------------------------------- output ----
@@ -216,3 +220,22 @@ def test_report_compare_in_a_log_does_not_wrap_to_80_columns(tmp_path, capsys):
     rows = [ln for ln in out.splitlines() if "regression" in ln and "%" in ln]
     assert code == 1 and rows and "…" not in out, out
     assert max(len(ln) for ln in out.splitlines()) > 80
+
+
+def test_a_server_that_fails_to_start_says_why_and_names_log(tiny_text):
+    """The server's own last error line comes back in the one-line error, and --log is named for the rest.
+    Started with this environment's Python, which has no PyTriton: the server fails at start for real."""
+    import importlib.util
+
+    from xdeploy.core.errors import XDeployError
+    from xdeploy.serve.server import ServeOptions, ServerProcess, free_port
+
+    if importlib.util.find_spec("pytriton") is not None:
+        pytest.skip("this interpreter can serve")
+    srv = ServerProcess(tiny_text, ServeOptions(http_port=free_port(), grpc_port=free_port()), python=sys.executable,
+                        start_timeout=120)
+    with pytest.raises(XDeployError) as e:
+        srv.start()
+    msg = str(e.value)
+    assert "exited with code 1 while starting: " in msg and "pytriton" in msg and "--log FILE" in msg, msg
+    assert "\n" not in msg
