@@ -249,7 +249,7 @@ def test_fp16_overflow_is_caught_and_located(arts, tmp_path):
 def test_cli_passes_with_json_records(arts, tmp_path, capsys):
     out = tmp_path / "p.json"
     assert main(["parity", str(arts["vit"].path), "--runners", "torch,ort", "--shapes", "1x1,4xmax",
-                 "--tol", "logits:cosine=0.9999", "--layerwise", "--json", str(out)]) == 0
+                 "--tolerance", "logits:cosine=0.9999", "--layerwise", "--json", str(out)]) == 0
     rep = json.loads(out.read_text())
     checks = rep["artifacts"][0]["checks"]
     assert rep["passed"] and len(checks) == 4 and all(isinstance(c["max_abs"], float) for c in checks)
@@ -262,7 +262,7 @@ def test_cli_passes_with_json_records(arts, tmp_path, capsys):
 @pytest.mark.parametrize("argv, msg", [
     (["--runners", "nope"], "unknown runner 'nope'"),
     (["--shapes", "3"], "bad shape '3'"),
-    (["--tol", "logits:x=1"], "bad tolerance"),
+    (["--tolerance", "logits:x=1"], "bad tolerance"),
     (["--precision", "fp16"], "apply to a MODEL name only"),
 ])
 def test_cli_user_errors_are_one_line(arts, capsys, argv, msg):

@@ -12,8 +12,10 @@ from xdeploy.core.fsutil import atomic_write_json
 
 # Width of tables when stdout is a file or a pipe (CI logs): rich would otherwise wrap them to 80 columns.
 LOG_WIDTH = 200
-# --threads means the same in every command: threads of each runner (intra-op), 0 = the runtime's own default.
-THREADS_HELP = "threads per runner (default 0: the runtime's default, about one per core)"
+# --threads means the same in every command: threads of each runner (intra-op); 0 = automatic, which is the
+# runtime's own default, except for timings (bench, run), where it is the cores free when the benchmark starts.
+THREADS_HELP = "threads per runner (default 0: automatic, the runtime's default, about one per core)"
+THREADS_HELP_TIMED = "threads per runner (default 0: automatic, the cores free when the timing starts, measured)"
 
 
 def add_json_option(p: argparse.ArgumentParser) -> None:

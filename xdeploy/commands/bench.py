@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from xdeploy.commands import THREADS_HELP, add_json_option, step_log, write_json
+from xdeploy.commands import THREADS_HELP_TIMED, add_json_option, step_log, write_json
 from xdeploy.commands import console as make_console
 from xdeploy.core.errors import XDeployError
 
@@ -36,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=_ints, default=[1], help="batch sizes, e.g. 1,8 (default 1)")
     p.add_argument("--seq", type=_ints, default=[128], help="sequence lengths, e.g. 32,128,512 (default 128; "
                    "ignored for models without a token axis such as ViT)")
-    p.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
+    p.add_argument("--threads", type=int, default=0, help=THREADS_HELP_TIMED)
     p.add_argument("--warmup", type=int, default=3, help="untimed warm-up calls (default 3)")
     p.add_argument("--min-iters", type=int, default=10, help="interleaved rounds at least (default 10)")
     p.add_argument("--max-iters", type=int, default=200, help="interleaved rounds at most (default 200)")

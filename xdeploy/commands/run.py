@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from xdeploy.commands import THREADS_HELP, add_json_option, deprecated_alias, progress_lines, write_json
+from xdeploy.commands import THREADS_HELP_TIMED, add_json_option, deprecated_alias, progress_lines, write_json
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="override parity tolerances (repeatable; same syntax as xdeploy parity)")
     p.add_argument("--skip", default="", metavar="PHASE,...",
                    help="phases not to run: roofline, bench, decode, scale (export, parity, report always run)")
-    p.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
+    p.add_argument("--threads", type=int, default=0, help=THREADS_HELP_TIMED)
     p.add_argument("--resume", action="store_true", help="continue the run journaled in --out (after a crash, "
                    "kill or Ctrl-C): steps already measured with the same configuration, artifacts and machine "
                    "are taken from the journal")

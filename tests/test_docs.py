@@ -1,0 +1,180 @@
+"""Executable docs: every shell and Python block of README.md and docs/*.md runs, so a doc cannot drift from the code.
+
+How a page runs (the rule is also in README.md, "Executable docs"):
+- Blocks fenced ```sh / ```bash / ```shell run in bash (`set -eo pipefail`), ```python / ```py blocks in this
+  interpreter, in page order, in one scratch directory per page (links to this checkout's files, its own
+  artifacts/ and reports/), so a page's later blocks use what its earlier blocks made. A new page or a new block
+  is picked up automatically.
+- Big presets become tiny ones and long jobs their short modes, by the substitutions in SUBSTITUTIONS below
+  (printed with each block that changed), so that the whole of it fits in `make test`.
+- A block that must not run says so in the markdown, on the line before its fence:
+  `<!-- doc-test: skip: REASON -->` (needs a GPU, Docker, runs until Ctrl-C, a synopsis, ...). Illustrative
+  output and synopses are better fenced as ```text, which is never run. An unlabeled fence that starts like a
+  command is an error: label it ```sh (run) or ```text (not run).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHELL, PYTHON = ("sh", "bash", "shell"), ("python", "py")
+SKIP = re.compile(r"<!--\s*doc-test:\s*skip:\s*(?P<reason>\S.*?)\s*-->")
+COMMANDISH = re.compile(r"^\s*(\$ |xdeploy |python |make |from \w|import \w|cmake |curl |docker )")
+
+# (pattern, replacement, why): applied in order to the text of every block that runs.
+QUICK_RUN = "--smoke --models vit --skip roofline,bench,decode,scale"  # export + parity + report of one tiny model
+SUBSTITUTIONS: list[tuple[str, str, str]] = [
+    (r"--preset[ =](?!tiny\b)[\w-]+", "--preset tiny", "tiny presets: seconds, not minutes"),
+    (r"preset=\"(?!tiny\")[\w-]+\"", 'preset="tiny"', "tiny presets (Python)"),
+    (r"--seq 128\b", "--seq 16", "short sequences"),
+    (r"(\bxdeploy run\b.*?) --full\b", r"\1", "the main job's smallest mode, not the base presets"),
+    (r"\bxdeploy run(?![\w-])(?!.*--smoke)(?!.*--models)", f"xdeploy run {QUICK_RUN}", "the main job's smallest mode"),
+    (r"\bxdeploy run(?![\w-])(?!.*--smoke)", "xdeploy run --smoke --skip roofline,bench,decode,scale",
+     "the main job's smallest mode"),
+    (r"\bmake demo\b(?!.*DEMO_ARGS)", f'make demo DEMO_ARGS="{QUICK_RUN}"', "the main job's smallest mode"),
+    (r"\bxdeploy roofline(?![\w-])(?!.*--quick)", "xdeploy roofline --quick", "the quick roofline"),
+    (r"\bxdeploy scale(?![\w-])(?!.*--smoke)", "xdeploy scale --smoke", "the scaling sweep's smallest mode"),
+    (r"RunConfig\(", 'RunConfig(smoke=True, skip=("roofline", "bench", "decode", "scale"), ',
+     "the main job's smallest mode (Python)"),
+]
+
+
+@dataclass(frozen=True)
+class Block:
+    page: str
+    line: int  # 1-based line of the opening fence
+    lang: str
+    code: str
+    skip: str | None  # the reason given in the markdown
+
+
+def pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def blocks(path: Path) -> list[Block]:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    out, i = [], 0
+    while i < len(lines):
+        m = re.match(r"^(```+|~~~+)\s*([\w+-]*)", lines[i])
+        if not m:
+            i += 1
+            continue
+        fence, lang = m.group(1), m.group(2).lower()
+        j = i + 1
+        while j < len(lines) and not lines[j].startswith(fence[:3]):
+            j += 1
+        prev = next((lines[k] for k in range(i - 1, -1, -1) if lines[k].strip()), "")
+        skip = SKIP.search(prev)
+        out.append(Block(str(path.relative_to(ROOT)), i + 1, lang, "\n".join(lines[i + 1:j]) + "\n",
+                         skip.group("reason") if skip else None))
+        i = j + 1
+    return out
+
+
+def substitute(code: str) -> tuple[str, list[str]]:
+    applied = []
+    for pat, rep, why in SUBSTITUTIONS:
+        new = re.sub(pat, rep, code)
+        if new != code:
+            applied.append(f"{pat!r} -> {rep!r} ({why})")
+            code = new
+    return code, applied
+
+
+def _scratch(tmp: Path) -> Path:
+    """A directory that looks like this checkout (links) but has its own artifacts/ and reports/."""
+    work = tmp / "work"
+    work.mkdir()
+    for entry in ROOT.iterdir():
+        if entry.name in ("artifacts", "reports", ".git") or entry.name.startswith(".pytest"):
+            continue
+        (work / entry.name).symlink_to(entry)
+    (work / "reports").mkdir()
+    for entry in (ROOT / "reports").iterdir():
+        if entry.name != "latest":
+            (work / "reports" / entry.name).symlink_to(entry)
+    return work
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+def run_block(b: Block, work: Path, timeout: float = 600) -> None:
+    code, applied = substitute(b.code)
+    if b.lang in SHELL:
+        cmd = ["bash", "-c", "set -eo pipefail\n" + code]
+    else:
+        script = work / f".doc-block-{b.line}.py"
+        script.write_text(code)
+        cmd = [sys.executable, str(script)]
+    r = subprocess.run(cmd, cwd=work, env=_env(), capture_output=True, text=True, timeout=timeout,
+                       stdin=subprocess.DEVNULL)
+    if r.returncode != 0:
+        tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-25:])
+        subs = "".join(f"\n  substituted: {a}" for a in applied)
+        pytest.fail(f"{b.page}:{b.line} ({b.lang} block) exited {r.returncode}{subs}\n--- block as run:\n{code}"
+                    f"--- output (last lines):\n{tail}", pytrace=False)
+
+
+ALL = [b for p in pages() for b in blocks(p)]
+RUNNABLE = [p for p in pages() if any(b.lang in SHELL + PYTHON for b in blocks(p))]
+
+
+def test_every_page_is_found_and_has_blocks():
+    assert len(pages()) >= 2 and ALL
+    assert any(b.lang in PYTHON for b in ALL) and any(b.lang in SHELL for b in ALL)
+
+
+def test_unlabeled_blocks_that_look_like_commands_are_labeled():
+    """A command in an unlabeled fence is neither run nor marked: label it ```sh (run) or ```text (not run)."""
+    bad = [f"{b.page}:{b.line}" for b in ALL if not b.lang and COMMANDISH.match(b.code)]
+    assert not bad, f"unlabeled command blocks (fence them as ```sh to run or ```text for a synopsis): {bad}"
+
+
+def test_skipped_blocks_give_a_reason_and_are_runnable_kinds():
+    for b in ALL:
+        if b.skip is not None:
+            assert b.lang in SHELL + PYTHON, f"{b.page}:{b.line}: a skip marker on a block that never runs"
+            assert len(b.skip) >= 8, f"{b.page}:{b.line}: say why the block does not run"
+
+
+def test_substitutions_are_visible_and_do_what_they_say():
+    code, applied = substitute('xdeploy run --full --out x\nxdeploy export bert --preset base\n'
+                               'export("gpt", preset="small")\nxdeploy run --smoke\n')
+    assert code == (f'xdeploy run {QUICK_RUN} --out x\nxdeploy export bert --preset tiny\n'
+                    'export("gpt", preset="tiny")\nxdeploy run --smoke\n')
+    assert len(applied) == 4
+    assert substitute("xdeploy report render x")[0] == "xdeploy report render x"  # not `xdeploy run`
+
+
+@pytest.mark.parametrize("page", RUNNABLE, ids=[str(p.relative_to(ROOT)) for p in RUNNABLE])
+def test_page_runs(page, tmp_path, capsys):
+    work = _scratch(tmp_path)
+    ran, skipped = 0, []
+    for b in blocks(page):
+        if b.lang not in SHELL + PYTHON:
+            continue
+        if b.skip is not None:
+            skipped.append(f"{b.page}:{b.line} ({b.skip})")
+            continue
+        run_block(b, work)
+        ran += 1
+    with capsys.disabled():  # visible in the test log: what did not run, and why
+        for s in skipped:
+            print(f"\n  doc block not run: {s}", end="")
+    assert ran or skipped
+    shutil.rmtree(work / "artifacts", ignore_errors=True)
