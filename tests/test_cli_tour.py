@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import sys
 
 import pytest
@@ -239,3 +240,14 @@ def test_a_server_that_fails_to_start_says_why_and_names_log(tiny_text):
     msg = str(e.value)
     assert "exited with code 1 while starting: " in msg and "pytriton" in msg and "--log FILE" in msg, msg
     assert "\n" not in msg
+
+
+def test_a_runner_that_cannot_open_is_one_plain_log_line_and_the_others_still_run(tiny_bert, capsys):
+    """In a log (not a terminal) the failure is one plain line with the elapsed time: no rich markup left in it,
+    nothing eaten from the message (rich once ate `[gpu]` from an install hint), and bench still reports."""
+    code, out, err = _run(["bench", str(tiny_bert), "--runners", "torch,trt", "--seq", "8", "--no-isolate",
+                           "--no-roofline", "--min-iters", "2", "--max-iters", "3", "--max-seconds", "0.1"], capsys)
+    assert code == 0, (out, err)
+    failed = [ln for ln in (out + err).splitlines() if "failed trt" in ln]
+    assert len(failed) == 1 and re.match(r"\[ *\d+\.\d s\] failed trt on fp32 \{'batch': 1, 'seq': 8\}: ", failed[0])
+    assert "[red]" not in failed[0] and "│ torch" in out
