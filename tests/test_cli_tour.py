@@ -251,3 +251,13 @@ def test_a_runner_that_cannot_open_is_one_plain_log_line_and_the_others_still_ru
     failed = [ln for ln in (out + err).splitlines() if "failed trt" in ln]
     assert len(failed) == 1 and re.match(r"\[ *\d+\.\d s\] failed trt on fp32 \{'batch': 1, 'seq': 8\}: ", failed[0])
     assert "[red]" not in failed[0] and "│ torch" in out
+
+
+def test_commands_without_a_success_test_elsewhere_exit_0(tiny_bert, tmp_path, capsys):
+    """Exit 0 for the commands whose own suites call them only with bad input (the others: see above)."""
+    assert main(["models"]) == 0
+    assert main(["convert", str(tiny_bert), "--precision", "int8", "--out", str(tmp_path / "int8")]) == 0
+    assert "quantized" in capsys.readouterr().out  # the per-graph conversion line
+    assert main(["scale", "bert", "--smoke", "--lowerings", "ort-o23", "--max-t", "128", "--budget", "20",
+                 "--json", str(tmp_path / "s.json")]) == 0
+    assert (tmp_path / "s.json").exists()
