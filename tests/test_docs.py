@@ -92,17 +92,16 @@ def substitute(code: str) -> tuple[str, list[str]]:
 
 
 def _scratch(tmp: Path) -> Path:
-    """A directory that looks like this checkout (links) but has its own artifacts/ and reports/."""
+    """A directory that looks like this checkout (links) but has its own artifacts/ and a copy of reports/."""
     work = tmp / "work"
     work.mkdir()
     for entry in ROOT.iterdir():
         if entry.name in ("artifacts", "reports", ".git") or entry.name.startswith(".pytest"):
             continue
         (work / entry.name).symlink_to(entry)
-    (work / "reports").mkdir()
-    for entry in (ROOT / "reports").iterdir():
-        if entry.name != "latest":
-            (work / "reports" / entry.name).symlink_to(entry)
+    # reports/ is copied, not linked: a block may write a report (even over reports/reference, as docs/report.md
+    # shows), and nothing a doc block does may reach the checkout
+    shutil.copytree(ROOT / "reports", work / "reports", ignore=shutil.ignore_patterns("latest", "__pycache__"))
     return work
 
 
