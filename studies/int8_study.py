@@ -6,6 +6,7 @@
 
 Quantizers (each without the sensitivity search, so the raw quantizers are compared):
   ort-minmax, ort-entropy, ort-percentile   onnxruntime.quantization.quantize_static, QDQ (export/precision.py)
+  ort-percentile-u8                        the same with uint8 asymmetric activations (onnxruntime's fast path)
   nncf                                     NNCF's post-training quantization of the ONNX graph (PERFORMANCE
                                            preset = symmetric int8 activations as TensorRT needs, TRANSFORMER
                                            model type: its SmoothQuant and bias correction), same calibration
@@ -34,7 +35,7 @@ import numpy as np
 from xdeploy.core.errors import XDeployError
 from xdeploy.core.fsutil import atomic_write_json
 
-QUANTIZERS = ("ort-minmax", "ort-entropy", "ort-percentile", "nncf", "dynamic")
+QUANTIZERS = ("ort-minmax", "ort-entropy", "ort-percentile", "ort-percentile-u8", "nncf", "dynamic")
 
 
 def _artifact(workdir: Path, name: str, build: Any) -> Path:
@@ -90,7 +91,8 @@ def build_artifacts(model: str, preset: str | None, checkpoint: str | None, work
         elif qn == "nncf":
             build = lambda o: _nncf(arts["fp32"], o)  # noqa: E731
         else:
-            opts = PrecisionOptions(int8_method=qn.removeprefix("ort-"), int8_sensitivity=False)
+            opts = PrecisionOptions(int8_method=qn.removeprefix("ort-").removesuffix("-u8"), int8_sensitivity=False,
+                                    int8_activations="uint8" if qn.endswith("-u8") else "int8")
             build = lambda o, opts=opts: api.convert_artifact(arts["fp32"], o, "int8", options=opts,  # noqa: E731
                                                               force=True)
         arts[qn] = _artifact(workdir, f"{tag}-{qn}", build)
