@@ -151,7 +151,7 @@ class _OrtGpuRunner(OrtRunner):
             raise XDeployError(f"unknown {self.name} option(s) {sorted(unknown)}; expected {', '.join(OPTIONS)}")
         facts = {"precision": self.artifact.precision, "model": self.artifact.model,
                  "int8_format": int8_format(self.artifact.onnx_path(self.graph.name))
-                 if self.artifact.precision == "int8" else None,
+                 if self.artifact.precision.startswith("int8") else None,
                  "graph_sha256": self.artifact.manifest["files"][self.artifact.manifest["graphs"][self.graph.name]
                                                                  ["file"]]}
         self._plist = provider_list(self.name, self.graph, self.artifact.spec.axes, self.variant, self.device_id,

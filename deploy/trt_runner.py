@@ -369,7 +369,7 @@ class TrtRunner(Runner):
             raise XDeployError(f"trt option backend must be a TrtBackend, got {type(backend).__name__}")
         trt = self._trt = backend.tensorrt
         self.backend = backend
-        if self.artifact.precision == "int8":
+        if self.artifact.precision.startswith("int8"):  # int8 (Q/DQ) and int8-dynamic (integer ops)
             fmt = int8_format(self.artifact.onnx_path(self.graph.name))
             if fmt != "qdq":
                 raise XDeployError(f"runner 'trt' needs a static Q/DQ int8 artifact; {self.artifact.path} is "

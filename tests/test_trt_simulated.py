@@ -178,6 +178,11 @@ def test_dynamic_int8_artifact_is_refused_by_the_parser(artifacts, tmp_path):
     with pytest.raises(XDeployError, match="needs a static Q/DQ int8 artifact.* is dynamic int8") as e:
         open_runner("trt", art, backend=simulated_backend(), cache_dir=tmp_path / "c")
     assert "\n" not in str(e.value)
+    # what `export/convert --precision int8-dynamic` writes is refused the same way (its precision is not "int8")
+    named = artifacts("bert", "int8-dynamic")
+    assert named.precision == "int8-dynamic"
+    with pytest.raises(XDeployError, match="needs a static Q/DQ int8 artifact.* is dynamic int8"):
+        open_runner("trt", named, backend=simulated_backend(), cache_dir=tmp_path / "c2")
     with pytest.raises(XDeployError, match="TensorRT cannot parse .*(DynamicQuantizeLinear|MatMulInteger)"):
         build_engine(make_simulated_tensorrt(), art.onnx_path(), profile_shapes(art.graph(), art.spec.axes),
                      BuildPlan(True, False, "int8"), tmp_path / "tc")
