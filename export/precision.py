@@ -418,8 +418,8 @@ def to_int8_static(proto: onnx.ModelProto, calibration: Sequence[Mapping[str, np
                 extra_options={
                     "ActivationSymmetric": not unsigned, "WeightSymmetric": True,  # zero points 0 (TensorRT)
                     # Q/DQ on inputs only: a quantized Conv output (ViT's patch embedding) followed by Reshape
-                    # makes onnxruntime 1.31's QDQ propagation build an invalid QuantizeLinear at opset 23
-                    # (output_dtype INT8 vs a UINT8 zero point); the next MatMul quantizes it anyway.
+                    # would hand a DequantizeLinear to a Reshape, which onnxruntime 1.31 cannot load at opset 23
+                    # (see _float_for_float_consumers); the next MatMul quantizes it anyway.
                     "OpTypesToExcludeOutputQuantization": list(options.int8_op_types),
                     # MinMax keeps every intermediate output of every sample in memory until it merges them;
                     # strides of a few samples bound that (CalibMaxIntermediateOutputs would drop data: it
@@ -456,7 +456,14 @@ def _float_for_float_consumers(proto: onnx.ModelProto, op_types: Sequence[str], 
     output, graph outputs included: a post-LN BERT's residual Add would then read the int8-rounded LayerNorm
     output and the graph would return quantized hidden states; a MatMul kept float beside quantized ones that
     share its input would read it too. Only the quantized MatMul/Gemm/Conv the pair was made for should read it
-    (the Q/DQ placement TensorRT and OpenVINO expect: on the inputs of quantized ops)."""
+    (the Q/DQ placement TensorRT and OpenVINO expect: on the inputs of quantized ops).
+
+    It also keeps the graphs loadable in onnxruntime 1.31 at its default optimization level: a DequantizeLinear
+    read by a Reshape/Transpose/Squeeze/Unsqueeze/Slice (GPT's decode graph: the new key feeds the Unsqueeze that
+    stacks the present cache) gets a Q/DQ pair propagated past that op whose QuantizeLinear carries an explicit
+    output_dtype INT8 (QDQPropagationTransformer, since microsoft/onnxruntime#28144); QDQS8ToU8Transformer then
+    gives the pair a uint8 zero point and leaves output_dtype alone, and the session fails ("output_dtype INT8
+    does not match y_zero_point type UINT8"). tests/test_qdq_ort.py holds this."""
     keep = set(exclude)
     g = proto.graph
     producer = {o: n for n in g.node for o in n.output}
