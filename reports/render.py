@@ -196,7 +196,10 @@ def _plain_log2_x(ax: Any, ticks: Sequence[int]) -> None:
     ax.xaxis.set_major_formatter(ScalarFormatter())
 
 
-def _save(fig: Any, path: Path) -> None:
+def _save(fig: Any, axes: Any, used: int, path: Path) -> None:
+    """Hide the panels past the first `used` (the grid's last row may be half empty), lay out, write, close."""
+    for ax in list(axes.flat)[used:]:
+        ax.set_visible(False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     _plt().close(fig)
@@ -241,9 +244,7 @@ def plot_scale(scale: list[Mapping[str, Any]], path: Path, *, memory: bool) -> b
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7.5, title="lowering (log-log slope over the top 3 T)", title_fontsize=7.5)
         ax.tick_params(axis="x", labelsize=8)
-    for ax in list(axes.flat)[len(models):]:
-        ax.set_visible(False)
-    _save(fig, path)
+    _save(fig, axes, len(models), path)
     return True
 
 
@@ -268,9 +269,7 @@ def plot_throughput(lat: list[Mapping[str, Any]], path: Path) -> bool:
         # outside the axes: inside it hides lines whatever the placement
         ax.legend(fontsize=7.5, title="runner artifact", title_fontsize=7.5, loc="center left",
                   bbox_to_anchor=(1.01, 0.5))
-    for ax in list(axes.flat)[len(panels):]:
-        ax.set_visible(False)
-    _save(fig, path)
+    _save(fig, axes, len(panels), path)
     return True
 
 
@@ -299,9 +298,7 @@ def plot_decode(dec: list[Mapping[str, Any]], path: Path) -> bool:
         ax.set_title(f"{model}: decode step latency vs context (batch {dec[0]['batch']})")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7.5, title="runner precision mode (tokens/s)", title_fontsize=7.5)
-    for ax in list(axes.flat)[len(models):]:
-        ax.set_visible(False)
-    _save(fig, path)
+    _save(fig, axes, len(models), path)
     return True
 
 
@@ -365,9 +362,7 @@ def plot_speed_error(points: list[dict[str, Any]], path: Path) -> bool:
         ax.set_title(f"{model}: speed vs error (batch {b}" + (f", seq {s})" if s else ")"))
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7, title="marker: o fp32, s fp16, ^ int8 (Q/DQ), v int8-dynamic", title_fontsize=7)
-    for ax in list(axes.flat)[len(models):]:
-        ax.set_visible(False)
-    _save(fig, path)
+    _save(fig, axes, len(models), path)
     return True
 
 

@@ -285,6 +285,21 @@ def _sentence_call(forward: Callable[[dict[str, Any]], np.ndarray], tokenizer: A
     return run
 
 
+def _optimum_systems(w: Workload, ckpt: Path, root: Path, threads: int, wanted: Sequence[str],
+                     call: Callable[[Any], Callable[[], np.ndarray]]) -> list[System]:
+    """The Optimum systems among `wanted`, each loaded once; `call(model)` is the timed call on a loaded model
+    (its output is what the accuracy check reads)."""
+    if not set(wanted) & {"optimum-onnx", "optimum-intel"}:
+        return []
+    dirs = _optimum_dirs(w, ckpt, root)
+    systems = []
+    for system, cfg, runtime, prec in OPTIMUM:
+        if system in wanted:
+            fn = call(_load_optimum(w, runtime, prec, *dirs[cfg], threads))
+            systems.append(System(system, cfg, runtime, prec, call=fn, output=fn))
+    return systems
+
+
 def _systems(w: Workload, ckpt: Path, root: Path, threads: int, wanted: Sequence[str],
              log: Callable[[str], None]) -> list[System]:
     import torch
@@ -318,14 +333,8 @@ def _systems(w: Workload, ckpt: Path, root: Path, threads: int, wanted: Sequence
                              max_length=max_length, **options)
                 fn = partial(e.embed, sentences)
                 systems.append(System("xdeploy", cfg, runtime, prec, call=fn, output=fn, close=e.close))
-        if set(wanted) & {"optimum-onnx", "optimum-intel"}:
-            dirs = _optimum_dirs(w, ckpt, root)
-            for system, cfg, runtime, prec in OPTIMUM:
-                if system not in wanted:
-                    continue
-                m = _load_optimum(w, runtime, prec, *dirs[cfg], threads)
-                fn = _sentence_call(partial(_output, m, "last_hidden_state"), tok, sentences, w.batch, max_length)
-                systems.append(System(system, cfg, runtime, prec, call=fn, output=fn))
+        systems += _optimum_systems(w, ckpt, root, threads, wanted, lambda m: _sentence_call(
+            partial(_output, m, "last_hidden_state"), tok, sentences, w.batch, max_length))
         return [s for s in systems if s.system in wanted]
 
     # batch workloads: the same seeded inputs for every system (xdeploy's own feed maker, full-length rows)
@@ -354,14 +363,7 @@ def _systems(w: Workload, ckpt: Path, root: Path, threads: int, wanted: Sequence
         r = open_runner(_runner_spec(runtime, prec), arts[art], threads=threads, **options)
         fn = partial(_runner_output, r, feeds, out_name)
         systems.append(System("xdeploy", cfg, runtime, prec, call=fn, output=fn, close=r.close))
-    if set(wanted) & {"optimum-onnx", "optimum-intel"}:
-        dirs = _optimum_dirs(w, ckpt, root)
-        for system, cfg, runtime, prec in OPTIMUM:
-            if system not in wanted:
-                continue
-            m = _load_optimum(w, runtime, prec, *dirs[cfg], threads)
-            fn = partial(_output, m, out_name, tfeeds)
-            systems.append(System(system, cfg, runtime, prec, call=fn, output=fn))
+    systems += _optimum_systems(w, ckpt, root, threads, wanted, lambda m: partial(_output, m, out_name, tfeeds))
     log(f"{w.name}: {len(systems)} systems ready")
     return [s for s in systems if s.system in wanted]
 
