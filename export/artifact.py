@@ -38,6 +38,11 @@ SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 REQUIRED = ("format", "schema_version", "model", "config", "precision", "opset", "graphs", "axes", "files")
 
+SUPPORTED_OPSETS = (18, 23)  # 18: attention as MatMul/Softmax; 23: the native ONNX Attention op
+DEFAULT_OPSET = 23  # by measurement (python -m xdeploy.studies.export_lowering; docs/export.md)
+DEFAULT_OPTIMIZE = False  # by measurement, and fused com.microsoft ops would tie the artifact to onnxruntime
+# (defined here, not in onnx_export.py, which imports torch: `xdeploy convert` and --help screens need no torch)
+
 
 @dataclass(frozen=True)
 class Artifact:

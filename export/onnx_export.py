@@ -23,13 +23,10 @@ from xdeploy.core.errors import XDeployError
 from xdeploy.models import registry
 from xdeploy.models.spec import ExportSpec, Graph, ModelFamily
 
-from .artifact import spec_to_json
+# the export defaults live in artifact.py (torch-free), so the CLI's --help and `convert` need no torch import
+from .artifact import DEFAULT_OPSET, DEFAULT_OPTIMIZE, SUPPORTED_OPSETS, spec_to_json  # noqa: F401
 from .tokenizer_graph import TokenizerGraphBuilder
 from .writer import write_artifact
-
-SUPPORTED_OPSETS = (18, 23)  # 18: attention as MatMul/Softmax; 23: the native ONNX Attention op
-DEFAULT_OPSET = 23  # by measurement (python -m xdeploy.studies.export_lowering; docs/export.md)
-DEFAULT_OPTIMIZE = False  # by measurement, and fused com.microsoft ops would tie the artifact to onnxruntime
 
 
 class _GraphModule(nn.Module):

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,7 +114,14 @@ def _env() -> dict[str, str]:
     return env
 
 
-def run_block(b: Block, work: Path, timeout: float = 600) -> None:
+def _children_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def run_block(b: Block, work: Path, timeout: float = 600) -> tuple[float, float, list[str]]:
+    """Run one block; returns its wall and CPU seconds (CPU: robust to a loaded machine) and the substitutions
+    applied to it."""
     code, applied = substitute(b.code)
     if b.lang in SHELL:
         cmd = ["bash", "-c", "set -eo pipefail\n" + code]
@@ -120,13 +129,16 @@ def run_block(b: Block, work: Path, timeout: float = 600) -> None:
         script = work / f".doc-block-{b.line}.py"
         script.write_text(code)
         cmd = [sys.executable, str(script)]
+    t0, c0 = time.perf_counter(), _children_cpu_s()
     r = subprocess.run(cmd, cwd=work, env=_env(), capture_output=True, text=True, timeout=timeout,
                        stdin=subprocess.DEVNULL)
+    elapsed, cpu = time.perf_counter() - t0, _children_cpu_s() - c0
     if r.returncode != 0:
         tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-25:])
         subs = "".join(f"\n  substituted: {a}" for a in applied)
         pytest.fail(f"{b.page}:{b.line} ({b.lang} block) exited {r.returncode}{subs}\n--- block as run:\n{code}"
                     f"--- output (last lines):\n{tail}", pytrace=False)
+    return elapsed, cpu, applied
 
 
 ALL = [b for p in pages() for b in blocks(p)]
@@ -163,17 +175,19 @@ def test_substitutions_are_visible_and_do_what_they_say():
 @pytest.mark.parametrize("page", RUNNABLE, ids=[str(p.relative_to(ROOT)) for p in RUNNABLE])
 def test_page_runs(page, tmp_path, capsys):
     work = _scratch(tmp_path)
-    ran, skipped = 0, []
+    ran = skipped = 0
     for b in blocks(page):
         if b.lang not in SHELL + PYTHON:
             continue
         if b.skip is not None:
-            skipped.append(f"{b.page}:{b.line} ({b.skip})")
-            continue
-        run_block(b, work)
-        ran += 1
-    with capsys.disabled():  # visible in the test log: what did not run, and why
-        for s in skipped:
-            print(f"\n  doc block not run: {s}", end="")
+            line = f"doc block not run: {b.page}:{b.line} ({b.skip})"
+            skipped += 1
+        else:
+            elapsed, cpu, applied = run_block(b, work)
+            line = (f"doc block ran: {b.page}:{b.line} ({b.lang}) {elapsed:.1f} s wall, {cpu:.1f} s CPU"
+                    + "".join(f"\n    substituted: {a}" for a in applied))
+            ran += 1
+        with capsys.disabled():  # in the test log as it happens: what ran (time, substitutions), what did not
+            print(f"\n  {line}", end="", flush=True)
     assert ran or skipped
     shutil.rmtree(work / "artifacts", ignore_errors=True)

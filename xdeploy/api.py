@@ -19,7 +19,6 @@ from xdeploy.deploy.generate import GenerationConfig, Generator
 from xdeploy.deploy.registry import open_runner
 from xdeploy.deploy.tokenizer_graph import tokenizer_graph_builder
 from xdeploy.export import convert as _convert
-from xdeploy.export import onnx_export as _onnx_export
 from xdeploy.export.artifact import Artifact, load_artifact
 from xdeploy.models.spec import make_feeds
 from xdeploy.pipeline import RunConfig, RunResult, run_job
@@ -38,6 +37,8 @@ def export(model: str, *, measured: bool = True, **kwargs: Any) -> Path:
     refinement of reduced precisions (verify/sensitivity.py): fp16 automatic mixed precision and int8
     sensitivity keep the nodes that break the tolerance in floating point. `measured=False`: the plain
     transform with the requested keep lists only."""
+    from xdeploy.export import onnx_export as _onnx_export  # imports torch: only when exporting
+
     return _onnx_export.export(model, refine=_refine if measured else None, **kwargs)
 
 

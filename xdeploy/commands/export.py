@@ -6,7 +6,7 @@ import argparse
 
 from xdeploy.commands import add_json_option, write_json
 from xdeploy.core.errors import XDeployError
-from xdeploy.export.onnx_export import DEFAULT_OPSET, DEFAULT_OPTIMIZE
+from xdeploy.export.artifact import DEFAULT_OPSET, DEFAULT_OPTIMIZE
 from xdeploy.export.precision import (
     CALIBRATION_METHODS,
     DEFAULT_CALIBRATION_METHOD,
