@@ -303,9 +303,21 @@ def bench_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progres
     return recs
 
 
-def decode_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progress) -> list[dict[str, Any]]:
+def decode_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progress,
+               max_group: int | None = None) -> list[dict[str, Any]]:
     """Greedy decoding with the KV cache on each runner and precision (and one recompute-everything run),
-    against the PyTorch fp32 reference's tokens."""
+    against the PyTorch fp32 reference's tokens.
+
+    Every generator is timed in interleaved rounds with the PyTorch baseline. All of them at once do not fit in
+    memory at base presets (GPT-2 small: 14 generators, each with its own prefill and decode sessions, reached
+    21.5 GB on a 24 GB machine and was killed), so they are opened in groups sized to the memory available: at
+    most `max_group` (the memory guard's estimate), fewer when the generators opened so far show less memory
+    left than two more would take. The baseline stays open and every group is compared with it in its own
+    rounds (paired ratios stay paired)."""
+    import gc as _gc
+
+    from xdeploy.bench.interleave import Comparison, compare
+    from xdeploy.bench.memory import available_memory, current_rss
     from xdeploy.core.records import make_record
     from xdeploy.deploy.generate import GenerationConfig, Generator, token_agreement
     from xdeploy.export.artifact import load_artifact
@@ -316,44 +328,75 @@ def decode_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progre
     fp = _fp()
     recs: list[dict[str, Any]] = []
     with prog.step("decode", f"{model} {preset}"), contextlib.ExitStack() as stack:
-        from xdeploy.bench.interleave import compare
-
         arts = {p: load_artifact(path) for p, path in paths.items()}
         vocab = arts["fp32"].config.vocab_size
         prompt = [np.random.default_rng(0).integers(4, vocab - 1, size=prompt_len).tolist()]
         gc = GenerationConfig(max_new_tokens=new, eos_token_id=-1)  # never stop early: fixed work per run
-        runs: list[tuple[str, str, bool]] = [("torch", "fp32", True)]
-        runs += [(r, p, True) for p in cfg.precisions for r in cfg.runners]
+        runs: list[tuple[str, str, bool]] = [(r, p, True) for p in cfg.precisions for r in cfg.runners]
         runs += [(cfg.runners[0], "fp32", False)]
-        gens: dict[str, tuple[tuple[str, str, bool], Any]] = {}  # "ort int8" / "ort fp32 no-cache" -> generator
-        for i, (runner, prec, cache) in enumerate(runs):
-            try:
-                g = stack.enter_context(Generator(arts[prec], runner, use_cache=cache, threads=cfg.threads))
-                g.generate(prompt, dataclasses.replace(gc, max_new_tokens=2))  # warm-up: first-call allocations
-            except XDeployError as e:
-                if i == 0:
-                    raise  # without the reference nothing else can be judged
-                prog.notes.append(f"decode {model} {runner} {prec}: {e}")
-                continue
-            gens[f"{runner} {prec}" + ("" if cache else " no-cache")] = ((runner, prec, cache), g)
-        # every generator decodes the same prompt in rotated rounds (one generation per round each): tokens/s
-        # from the median round, speed-up vs torch from paired rounds, re-measured once while unstable
-        cmp = compare({k: (lambda g=g: g.generate(prompt, gc)) for k, (_, g) in gens.items()}, baseline="torch fp32",
-                      attempts=2, warmup=0, min_block_s=0.0, min_rounds=3 if cfg.smoke else 5, max_rounds=12,
-                      max_seconds=2.0 if cfg.smoke else 8.0)
-        ref = None
-        for k, ((runner, prec, _cache), g) in gens.items():
+
+        def opened(st: contextlib.ExitStack, runner: str, prec: str, cache: bool) -> Any:
+            g = st.enter_context(Generator(arts[prec], runner, use_cache=cache, threads=cfg.threads))
+            g.generate(prompt, dataclasses.replace(gc, max_new_tokens=2))  # warm-up: first-call allocations
+            return g
+
+        base_key = "torch fp32"
+        base = opened(stack, "torch", "fp32", True)  # without the reference nothing else can be judged: raises
+        ref = base.generate(prompt, gc)
+
+        def record(key: str, run: tuple[str, str, bool], g: Any, cmp: Comparison) -> dict[str, Any]:
+            runner, prec, _cache = run
             out = g.generate(prompt, gc)  # tokens and per-step latencies for the report (one more run)
-            if ref is None:
-                ref = out
             agree = token_agreement(ref, out)
-            med = cmp.series[k].median_s
-            recs.append(make_record(
+            med = cmp.series[key].median_s
+            return make_record(
                 "decode", fp, model=model, preset=preset, runner=runner, artifact_precision=prec, mode=out.mode,
                 batch=1, prompt_len=prompt_len, new_tokens=out.new_tokens, ttft_s=out.time_to_first_token_s,
                 step_s=list(out.step_s), tokens_per_s=out.new_tokens / med, total_s=med,
                 agreement=agree.agreement, first_divergence=agree.first_divergence[0], threads=cfg.threads,
-                stability=cmp.stability(k)))
+                stability=cmp.stability(key))
+
+        groups = 0
+
+        def flush(group: dict[str, tuple[tuple[str, str, bool], Any]]) -> None:
+            # the group and the baseline decode the same prompt in rotated rounds (one generation per round
+            # each): tokens/s from the median round, speed-up vs torch from paired rounds, re-measured once
+            # while unstable
+            nonlocal groups
+            calls = {base_key: lambda: base.generate(prompt, gc)} | \
+                {k: (lambda g=g: g.generate(prompt, gc)) for k, (_, g) in group.items()}
+            cmp = compare(calls, baseline=base_key, attempts=2, warmup=0, min_block_s=0.0,
+                          min_rounds=3 if cfg.smoke else 5, max_rounds=12, max_seconds=2.0 if cfg.smoke else 8.0)
+            if groups == 0:  # the baseline's own record comes from the first group's rounds
+                recs.append(record(base_key, ("torch", "fp32", True), base, cmp))
+            recs.extend(record(k, run, g, cmp) for k, (run, g) in group.items())
+            groups += 1
+
+        group: dict[str, tuple[tuple[str, str, bool], Any]] = {}
+        gstack = contextlib.ExitStack()
+        cost = 0.0  # the most one generator has added to this process's memory so far
+        for runner, prec, cache in runs:
+            full = max_group is not None and len(group) >= max_group
+            if group and (full or available_memory(cfg.memory_limit) < 2.0 * cost + 2**30):
+                flush(group)
+                group = {}
+                gstack.close()
+                gstack = contextlib.ExitStack()
+                _gc.collect()
+            rss0 = current_rss()
+            try:
+                g = opened(gstack, runner, prec, cache)
+            except XDeployError as e:
+                prog.notes.append(f"decode {model} {runner} {prec}: {e}")
+                continue
+            cost = max(cost, current_rss() - rss0)
+            group[f"{runner} {prec}" + ("" if cache else " no-cache")] = ((runner, prec, cache), g)
+        if group or groups == 0:
+            flush(group)
+        gstack.close()
+        if groups > 1:
+            prog.notes.append(f"decode {model} {preset}: {groups} comparison groups (sized to the memory "
+                              "available); each group was timed with the PyTorch baseline in its own rounds")
     return recs
 
 
@@ -464,19 +507,30 @@ class _Guard:
         f64 = 4 * 8.0 * output_elems(art.graph("model"), sizes)
         return self.estimate(fp32, sizes, weight_copies=WEIGHT_COPIES + 1, extra_bytes=f64), sizes
 
-    def decode(self, model: str, preset: str, fp32: Path, prompt: int, new: int) -> str | None:
-        """Decoding runs in this process: the reference and each runner, a KV cache of prompt + new tokens."""
+    def decode_estimate(self, fp32: Path, prompt: int, new: int) -> Any:
+        """Decoding runs in this process: the reference and one runner, a KV cache of prompt + new tokens."""
         from xdeploy.bench.memory import WEIGHT_COPIES
         from xdeploy.export.artifact import load_artifact
 
         c = load_artifact(fp32, verify=False).config
         layers = getattr(c, "n_layers", 0) or getattr(c, "n_decoder_layers", 0)
         kv = 2.0 * 2 * layers * (prompt + new) * c.d_model * 4  # keys + values, past and present copies
-        why = self.guard.check(self.estimate(fp32, {"batch": 1, "seq": prompt + new, "src_seq": prompt},
-                                              weight_copies=WEIGHT_COPIES + 1, extra_bytes=kv))
+        return self.estimate(fp32, {"batch": 1, "seq": prompt + new, "src_seq": prompt},
+                             weight_copies=WEIGHT_COPIES + 1, extra_bytes=kv)
+
+    def decode(self, model: str, preset: str, fp32: Path, prompt: int, new: int) -> str | None:
+        why = self.guard.check(self.decode_estimate(fp32, prompt, new))
         if why is not None:
             self._skip("decode", f"{model} {preset}", why)
         return why
+
+    def decode_group(self, fp32: Path, prompt: int, new: int) -> int:
+        """How many generators may be open at once beside the PyTorch baseline (at least one): the decode
+        estimate holds the baseline and one runner; every further runner adds WEIGHT_COPIES of the weights."""
+        from xdeploy.bench.memory import WEIGHT_COPIES
+
+        spare = self.guard.available() - self.decode_estimate(fp32, prompt, new).total
+        return max(1, 1 + int(spare // (WEIGHT_COPIES * self._weights(fp32))))
 
     def scale_max_t(self, model: str) -> int | None:
         """The largest T of the sweep whose materialized scores fit; None when not even the smallest does."""
@@ -702,10 +756,12 @@ def _run_steps(cfg: RunConfig, prog: _Progress, jr: _Journal, guard: _Guard,
                                   jr.parts("bench", f"{model} {preset}", bkey))))  # noqa: B023
         if _family(model).capabilities.generates and cfg.runs("decode"):
             new = 16 if cfg.smoke else (128 if cfg.full else 64)
-            if guard.decode(model, preset, paths["fp32"], 8 if cfg.smoke else 32, new) is None:
+            prompt = 8 if cfg.smoke else 32
+            if guard.decode(model, preset, paths["fp32"], prompt, new) is None:
+                group = guard.decode_group(paths["fp32"], prompt, new)
                 attempt(f"decode {model}", lambda: jr.unit(  # noqa: B023
                     "decode", f"{model} {preset}", jr.step_key("decode", model, paths),  # noqa: B023
-                    lambda: decode_all(cfg, model, paths, prog)))  # noqa: B023
+                    lambda: decode_all(cfg, model, paths, prog, max_group=group)))  # noqa: B023
     for model in _scale_models(cfg) if cfg.runs("scale") else []:
         max_t = guard.scale_max_t(model)
         if max_t is not None:
