@@ -138,6 +138,25 @@ def test_full_and_smoke_exclude_each_other(capsys):
     assert e.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
 
 
+def test_run_preset_sets_every_model_and_is_checked_up_front(tmp_path, capsys):
+    from xdeploy.models.registry import MODELS
+    from xdeploy.pipeline import RunConfig
+
+    smallest = {f.smallest_preset for f in MODELS.values()}
+    shared = smallest.pop() if len(smallest) == 1 else None  # a preset name every family has (e.g. tiny)
+    if shared is not None:
+        cfg = RunConfig(presets={"*": shared}, full=True)
+        assert all(cfg.preset(m) == shared for m in MODELS)  # over --full's presets too
+    # a preset one of the selected models lacks: exit 2 before anything runs, naming the valid ones
+    name, fam = next(iter(MODELS.items()))
+    other = next((p for f in MODELS.values() for p in f.presets if p not in fam.presets), None)
+    if other is not None:
+        code, _, err = _run(["run", "--smoke", "--models", name, "--preset", other, "--out", str(tmp_path / "r")],
+                            capsys)
+        assert code == 2 and f"preset of {name}" in err and ", ".join(sorted(fam.presets)) in err, err
+        assert not (tmp_path / "r").exists()
+
+
 def test_serve_refuses_an_artifact_it_cannot_serve_before_starting(tiny_bert, capsys):
     # no tokenizer: every request would fail, so the server must not start (embed refuses it the same way)
     code, _, err = _run(["serve", str(tiny_bert), "--http-port", "18999", "--grpc-port", "18998"], capsys)

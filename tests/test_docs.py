@@ -45,8 +45,11 @@ SUBSTITUTIONS: list[tuple[str, str, str]] = [
     (r"\bmake demo\b(?!.*DEMO_ARGS)", f'make demo DEMO_ARGS="{QUICK_RUN}"', "the main job's smallest mode"),
     (r"\bxdeploy roofline(?![\w-])(?!.*--quick)", "xdeploy roofline --quick", "the quick roofline"),
     (r"\bxdeploy scale(?![\w-])(?!.*--smoke)", "xdeploy scale --smoke", "the scaling sweep's smallest mode"),
-    (r"RunConfig\(", 'RunConfig(smoke=True, skip=("roofline", "bench", "decode", "scale"), ',
+    (r"RunConfig\(", 'RunConfig(smoke=True, presets={"*": "tiny"}, skip=("roofline", "bench", "decode", "scale"), ',
      "the main job's smallest mode (Python)"),
+    # after the rules above: --smoke alone keeps the default presets (bert minilm: its int8 sensitivity search
+    # alone is ~25 s of CPU); the main job on the tiny presets runs the same phases and code
+    (r"\bxdeploy run(?![\w-])(?!.*--preset)", "xdeploy run --preset tiny", "tiny presets (the main job)"),
 ]
 
 
@@ -166,9 +169,9 @@ def test_skipped_blocks_give_a_reason_and_are_runnable_kinds():
 def test_substitutions_are_visible_and_do_what_they_say():
     code, applied = substitute('xdeploy run --full --out x\nxdeploy export bert --preset base\n'
                                'export("gpt", preset="small")\nxdeploy run --smoke\n')
-    assert code == (f'xdeploy run {QUICK_RUN} --out x\nxdeploy export bert --preset tiny\n'
-                    'export("gpt", preset="tiny")\nxdeploy run --smoke\n')
-    assert len(applied) == 4
+    assert code == (f'xdeploy run --preset tiny {QUICK_RUN} --out x\nxdeploy export bert --preset tiny\n'
+                    'export("gpt", preset="tiny")\nxdeploy run --preset tiny --smoke\n')
+    assert len(applied) == 5
     assert substitute("xdeploy report render x")[0] == "xdeploy report render x"  # not `xdeploy run`
 
 

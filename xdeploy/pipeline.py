@@ -62,7 +62,7 @@ class RunConfig:
     precisions: tuple[str, ...] = PRECISIONS
     runners: tuple[str, ...] = RUNNERS
     threads: int = 0  # 0 = the cores free when the job starts (measured: other processes' CPU use subtracted)
-    presets: dict[str, str] = field(default_factory=dict)  # per-model override of the preset table
+    presets: dict[str, str] = field(default_factory=dict)  # per-model override of the preset table ("*": every model)
     tolerances: tuple[str, ...] = ()  # parity overrides, `xdeploy parity --tolerance` syntax: "[OUT:]atol=X,..."
     skip: tuple[str, ...] = ()  # optional phases not to run (SKIPPABLE); export, parity and report always run
     resume: bool = False  # continue the journal in `out` (skip steps already measured with the same key)
@@ -78,7 +78,7 @@ class RunConfig:
 
     def preset(self, model: str) -> str:
         family = _family(model)
-        return self.presets.get(model) or (family.full if self.full else family.quick)
+        return self.presets.get(model) or self.presets.get("*") or (family.full if self.full else family.quick)
 
     def check(self) -> None:
         if self.full and self.smoke:
@@ -92,6 +92,9 @@ class RunConfig:
             raise XDeployError("no runners selected; expected e.g. --runners ort,ov")
         if not self.models:
             raise XDeployError(f"no models selected; expected some of: {', '.join(known)}")
+        for m in self.models:
+            if self.preset(m) not in _family(m).presets:
+                raise one_of(f"preset of {m}", self.preset(m), _family(m).presets)
         for p in self.precisions:
             if p not in PRECISIONS:
                 raise one_of("precision", p, PRECISIONS)

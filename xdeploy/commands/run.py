@@ -27,6 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                                               FAMILIES.items()))
     size.add_argument("--smoke", action="store_true", help="smallest meaningful run: one parity shape, a few "
                    "iterations, short sweeps (tests, CI smoke)")
+    p.add_argument("--preset", metavar="NAME", help="every model at this preset instead of the default (or --full) "
+                   "ones, e.g. tiny: the smallest models (each selected model must have it)")
     p.add_argument("--out", default="reports/latest", metavar="DIR", help="report directory (default reports/latest)")
     p.add_argument("--artifacts", default="artifacts/run", metavar="DIR",
                    help="where the exported artifacts go (default artifacts/run)")
@@ -69,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from xdeploy.pipeline import RunConfig, plan, run_job
 
     cfg = RunConfig(out=args.out, artifacts=args.artifacts, models=_split(args.models), full=args.full,
+                    presets={"*": args.preset} if args.preset else {},
                     smoke=args.smoke, precisions=_split(args.precisions), runners=_split(args.runners),
                     threads=args.threads, tolerances=tuple(args.tolerance), skip=_split(args.skip),
                     resume=args.resume,
