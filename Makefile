@@ -33,9 +33,13 @@ test: install cpp serve-env
 
 # C++ embedding runtime (deploy/cpp): links the wheel's libonnxruntime; CMake fetches the ORT headers from Debian's
 # libonnxruntime-dev into .cache/ort-headers on first configure (deploy/cpp/fetch_ort_headers.sh).
+# $(realpath ...): the checkout's physical path even when make runs in a directory of symlinks into it (the docs
+# test's scratch copy): otherwise CMake re-configures the one build with the scratch path as the binary's RUNPATH,
+# and the binary breaks when the scratch directory is deleted.
+CPP_SRC = $(realpath deploy/cpp)
 cpp: install
-	cmake -S deploy/cpp -B deploy/cpp/build -DCMAKE_BUILD_TYPE=Release
-	cmake --build deploy/cpp/build -j2
+	cmake -S $(CPP_SRC) -B $(CPP_SRC)/build -DCMAKE_BUILD_TYPE=Release
+	cmake --build $(CPP_SRC)/build -j2
 
 # Lean serving env for `xdeploy serve` (serve/server.py): PyTriton's Python stub fails under Python 3.11 and works
 # under 3.12 and 3.13, and the server needs no torch. Python 3.12 first: nvidia-pytriton 0.7 needs numpy < 2, and
