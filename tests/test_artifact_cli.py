@@ -20,8 +20,8 @@ from xdeploy.models.spec import make_feeds
 
 
 @pytest.fixture(scope="module")
-def bert_art(tmp_path_factory):
-    return export("bert", preset="tiny", out=tmp_path_factory.mktemp("a") / "bert")
+def bert_art(tiny_export):
+    return tiny_export("bert")
 
 
 def test_artifact_layout_manifest_and_metadata(bert_art):

@@ -83,10 +83,8 @@ def _run(argv, capsys):
 
 
 @pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory):
-    from xdeploy.export.onnx_export import export
-
-    return export("bert", preset="tiny", out=tmp_path_factory.mktemp("cli") / "bert")
+def tiny_bert(tiny_export):
+    return tiny_export("bert")
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from xdeploy.deploy.registry import RUNNERS, open_runner
-from xdeploy.export.onnx_export import export
 from xdeploy.models.spec import make_feeds
 
 CPU_RUNNERS = [r for r in ("torch", "ort", "ov") if r in RUNNERS]
@@ -16,8 +15,8 @@ N_REQUESTS, N_THREADS = 1000, 8
 
 
 @pytest.fixture(scope="module")
-def art(tmp_path_factory):
-    return export("bert", preset="tiny", out=tmp_path_factory.mktemp("c") / "bert")
+def art(tiny_export):
+    return tiny_export("bert")
 
 
 @pytest.mark.parametrize("runner", CPU_RUNNERS)

@@ -70,10 +70,8 @@ def test_cpp_matches_python_embedder(binary, minilm):
         assert "mean pooling, L2-normalized) on cpu" in r.stderr
 
 
-def test_cpp_cls_pooling_without_pooling_record(binary, tmp_path):
-    from xdeploy.export.onnx_export import export
-
-    art = export("bert", preset="tiny", out=tmp_path / "tiny")
+def test_cpp_cls_pooling_without_pooling_record(binary, tiny_export):
+    art = tiny_export("bert")
     ids = [[1, 5, 9, 2], [1, 7, 2], [1] + list(range(3, 60)) + [2]]
     with Embedder(art) as emb:
         ref = emb.embed_ids(ids)
@@ -153,13 +151,11 @@ def test_cpp_bad_artifacts_and_ids(binary, minilm, tmp_path):
         assert r.returncode == 2 and msg in r.stderr, (args, r.stderr)
 
 
-def test_cpp_auto_provider_falls_back_and_says_why(binary, tmp_path):
+def test_cpp_auto_provider_falls_back_and_says_why(binary, tiny_export):
     """`auto` tries TensorRT, then CUDA, then the CPU, keeping the first whose provider appends and whose session
     opens (ORT lists TensorRT even without libnvinfer). On this CPU wheel both GPU providers fail to append, so
     this runs the real fallback path; an explicit GPU provider stays a one-line error."""
-    from xdeploy.export.onnx_export import export
-
-    art = export("bert", preset="tiny", out=tmp_path / "tiny")
+    art = tiny_export("bert")
     r = run_cpp(binary, art, [[1, 5, 9, 2]])
     assert r.returncode == 0, r.stderr
     if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
@@ -212,7 +208,7 @@ def test_cpp_text_matches_python_and_hf(binary, minilm):
         assert np.abs(got - ref).max() <= 1e-5, np.abs(got - ref).max()
 
 
-def test_cpp_text_bad_input(binary, minilm, tmp_path):
+def test_cpp_text_bad_input(binary, minilm, tmp_path, tiny_export):
     # invalid UTF-8: one line naming the line and byte, exit 2 (Python's `xdeploy embed` says the same)
     r = run_text(binary, minilm, b"fine\nbad \xff\xfe here\n")
     assert r.returncode == 2 and r.stdout == b"", r.stderr
@@ -234,9 +230,7 @@ def test_cpp_text_bad_input(binary, minilm, tmp_path):
     assert r.returncode == 0, r.stderr
     assert np.abs(_vectors(r.stdout.decode()) - ref).max() <= 1e-5
     # an artifact without a tokenizer graph, a missing extensions library: one-line errors
-    from xdeploy.export.onnx_export import export
-
-    plain = export("bert", preset="tiny", out=tmp_path / "tiny")
+    plain = tiny_export("bert")
     r = run_text(binary, plain, b"hello\n")
     assert r.returncode == 2 and b"has no tokenizer graph" in r.stderr, r.stderr
     r = run_text(binary, minilm, b"hello\n", env=dict(os.environ, XDEPLOY_ORTX_LIBRARY=str(tmp_path / "nope.so")))

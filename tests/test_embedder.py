@@ -48,10 +48,8 @@ def emb(minilm):
 
 
 @pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory):
-    from xdeploy.export.onnx_export import export
-
-    return export("bert", preset="tiny", out=tmp_path_factory.mktemp("tiny") / "bert")
+def tiny_bert(tiny_export):
+    return tiny_export("bert")
 
 
 def test_matches_sentence_transformers(emb):

@@ -34,15 +34,11 @@ SHAPES = ((1, 1), (3, 16), (4, 33))  # (batch, every other axis); the export exa
 
 
 @pytest.fixture(scope="module")
-def fp32(tmp_path_factory):
-    """(model, opset) -> fp32 artifact, exported lazily once per module."""
-    root = tmp_path_factory.mktemp("export")
-    cache: dict = {}
+def fp32(tiny_export):
+    """(model, opset) -> fp32 artifact, exported lazily once per session (conftest.py; shared read-only)."""
 
     def get(model: str, opset: int = 23):
-        if (model, opset) not in cache:
-            cache[model, opset] = export(model, preset="tiny", opset=opset, out=root / f"{model}-{opset}")
-        return cache[model, opset]
+        return tiny_export(model, opset=opset)
 
     return get
 

@@ -65,8 +65,8 @@ def hf(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def seq2seq(tmp_path_factory):
-    return load_artifact(export("transformer", preset="tiny", out=tmp_path_factory.mktemp("t") / "art"))
+def seq2seq(tiny_export):
+    return load_artifact(tiny_export("transformer"))
 
 
 def _hf_generate(model, prompt, **kw) -> list[int]:

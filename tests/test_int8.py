@@ -30,14 +30,11 @@ WEIGHT_OPS = ("MatMul", "Gemm", "Conv")
 
 
 @pytest.fixture(scope="module")
-def fp32(tmp_path_factory):
-    root = tmp_path_factory.mktemp("int8")
-    cache: dict = {}
+def fp32(tiny_export):
+    """model -> fp32 artifact (api.export and export are the same at fp32), shared read-only (conftest.py)."""
 
     def get(model: str):
-        if model not in cache:
-            cache[model] = api.export(model, preset="tiny", out=root / f"{model}-fp32")
-        return cache[model]
+        return tiny_export(model)
 
     return get
 

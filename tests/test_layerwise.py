@@ -12,15 +12,14 @@ from planted import attention_query, corrupt_weight, scale_up
 
 from xdeploy.core.errors import XDeployError
 from xdeploy.export.artifact import load_artifact
-from xdeploy.export.onnx_export import export
 from xdeploy.models.spec import DEFAULT_TOLERANCES, Tolerance, make_feeds
 from xdeploy.verify.layerwise import _Probe, ancestors, comparable_tensors, find_divergence
 from xdeploy.verify.metrics import compare
 
 
 @pytest.fixture(scope="module")
-def bert(tmp_path_factory):
-    art = load_artifact(export("bert", preset="tiny", out=tmp_path_factory.mktemp("lw") / "bert"))
+def bert(tiny_export):
+    art = load_artifact(tiny_export("bert"))
     ref = onnx.load(str(art.onnx_path()))
     # Padded positions but no fully padded row: layerwise compares whole intermediate tensors, and the
     # garbage row of a fully padded input legitimately differs in fp16 (its -1e4 biases round to steps of 8).

@@ -115,13 +115,12 @@ def test_tolerance_precision_and_overrides():
 # ------------------------------------------------------------------------------------------ artifacts ----
 
 @pytest.fixture(scope="module")
-def arts(tmp_path_factory):
-    """model -> its smallest preset's fp32 artifact, exported on first use."""
-    root = tmp_path_factory.mktemp("parity")
+def arts(tiny_export):
+    """model -> its smallest preset's fp32 artifact, exported on first use (conftest.py; shared read-only)."""
 
     class Lazy(dict):
         def __missing__(self, m: str):
-            self[m] = load_artifact(export(m, preset=smallest(m), out=root / m))
+            self[m] = load_artifact(tiny_export(m, preset=smallest(m)))
             return self[m]
 
     return Lazy()

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from xdeploy.core.errors import XDeployError
 from xdeploy.deploy.base import validate_feeds
 from xdeploy.export.artifact import MANIFEST, load_artifact
-from xdeploy.export.onnx_export import export
 from xdeploy.models.spec import Axis, Graph, TensorSpec
 
 GRAPH = Graph("model", "forward",
@@ -73,8 +72,8 @@ def test_validate_feeds_accepts_exactly_the_contract(f):
 
 
 @pytest.fixture(scope="module")
-def art(tmp_path_factory):
-    return export("vit", preset="tiny", out=tmp_path_factory.mktemp("p") / "vit")
+def art(tiny_export):
+    return tiny_export("vit")
 
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers(-5, 10**6) | st.floats(allow_nan=True)

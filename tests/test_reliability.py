@@ -21,8 +21,8 @@ from xdeploy.export.onnx_export import export
 
 
 @pytest.fixture(scope="module")
-def vit_art(tmp_path_factory):
-    return export("vit", preset="tiny", out=tmp_path_factory.mktemp("r") / "vit")
+def vit_art(tiny_export):
+    return tiny_export("vit")
 
 
 def _rehash(root: Path) -> None:

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 from families import n_graphs, names
 
-from xdeploy.api import export  # with the measured refinement (fp16 AMP, int8 sensitivity)
 from xdeploy.core.errors import XDeployError
 from xdeploy.deploy.registry import RUNNERS, open_runner, runner_class
 from xdeploy.export.artifact import load_artifact
@@ -33,15 +32,13 @@ def _close(ref: np.ndarray, got: np.ndarray, tol: Tolerance, *, cosine_only: boo
 
 
 @pytest.fixture(scope="module")
-def artifacts(tmp_path_factory):
-    """(model, precision) -> artifact path, exported lazily once per module."""
+def artifacts(tiny_export):
+    """(model, precision) -> artifact, exported lazily once per session (conftest.py; shared read-only)."""
     cache: dict[tuple[str, str], object] = {}
-    root = tmp_path_factory.mktemp("runners")
 
     def get(model: str, precision: str):
         if (model, precision) not in cache:
-            cache[model, precision] = load_artifact(export(model, preset="tiny", precision=precision,
-                                                           out=root / f"{model}-{precision}"))
+            cache[model, precision] = load_artifact(tiny_export(model, precision=precision))
         return cache[model, precision]
 
     return get

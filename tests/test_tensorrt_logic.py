@@ -383,10 +383,8 @@ def test_make_gpu_check_says_in_one_line_what_is_missing(tmp_path):
 # ------------------------------------------------------------------------- from a real artifact ----
 
 @pytest.fixture(scope="module")
-def bert_art(tmp_path_factory):
-    from xdeploy.export.onnx_export import export
-
-    return export("bert", preset="tiny", out=tmp_path_factory.mktemp("trt") / "bert")
+def bert_art(tiny_export):
+    return tiny_export("bert")
 
 
 def test_engine_setup_from_a_real_artifact_and_simulated_build(bert_art, tmp_path):

@@ -135,10 +135,10 @@ def test_embedder_graph_equals_hf_and_handles_bad_input(art):
         Embedder(art, tokenizer="spm")
 
 
-def test_artifact_without_graph(tmp_path):
+def test_artifact_without_graph(tmp_path, tiny_export):
     from xdeploy.export.onnx_export import export
 
-    plain = export("bert", preset="tiny", out=tmp_path / "tiny")
+    plain = tiny_export("bert")
     assert load_artifact(plain).tokenizer_graph is None
     with pytest.raises(XDeployError, match="has no tokenizer graph; export it with --tokenizer-graph"):
         Embedder(plain, tokenizer="graph")

@@ -33,10 +33,8 @@ def text_art(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory):
-    from xdeploy.export.onnx_export import export
-
-    return export("bert", preset="tiny", out=tmp_path_factory.mktemp("tb") / "bert")
+def tiny_bert(tiny_export):
+    return tiny_export("bert")
 
 
 def cfg(repo: Path, model: str):

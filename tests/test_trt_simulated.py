@@ -22,7 +22,6 @@ from xdeploy.deploy.generate import GenerationConfig, Generator
 from xdeploy.deploy.registry import open_runner
 from xdeploy.export.artifact import load_artifact, write_manifest_files
 from xdeploy.export.convert import convert_artifact
-from xdeploy.export.onnx_export import export
 from xdeploy.models.registry import MODELS
 from xdeploy.models.spec import DEFAULT_TOLERANCES, make_feeds
 
@@ -36,7 +35,7 @@ def _slow(model: str, precision: str) -> list:
 
 
 @pytest.fixture(scope="module")
-def artifacts(tmp_path_factory):
+def artifacts(tmp_path_factory, tiny_export):
     """(model, precision) -> artifact, exported lazily once per module; "qdq" is made from the fp32 one."""
     cache: dict[tuple[str, str], object] = {}
     root = tmp_path_factory.mktemp("simtrt")
@@ -49,7 +48,7 @@ def artifacts(tmp_path_factory):
             elif precision == "dynamic-int8":
                 cache[model, precision] = quantized_artifact(get(model, "fp32"), out, static=False)
             elif precision == "fp32":
-                cache[model, precision] = load_artifact(export(model, preset="tiny", out=out))
+                cache[model, precision] = load_artifact(tiny_export(model))  # shared read-only (conftest.py)
             else:  # the same conversion `export --precision` applies, without tracing the model again
                 cache[model, precision] = load_artifact(convert_artifact(get(model, "fp32").path, out, precision))
         return cache[model, precision]

@@ -1,0 +1,48 @@
+"""Fixtures shared by every test module.
+
+`tiny_export`: a preset artifact exported once per test session (per worker under pytest-xdist) and shared by
+every module that exports the same thing. torch.onnx's dynamo export is the dominant cost of most tests; the
+same tiny BERT used to be exported by a dozen modules. A shared artifact is read-only: a test that changes an
+artifact's files exports or copies its own. That is enforced, not assumed: every shared artifact's files are
+hashed when made and again at the end of the session, and a change fails the session naming the artifact."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+
+def _digest(root: Path) -> str:
+    """sha256 over every file's relative path and bytes (tiny artifacts: a few MB)."""
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        h.update(str(p.relative_to(root)).encode() + b"\0")
+        if p.is_file():
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="session")
+def tiny_export(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Path]]:
+    """(model, preset="tiny", opset=default, precision="fp32") -> the artifact `export` writes for those
+    arguments, exported on first use and then shared. Do not modify it: copy it (shutil.copytree) first."""
+    from xdeploy.export.onnx_export import DEFAULT_OPSET, export
+
+    root = tmp_path_factory.mktemp("shared-artifacts")
+    made: dict[tuple[str, str, int, str], tuple[Path, str]] = {}
+
+    def get(model: str, preset: str = "tiny", opset: int = DEFAULT_OPSET, precision: str = "fp32") -> Path:
+        key = (model, preset, opset, precision)
+        if key not in made:
+            path = export(model, preset=preset, opset=opset, precision=precision,
+                          out=root / f"{model}-{preset}-{opset}-{precision}")
+            made[key] = path, _digest(path)
+        return made[key][0]
+
+    yield get
+    changed = [f"{k} at {p}" for k, (p, d) in made.items() if _digest(p) != d]
+    assert not changed, f"a test modified a shared artifact (copy it before changing it): {changed}"
+
