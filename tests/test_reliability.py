@@ -57,9 +57,9 @@ def test_truncated_onnx_is_a_clear_error(vit_art, tmp_path):
         load_artifact(bad)
 
 
-def test_sigkill_mid_export_leaves_previous_artifact_and_no_valid_partial(tmp_path):
+def test_sigkill_mid_export_leaves_previous_artifact_and_no_valid_partial(tmp_path, tiny_export):
     out = tmp_path / "gpt"
-    export("gpt", preset="tiny", out=out)
+    shutil.copytree(tiny_export("gpt"), out)  # the previous artifact (a copy: this test replaces it)
     before = json.loads((out / MANIFEST).read_text())["files"]
     # Re-export with --force in a child and SIGKILL it while its temporary directory is being filled.
     child = subprocess.Popen([sys.executable, "-m", "xdeploy.cli", "export", "gpt", "--preset", "tiny",

@@ -68,14 +68,13 @@ def test_ort_session_gets_the_layer_options() -> None:
         sessions.ort_session_options(-1)
 
 
-def test_runners_use_the_layer(tmp_path: Path) -> None:
+def test_runners_use_the_layer(tiny_export) -> None:
     """The ort runner's session and the ov runner's compiled model carry the layer's settings."""
     from xdeploy.deploy.registry import open_runner
-    from xdeploy.export.onnx_export import export
     from xdeploy.models.registry import MODELS
 
     model = next(iter(MODELS))
-    art = export(model, preset=next(iter(MODELS[model].presets)), out=tmp_path / "a")
+    art = tiny_export(model, preset=next(iter(MODELS[model].presets)))
     with open_runner("ort", art, threads=1, opt_level="extended") as r:
         so = r.session.get_session_options()
         assert so.intra_op_num_threads == 1 and so.inter_op_num_threads == 1
