@@ -46,3 +46,16 @@ def tiny_export(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[.
     changed = [f"{k} at {p}" for k, (p, d) in made.items() if _digest(p) != d]
     assert not changed, f"a test modified a shared artifact (copy it before changing it): {changed}"
 
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`make test` runs `-n 2 --dist loadgroup`): a test that uses a module-scoped fixture
+    (an export, a server, a reference run) is grouped with the rest of its module, so that fixture is built by
+    one worker, once; a test without one (e.g. each executable-docs page) is scheduled on its own, so one long
+    module does not become the critical path. Without xdist the mark is inert."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs.values() if info is not None else None
+        shared = defs is None or any(d.scope in ("module", "class", "package") for ds in defs for d in ds)
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))

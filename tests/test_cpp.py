@@ -3,6 +3,7 @@ its embeddings equal the Python Embedder's on the real MiniLM artifact; bad arti
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -30,10 +31,15 @@ def binary() -> Path:
     build = Path(os.environ.get("XDEPLOY_CPP_BUILD", CPP / "build"))
     lib = next(p for p in sorted((Path(onnxruntime.__file__).parent / "capi").glob("libonnxruntime.so.*"))
                if "providers" not in p.name)
-    for cmd in (["cmake", "-S", str(CPP), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", f"-DORT_LIBRARY={lib}"],
-                ["cmake", "--build", str(build), "-j2"]):
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, f"{' '.join(cmd)} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    # one build of this directory at a time: `make cpp` (flock) and another test process (pytest -n 2 runs
+    # docs/embedding.md's `make cpp` beside this) take the same lock
+    build.parent.mkdir(parents=True, exist_ok=True)
+    with open(build.parent / f".{build.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for cmd in (["cmake", "-S", str(CPP), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
+                     f"-DORT_LIBRARY={lib}"], ["cmake", "--build", str(build), "-j2"]):
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            assert r.returncode == 0, f"{' '.join(cmd)} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     return build / "xdeploy-embed"
 
 
