@@ -27,10 +27,10 @@ install: $(STAMP)
 demo: install
 	$(VENV)/bin/xdeploy run --out reports/latest $(DEMO_ARGS)
 
-# PYTEST_WORKERS=2: pytest-xdist with two worker processes (the suite uses about one core: CPU time ~ wall time
-# single-process); tests/conftest.py keeps each module that shares a module fixture on one worker. Not the
-# default yet: one full -n 2 run so far (README Limitations). 0 = everything in this one process.
-PYTEST_WORKERS ?= 0
+# pytest-xdist with two worker processes by default (the suite is single-core bound: its CPU time ~ its wall time
+# in one process, so two workers nearly halve it on 2 cores); tests/conftest.py keeps each module that shares a
+# module fixture on one worker. PYTEST_WORKERS=0 runs everything in one process.
+PYTEST_WORKERS ?= 2
 test: install cpp serve-env
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
