@@ -20,7 +20,6 @@ import numpy as np
 import onnx
 import pytest
 
-from xdeploy import api
 from xdeploy.deploy.sessions import ORT_OPT_LEVELS, ort_session
 from xdeploy.export.artifact import load_artifact
 from xdeploy.export.precision import PrecisionOptions, calibration_feeds, to_int8_static
@@ -49,8 +48,8 @@ def _decoding_models() -> list[str]:
 
 
 @pytest.mark.parametrize("model", _decoding_models())
-def test_qdq_decode_graphs_open_at_every_ort_optimization_level(model, tmp_path):
-    art = load_artifact(api.export(model, preset="tiny", out=tmp_path / "fp32"))
+def test_qdq_decode_graphs_open_at_every_ort_optimization_level(model, tiny_export):
+    art = load_artifact(tiny_export(model))  # the shared tiny fp32 export (read only here)
     options = PrecisionOptions(int8_sensitivity=False)
     for g in [g for g in art.spec.graphs if g.name == DECODE]:
         feeds, record = calibration_feeds(g, art.spec, options)
