@@ -468,8 +468,8 @@ def make_simulated_tensorrt(version: str = "10.13.0", *,
                 so = ort.SessionOptions()
                 so.intra_op_num_threads = 1
                 so.log_severity_level = 3
-                # the graph as written: onnxruntime's own fusions are not what a TensorRT engine would do, and its
-                # QDQ propagation (1.31) breaks on Q/DQ around Unsqueeze in the GPT decode graph
+                # the graph as written: onnxruntime's own fusions (QDQ propagation among them) are not what a
+                # TensorRT engine would do
                 so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
                 self._session = ort.InferenceSession(self.model, so, providers=["CPUExecutionProvider"])
             names = [o.name for o in self._session.get_outputs()]
