@@ -9,6 +9,7 @@ hashed when made and again at the end of the session, and a change fails the ses
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -52,7 +53,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Under pytest-xdist (`make test` runs `-n 2 --dist loadgroup`): a test that uses a module-scoped fixture
     (an export, a server, a reference run) is grouped with the rest of its module, so that fixture is built by
     one worker, once; a test without one (e.g. each executable-docs page) is scheduled on its own, so one long
-    module does not become the critical path. Without xdist the mark is inert."""
+    module does not become the critical path. Without xdist the mark is inert.
+
+    The executable-docs pages are the longest single tests (seconds to minutes each): they are moved to the front,
+    biggest page first, so the two workers start on them and the many short tests fill in behind (longest
+    first: the last test to finish is a short one, not a page that started late while the other worker idled)."""
+    def page_cost(item: pytest.Item) -> int:
+        """A page's processes (each starts Python, most import torch and export): command lines in its fenced
+        shell blocks plus its Python blocks; -1 for a test that is not a page."""
+        page = getattr(getattr(item, "callspec", None), "params", {}).get("page")
+        if not isinstance(page, Path):
+            return -1
+        fenced = re.findall(r"^```(\w+)\n(.*?)^```", page.read_text(encoding="utf-8"), re.S | re.M)
+        return sum(len(re.findall(r"^\s*(?:xdeploy|make|python3?|\.venv/bin/\S+)\s", code, re.M)) if lang in
+                   ("sh", "bash", "shell") else 1 if lang in ("python", "py") else 0 for lang, code in fenced)
+
+    cost = {item.nodeid: page_cost(item) for item in items}
+    items.sort(key=lambda it: -cost[it.nodeid] if cost[it.nodeid] >= 0 else 1)  # stable: the rest keep order
     for item in items:
         info = getattr(item, "_fixtureinfo", None)
         defs = info.name2fixturedefs.values() if info is not None else None
