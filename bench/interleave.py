@@ -36,6 +36,7 @@ from __future__ import annotations
 import gc
 import math
 import os
+import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -55,6 +56,10 @@ class Thresholds:
     series_rel_iqr: float = 0.25  # a series' round times: IQR / median (torch.utils.benchmark's "gross" level)
     ratio_rel_ci: float = 0.30  # a speed-up's 95% interval: (high - low) / median
     other_cores: float = 0.5  # other processes' CPU use (cores, averaged) above which the cause is "load"
+    # tasks waited for a CPU this share of the time while other processes used > other_cores: oversubscribed.
+    # Steady but contended rounds are not a quiet machine's figure (a busy loop on one of 2 cores made an
+    # onnxruntime fp16 run read 0.34x instead of 1.12x with every round alike)
+    cpu_pressure: float = 0.10
 
 
 DEFAULT_THRESHOLDS = Thresholds()
@@ -144,6 +149,19 @@ class Load:
     other_cores: float | None  # CPU time other processes used / wall time (cores, averaged)
     own_cores: float | None  # CPU time this process used / wall time
     cores: int  # CPUs this process may run on
+    # share of the wall time some runnable task waited for a CPU (Linux PSI, /proc/pressure/cpu "some");
+    # None where the kernel does not report it
+    cpu_pressure: float | None = None
+
+
+def _cpu_stall_us() -> float | None:
+    """Total microseconds some task waited for a CPU since boot (PSI), or None."""
+    try:
+        with open("/proc/pressure/cpu", encoding="ascii") as f:
+            some = f.readline().split()
+        return float(dict(kv.split("=") for kv in some[1:])["total"])
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
 
 
 def _affinity() -> int:
@@ -161,6 +179,7 @@ class LoadMeter:
         self._sys0 = self._busy(psutil.cpu_times())
         c = self._proc.cpu_times()
         self._own0 = c.user + c.system + c.children_user + c.children_system
+        self._stall0 = _cpu_stall_us()
         return self
 
     @staticmethod
@@ -181,8 +200,11 @@ class LoadMeter:
             la = None
         if wall <= 0:
             return Load(wall_s=0.0, loadavg_1m=la, other_cores=None, own_cores=None, cores=_affinity())
+        stall = _cpu_stall_us()
+        pressure = None if stall is None or self._stall0 is None else min(max(stall - self._stall0, 0.0) * 1e-6 / wall,
+                                                                          1.0)
         return Load(wall_s=wall, loadavg_1m=la, other_cores=max(busy - own, 0.0) / wall, own_cores=own / wall,
-                    cores=_affinity())
+                    cores=_affinity(), cpu_pressure=pressure)
 
 
 def free_cores(sample_s: float = 0.5) -> int:
@@ -246,9 +268,12 @@ def _block(fn: Callable[[], Any], n: int, clock: Callable[[], int] = time.perf_c
 
 
 def run_rounds(calls: Mapping[str, Callable[[], Any]], *, min_rounds: int = 8, max_rounds: int = 40,
-               max_seconds: float = 5.0, min_block_s: float = 0.02, warmup: int = 2) -> Attempt:
+               max_seconds: float = 5.0, min_block_s: float = 0.02, warmup: int = 2,
+               settle_s: float = 0.002) -> Attempt:
     """Warm up every candidate, size its block, then time rotated rounds until `max_seconds` (at least
-    `min_rounds`, at most `max_rounds`). The collector is paused while timing (as in latency.measure)."""
+    `min_rounds`, at most `max_rounds`). A round's value for a candidate is the median of its block's calls;
+    `settle_s` of untimed sleep precede each block. The collector is paused while timing (as in
+    latency.measure)."""
     names = list(calls)
     if not names:
         raise XDeployError("nothing to compare")
@@ -270,8 +295,12 @@ def run_rounds(calls: Mapping[str, Callable[[], Any]], *, min_rounds: int = 8, m
         while r < max_rounds and (r < min_rounds or time.perf_counter() - t_start < max_seconds):
             k = r % len(names)
             for name in names[k:] + names[:k]:  # rotate: each candidate leads equally often
+                # a short untimed pause first: the previous runtime's idle threads (onnxruntime's pool spins
+                # after a call by default; TBB workers too) would otherwise still hold a core when this
+                # block starts, a cost the previous candidate's code leaves on this one's first calls
+                time.sleep(settle_s)
                 ts = _block(calls[name], per[name])
-                rounds[name].append(sum(ts) / len(ts))
+                rounds[name].append(statistics.median(ts))  # robust to a disturbed call within the block
                 samples[name].extend(ts)
             r += 1
     finally:
@@ -314,7 +343,12 @@ def judge(attempt: Attempt, baseline: str | None, thresholds: Thresholds = DEFAU
     reasons += [(n, f"{n}: speed-up 95% interval {sp.low:.2f}-{sp.high:.2f} is {sp.rel_ci:.0%} of its median "
                     f"> {thresholds.ratio_rel_ci:.0%}") for n, sp in speedups.items()
                 if sp.rel_ci > thresholds.ratio_rel_ci]
-    other = attempt.load.other_cores
+    other, pressure = attempt.load.other_cores, attempt.load.cpu_pressure
+    if pressure is not None and other is not None and pressure > thresholds.cpu_pressure \
+            and other > thresholds.other_cores:  # steady rounds, but not a quiet machine's figure
+        why = (f"CPU oversubscribed {pressure:.0%} of the time > {thresholds.cpu_pressure:.0%} while other processes "
+               f"used {other:.1f} cores")
+        reasons += [(n, why) for n in ([baseline] if baseline is not None else list(attempt.rounds))]
     cause = None if not reasons else ("load" if other is not None and other > thresholds.other_cores else "noise")
     return Comparison(baseline=baseline, series=series,
                       latency={n: summarize(c) for n, c in attempt.calls.items()}, speedups=speedups,

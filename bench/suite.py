@@ -128,20 +128,53 @@ class CompareJob:
 
 def compare_child(probe: Probe, job: CompareJob) -> dict[str, Any]:
     """Runs in a child: open and prepare every candidate once, then interleaved rounds (bench/interleave.py).
-    A candidate that cannot open is reported in "failures" and left out; the others are still compared."""
+    A candidate that cannot open is reported in "failures" and left out; the others are still compared.
+
+    All candidates at once may not fit in memory (GPT-2 small at batch 8: twelve runner x precision sessions
+    were killed on a 24 GB machine), so they are opened in groups: when the memory left is less than two more
+    candidates would take (the most one has taken so far, plus 1 GiB), the open group is compared, with the
+    baseline, in its own rounds and closed. The baseline stays open throughout, so every speed-up is paired."""
     apply_thread_env()
     from xdeploy.deploy.registry import open_runner
     from xdeploy.export.artifact import load_artifact
     from xdeploy.models.spec import make_feeds
 
     from .interleave import compare
+    from .memory import available_memory, current_rss
 
     arts: dict[str, Any] = {}
     runners: dict[str, Any] = {}
     calls: dict[str, Any] = {}
     feeds: dict[str, Any] = {}
     failures: dict[str, str] = {}
-    for name, spec, path in job.candidates:
+    out: dict[str, Any] = {"results": {}, "failures": failures, "fingerprint": fingerprint(), "groups": 0}
+    # the baseline first: it is in every group
+    cands = sorted(job.candidates, key=lambda c: c[0] != job.baseline)
+
+    def flush() -> None:
+        if out["groups"] == 0:
+            probe.mark("loaded")
+        base = job.baseline if job.baseline in calls else None
+        cmp = compare(calls, baseline=base, attempts=job.attempts, warmup=job.warmup, min_rounds=job.min_rounds,
+                      max_rounds=job.max_rounds, max_seconds=job.max_seconds, min_block_s=job.min_block_s)
+        for name, runner in runners.items():
+            if name in out["results"]:  # the baseline: its figures come from the first group's rounds
+                continue
+            out["results"][name] = {
+                "stats": cmp.latency[name].as_dict(), "info": dataclasses.asdict(runner.info()),
+                "stability": cmp.stability(name) | {"group": out["groups"] + 1},
+                "outputs": runner.infer(feeds[name]) if job.return_outputs else None}
+        out["groups"] += 1
+        for name in [n for n in runners if n != base]:  # close the group; the baseline stays
+            runners.pop(name).close()
+            calls.pop(name)
+
+    cost = 0.0  # the most one candidate has added to this process's memory so far
+    for name, spec, path in cands:
+        others = [n for n in calls if n != job.baseline]
+        if others and available_memory() < 2.0 * cost + 2**30:
+            flush()
+        rss0 = current_rss()
         try:
             art = arts.setdefault(path, load_artifact(path, verify=False))  # the parent verified it
             feeds[name] = make_feeds(art.graph(job.graph), dict(job.sizes), seed=job.seed)
@@ -149,17 +182,13 @@ def compare_child(probe: Probe, job: CompareJob) -> dict[str, Any]:
             calls[name] = runners[name].prepare(feeds[name])
         except Exception as e:  # one runner failing must not lose the others
             failures[name] = (str(e).strip().splitlines() or [type(e).__name__])[-1][:200]
-    probe.mark("loaded")
-    base = job.baseline if job.baseline in calls else None
-    out: dict[str, Any] = {"results": {}, "failures": failures, "fingerprint": fingerprint()}
-    if calls:
-        cmp = compare(calls, baseline=base, attempts=job.attempts, warmup=job.warmup, min_rounds=job.min_rounds,
-                      max_rounds=job.max_rounds, max_seconds=job.max_seconds, min_block_s=job.min_block_s)
-        for name, runner in runners.items():
-            out["results"][name] = {
-                "stats": cmp.latency[name].as_dict(), "info": dataclasses.asdict(runner.info()),
-                "stability": cmp.stability(name),
-                "outputs": runner.infer(feeds[name]) if job.return_outputs else None}
+            calls.pop(name, None)
+            if (r := runners.pop(name, None)) is not None:
+                r.close()
+            continue
+        cost = max(cost, current_rss() - rss0)
+    if calls and (out["groups"] == 0 or any(n != job.baseline for n in calls)):
+        flush()
     for runner in runners.values():
         runner.close()
     out["fingerprint"] = fingerprint()  # after the runners set their threads

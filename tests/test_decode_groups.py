@@ -34,5 +34,5 @@ def test_decode_in_memory_sized_groups_keeps_every_record_paired(tmp_path):
         assert r["tokens_per_s"] > 0 and r["agreement"] == 1.0  # fp32 decodes the reference's tokens
         if r["runner"] != "torch":
             assert st["speedup"]["low"] <= st["speedup"]["median"] <= st["speedup"]["high"]
-    summary = (res.out / "summary.md").read_text(encoding="utf-8")
-    assert "2 comparison groups (sized to the memory available)" in summary
+    assert {r["stability"]["group"] for r in decode if r["runner"] != "torch"} == {1, 2}  # one group each
+    assert not res.errors  # grouping is not a failure

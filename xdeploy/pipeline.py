@@ -357,7 +357,7 @@ def decode_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progre
                 batch=1, prompt_len=prompt_len, new_tokens=out.new_tokens, ttft_s=out.time_to_first_token_s,
                 step_s=list(out.step_s), tokens_per_s=out.new_tokens / med, total_s=med,
                 agreement=agree.agreement, first_divergence=agree.first_divergence[0], threads=cfg.threads,
-                stability=cmp.stability(key))
+                stability=cmp.stability(key) | {"group": groups + 1})
 
         groups = 0
 
@@ -397,9 +397,6 @@ def decode_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progre
         if group or groups == 0:
             flush(group)
         gstack.close()
-        if groups > 1:
-            prog.notes.append(f"decode {model} {preset}: {groups} comparison groups (sized to the memory "
-                              "available); each group was timed with the PyTorch baseline in its own rounds")
     return recs
 
 

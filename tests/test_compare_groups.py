@@ -1,0 +1,31 @@
+"""`xdeploy bench`'s comparison child opens its candidates in groups when memory runs short (twelve GPT-2 small
+sessions at batch 8 were killed on a 24 GB machine); every group is timed with the baseline in its own rounds,
+so each candidate's speed-up is still a paired one."""
+
+from __future__ import annotations
+
+from tests.families import first
+from xdeploy.bench.memory import LIMIT_ENV, Probe
+from xdeploy.bench.suite import CompareJob, bench_configs, compare_child
+from xdeploy.export.artifact import load_artifact
+
+
+def test_compare_child_groups_candidates_when_memory_is_short(tiny_export, monkeypatch):
+    path = tiny_export(first())
+    sizes = bench_configs(load_artifact(path), (1,), (8,))[0][0]
+    names = ("torch fp32", "ort fp32", "ov fp32")
+    job = CompareJob(candidates=tuple((n, n.split()[0], str(path)) for n in names), sizes=tuple(sizes.items()),
+                     baseline="torch fp32", threads=1, warmup=1, min_rounds=3, max_rounds=4, max_seconds=0.3,
+                     attempts=1)
+    monkeypatch.setenv(LIMIT_ENV, "1")  # one byte "available": each candidate beside the baseline is its own group
+    out = compare_child(Probe(), job)
+    assert not out["failures"] and set(out["results"]) == set(names) and out["groups"] == 2
+    groups = set()
+    for n in names[1:]:
+        st = out["results"][n]["stability"]
+        assert st["baseline"] == "torch fp32" and st["rounds"] >= 3
+        assert st["speedup"]["low"] <= st["speedup"]["median"] <= st["speedup"]["high"]
+        groups.add(st["group"])
+    assert groups == {1, 2}
+    monkeypatch.delenv(LIMIT_ENV)  # enough memory: one group, as before
+    assert compare_child(Probe(), job)["groups"] == 1
