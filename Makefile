@@ -27,10 +27,11 @@ install: $(STAMP)
 demo: install
 	$(VENV)/bin/xdeploy run --out reports/latest $(DEMO_ARGS)
 
-# pytest-xdist with two worker processes by default (the suite is single-core bound: its CPU time ~ its wall time
-# in one process, so two workers nearly halve it on 2 cores); tests/conftest.py keeps each module that shares a
-# module fixture on one worker. PYTEST_WORKERS=0 runs everything in one process.
-PYTEST_WORKERS ?= 2
+# pytest-xdist workers (the suite is single-core bound: its CPU time ~ its wall time in one process, and many
+# tests wait on servers and child processes); tests/conftest.py keeps each module that shares a module fixture
+# on one worker. Fresh clone, quiet 2-core Xeon: 2 workers 494 s for the whole `make test`; 3 measured in the
+# README. PYTEST_WORKERS=0 runs everything in one process.
+PYTEST_WORKERS ?= 3
 test: install cpp serve-env
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
