@@ -261,6 +261,13 @@ def available_memory(limit: float | None = None) -> float:
     return min(cands)
 
 
+def room_for_two_more(cost: float, limit: float | None = None) -> bool:
+    """Whether two more of something that took `cost` bytes (the most one candidate of an interleaved comparison
+    has added so far) still fit, with 1 GiB to spare. Comparisons open their candidates in groups by this rule
+    (bench/suite.py compare_child, the main job's decode phase)."""
+    return available_memory(limit) >= 2.0 * cost + GiB
+
+
 def _layers_and_dims(cfg: Any) -> tuple[int, int, int]:
     d = int(cfg.d_model)
     return d, int(getattr(cfg, "d_ff", 4 * d)), int(cfg.n_heads)

@@ -140,7 +140,7 @@ def compare_child(probe: Probe, job: CompareJob) -> dict[str, Any]:
     from xdeploy.models.spec import make_feeds
 
     from .interleave import compare
-    from .memory import available_memory, current_rss
+    from .memory import current_rss, room_for_two_more
 
     arts: dict[str, Any] = {}
     runners: dict[str, Any] = {}
@@ -172,7 +172,7 @@ def compare_child(probe: Probe, job: CompareJob) -> dict[str, Any]:
     cost = 0.0  # the most one candidate has added to this process's memory so far
     for name, spec, path in cands:
         others = [n for n in calls if n != job.baseline]
-        if others and available_memory() < 2.0 * cost + 2**30:
+        if others and not room_for_two_more(cost):
             flush()
         rss0 = current_rss()
         try:

@@ -320,7 +320,7 @@ def decode_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progre
     import gc as _gc
 
     from xdeploy.bench.interleave import Comparison, compare
-    from xdeploy.bench.memory import available_memory, current_rss
+    from xdeploy.bench.memory import current_rss, room_for_two_more
     from xdeploy.core.records import make_record
     from xdeploy.deploy.generate import GenerationConfig, Generator, token_agreement
     from xdeploy.export.artifact import load_artifact
@@ -380,7 +380,7 @@ def decode_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progre
         cost = 0.0  # the most one generator has added to this process's memory so far
         for runner, prec, cache in runs:
             full = max_group is not None and len(group) >= max_group
-            if group and (full or available_memory(cfg.memory_limit) < 2.0 * cost + 2**30):
+            if group and (full or not room_for_two_more(cost, cfg.memory_limit)):
                 flush(group)
                 group = {}
                 gstack.close()
