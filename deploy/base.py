@@ -77,6 +77,9 @@ class Runner(abc.ABC):
 
     name: ClassVar[str]
     variants: ClassVar[tuple[str, ...]] = ("",)  # accepted "name:variant" suffixes ("" = default)
+    # compiles the OpenVINO IR an fp32 artifact may carry (export/openvino_ir.py): `xdeploy run` writes the IR
+    # only when a selected runner reads it
+    reads_openvino_ir: ClassVar[bool] = False
 
     def __init__(self, artifact: Artifact, graph: str = "model", *, variant: str = "", threads: int = 0,
                  **options: Any) -> None:

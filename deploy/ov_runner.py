@@ -33,6 +33,7 @@ GRAPH_FORMATS = ("auto", "onnx", "ir")  # auto: the artifact's OpenVINO IR when 
 class OvRunner(Runner):
     name = "ov"
     variants = tuple(OV_PRECISION_HINTS)
+    reads_openvino_ir = True
 
     def _load(self) -> None:
         try:

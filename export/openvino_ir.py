@@ -23,16 +23,23 @@ import io
 import logging
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from xdeploy.core.errors import XDeployError
 from xdeploy.models.spec import ExportSpec, Graph, make_feeds
 
+if TYPE_CHECKING:  # torch is imported where a module is converted: `available()` stays cheap
+    from torch import nn
+
 SECTION = "openvino"
 FOLDER = "openvino"
+
+
+def available() -> bool:
+    """Whether openvino is installed: an fp32 export writes the IR by default where it can."""
+    import importlib.util
+
+    return importlib.util.find_spec("openvino") is not None
 
 
 def convert_graph_ir(module: nn.Module, graph: Graph, sizes: Mapping[str, int]) -> Any:
@@ -43,6 +50,8 @@ def convert_graph_ir(module: nn.Module, graph: Graph, sizes: Mapping[str, int]) 
         import openvino as ov
     except ImportError:
         raise XDeployError("an OpenVINO IR needs the openvino package: pip install 'xdeploy[openvino]'") from None
+    import torch
+
     feeds = make_feeds(graph, sizes, seed=0)
     example = tuple(torch.from_numpy(feeds[t.name]) for t in graph.inputs)
     # positional (the wrapper's forward takes *args): named below, after conversion

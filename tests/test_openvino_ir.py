@@ -87,3 +87,21 @@ def test_only_fp32_artifacts_carry_an_ir(ir_artifact: Path, tmp_path: Path) -> N
         open_runner("ov", conv, threads=1, format="ir")
     with pytest.raises(XDeployError, match="ov graph format"):
         open_runner("ov", conv, threads=1, format="xml")
+
+
+def test_the_ir_is_the_default_where_a_runner_reads_it() -> None:
+    """`xdeploy export` writes the IR for fp32 unless told not to (never for other precisions); `xdeploy run`
+    writes it when a selected runner compiles it (the runner class says so, no runner name in the pipeline)."""
+    from xdeploy.cli import build_parser
+    from xdeploy.commands.export import openvino_ir
+    from xdeploy.pipeline import openvino_ir_wanted
+
+    def wanted(*argv: str) -> bool:
+        return openvino_ir(build_parser("export").parse_args(["export", MODEL, *argv]))
+
+    assert wanted() and wanted("--precision", "fp32")
+    assert not wanted("--no-openvino-ir")
+    assert not wanted("--precision", "int8") and not wanted("--precision", "fp16")
+    assert wanted("--precision", "int8", "--openvino-ir")  # asked for: export() refuses it with one line
+    assert openvino_ir_wanted(("ort", "ov:bf16")) and openvino_ir_wanted(("ov",))
+    assert not openvino_ir_wanted(("ort",)) and not openvino_ir_wanted(("ort", "torch"))

@@ -178,6 +178,16 @@ def _fp() -> dict[str, Any]:
     return fingerprint()
 
 
+def openvino_ir_wanted(runners: Sequence[str]) -> bool:
+    """The fp32 artifact carries an OpenVINO IR (export/openvino_ir.py) when a selected runner compiles it and
+    openvino is installed: on BERT-base and MiniLM the IR ran OpenVINO as fast as optimum-intel's where the ONNX
+    graph trailed by 6% (bf16) to 17% (f32) (docs/benchmarks.md, "Peers")."""
+    from xdeploy.deploy.registry import runner_class
+    from xdeploy.export.openvino_ir import available
+
+    return any(runner_class(r).reads_openvino_ir for r in runners) and available()
+
+
 def export_all(cfg: RunConfig, model: str, prog: _Progress,
                reuse: Callable[[str, str, Path, Callable[[], Path]], Path] | None = None) -> dict[str, Path]:
     """fp32 through the torch exporter, the other precisions converted from it (no second torch export).
@@ -189,14 +199,15 @@ def export_all(cfg: RunConfig, model: str, prog: _Progress,
 
     preset = cfg.preset(model)
     root = Path(cfg.artifacts)
+    wants_ir = openvino_ir_wanted(cfg.runners)
     paths: dict[str, Path] = {}
     for prec in cfg.precisions:
         out = root / f"{model}-{preset}-{prec}"
 
         def one(prec: str = prec, out: Path = out) -> Path:
             with prog.step("export", f"{model} {preset} {prec}"):
-                if prec == "fp32":
-                    return export(model, preset=preset, out=out, force=True)
+                if prec == "fp32":  # with the OpenVINO IR when a selected runner compiles it
+                    return export(model, preset=preset, out=out, force=True, openvino_ir=wants_ir)
                 # with the measured refinement (fp16 AMP, int8 sensitivity), as `xdeploy convert` does
                 return convert_artifact(paths["fp32"], out, prec, force=True, refine=refine)
         paths[prec] = reuse(model, prec, out, one) if reuse else one()

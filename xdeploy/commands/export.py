@@ -33,9 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "tokenizers: text in for the C++ runtime, Triton and Embedder(tokenizer='graph')")
     p.add_argument("--accept-tokenizer-differences", action="store_true",
                    help="write the tokenizer graph even where its ids differ from HF tokenizers (recorded)")
-    p.add_argument("--openvino-ir", action="store_true",
-                   help="fp32: also write openvino/<graph>.xml converted from the reference module (openvino."
-                        "convert_model); the ov runner compiles it instead of the ONNX graph (fewer layout ops)")
+    p.add_argument("--openvino-ir", action=argparse.BooleanOptionalAction, default=None,
+                   help="also write openvino/<graph>.xml converted from the reference module (openvino."
+                        "convert_model), which the ov runner compiles instead of the ONNX graph (fewer layout "
+                        "ops); default: on for fp32 when openvino is installed (fp32 artifacts only)")
     add_json_option(p)
 
 
@@ -90,6 +91,16 @@ def precision_options(args: argparse.Namespace) -> PrecisionOptions:
                             int8_sensitivity=args.sensitivity, int8_max_excluded=args.int8_max_excluded)
 
 
+def openvino_ir(args: argparse.Namespace) -> bool:
+    """--openvino-ir as asked; unset: on for fp32 exports where openvino is installed (the IR holds fp32
+    weights, so other precisions never carry it)."""
+    if args.openvino_ir is not None:
+        return bool(args.openvino_ir)
+    from xdeploy.export.openvino_ir import available
+
+    return args.precision == "fp32" and available()
+
+
 def run(args: argparse.Namespace) -> int:
     from xdeploy.api import export
     from xdeploy.deploy.tokenizer_graph import tokenizer_graph_builder
@@ -101,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
                   precision=args.precision, force=args.force, attn_impl=args.attn_impl, optimize=args.optimize,
                   opt_level=args.opt_level, precision_options=precision_options(args),
                   tokenizer_graph=tokenizer_graph_builder(args.accept_tokenizer_differences)
-                  if args.tokenizer_graph else None, openvino_ir=args.openvino_ir)
+                  if args.tokenizer_graph else None, openvino_ir=openvino_ir(args))
     art = load_artifact(path)
     graphs = ", ".join(g.name for g in art.spec.graphs)
     print(f"exported {art.model} ({art.precision}, opset {art.opset}{', optimized' if args.optimize else ''}; "
