@@ -13,8 +13,8 @@ the same PyTorch reference (the Hugging Face model in eager fp32, or sentence-tr
 
   pytorch         the Hugging Face module, eager fp32 (the reference and the speed-up baseline)
   xdeploy         the checkpoint imported by xdeploy's checkpoint import, exported (fp32 with its OpenVINO IR,
-                  int8-dynamic) and run by the `ort` runner, and by the `ov` runner with an explicit f32 hint and
-                  `ov:bf16` on the ONNX graph and on the IR ("IR" rows)
+                  int8-dynamic) and run by the `ort` runner, and by the `ov` runner (on the IR, as `xdeploy run`
+                  does) with an explicit f32 hint and `ov:bf16`; `--ov-onnx-graph` adds both on the ONNX graph
   optimum-onnx    ORTModel export (plain), ORTOptimizer O2, ORTQuantizer dynamic int8 (avx512_vnni config)
   optimum-intel   OVModel export, compiled with INFERENCE_PRECISION_HINT f32 and bf16 (explicit: without a hint
                   OpenVINO computes in bf16 on AMX machines)
@@ -51,15 +51,18 @@ from xdeploy.core.errors import XDeployError
 
 # (system, config, runtime, precision); config names are what the table shows
 XDEPLOY = (("xdeploy", "ort fp32", "onnxruntime", "fp32"), ("xdeploy", "ort int8 dynamic", "onnxruntime", "int8"),
-           ("xdeploy", "ov f32", "openvino", "fp32"), ("xdeploy", "ov bf16", "openvino", "bf16"),
-           ("xdeploy", "ov f32 IR", "openvino", "fp32"), ("xdeploy", "ov bf16 IR", "openvino", "bf16"))
+           ("xdeploy", "ov f32", "openvino", "fp32"), ("xdeploy", "ov bf16", "openvino", "bf16"))
+# --ov-onnx-graph: the `ov` rows once more on the artifact's ONNX graph instead of its IR (the route of an
+# artifact exported with --no-openvino-ir; what the IR gains, docs/benchmarks.md)
+XDEPLOY_ONNX_GRAPH = (("xdeploy", "ov f32 ONNX graph", "openvino", "fp32"),
+                      ("xdeploy", "ov bf16 ONNX graph", "openvino", "bf16"))
 # per xdeploy config: which artifact it runs and the runner options. The int8 row is xdeploy's int8-dynamic, the
 # same method as Optimum's dynamic int8 (the static Q/DQ `int8` needs the sensitivity search to keep MiniLM's
-# accuracy and onnxruntime runs its symmetric activations slowly: docs/export.md). The ov rows run the ONNX graph;
-# the "IR" rows the OpenVINO IR the fp32 artifact carries (export --openvino-ir, export/openvino_ir.py).
+# accuracy and onnxruntime runs its symmetric activations slowly: docs/export.md). The ov rows run what
+# `xdeploy run` runs: the OpenVINO IR the fp32 artifact carries (export/openvino_ir.py; the runner's "auto").
 XDEPLOY_ROUTE = {"ort fp32": ("fp32", {}), "ort int8 dynamic": ("int8-dynamic", {}),
-                 "ov f32": ("fp32", {"format": "onnx"}), "ov bf16": ("fp32", {"format": "onnx"}),
-                 "ov f32 IR": ("fp32", {"format": "ir"}), "ov bf16 IR": ("fp32", {"format": "ir"})}
+                 "ov f32": ("fp32", {"format": "ir"}), "ov bf16": ("fp32", {"format": "ir"}),
+                 "ov f32 ONNX graph": ("fp32", {"format": "onnx"}), "ov bf16 ONNX graph": ("fp32", {"format": "onnx"})}
 OPTIMUM = (("optimum-onnx", "ort plain", "onnxruntime", "fp32"), ("optimum-onnx", "ort O2", "onnxruntime", "fp32"),
            ("optimum-onnx", "ort int8 dynamic avx512_vnni", "onnxruntime", "int8"),
            ("optimum-intel", "ov f32", "openvino", "fp32"), ("optimum-intel", "ov bf16", "openvino", "bf16"))
@@ -301,7 +304,7 @@ def _optimum_systems(w: Workload, ckpt: Path, root: Path, threads: int, wanted: 
 
 
 def _systems(w: Workload, ckpt: Path, root: Path, threads: int, wanted: Sequence[str],
-             log: Callable[[str], None]) -> list[System]:
+             log: Callable[[str], None], onnx_graph: bool = False) -> list[System]:
     import torch
 
     from xdeploy.deploy.registry import open_runner
@@ -309,6 +312,7 @@ def _systems(w: Workload, ckpt: Path, root: Path, threads: int, wanted: Sequence
     from xdeploy.models.spec import make_feeds
 
     systems: list[System] = []
+    rows = XDEPLOY + (XDEPLOY_ONNX_GRAPH if onnx_graph else ())
     arts = _xdeploy_artifacts(w, ckpt, root) if "xdeploy" in wanted else {}
     art32 = load_artifact(arts["fp32"]) if arts else None
     if w.task == "sentences":
@@ -327,7 +331,7 @@ def _systems(w: Workload, ckpt: Path, root: Path, threads: int, wanted: Sequence
         if arts:
             from xdeploy.deploy.embedder import Embedder
 
-            for _, cfg, runtime, prec in XDEPLOY:
+            for _, cfg, runtime, prec in rows:
                 art, options = XDEPLOY_ROUTE[cfg]
                 e = Embedder(arts[art], _runner_spec(runtime, prec), batch_size=w.batch, threads=threads,
                              max_length=max_length, **options)
@@ -358,7 +362,7 @@ def _systems(w: Workload, ckpt: Path, root: Path, threads: int, wanted: Sequence
             return getattr(hf(**tfeeds, **hf_kw), out_name).numpy()
 
     systems.append(System(*REFERENCE, call=ref, output=ref))
-    for _, cfg, runtime, prec in XDEPLOY if arts else ():
+    for _, cfg, runtime, prec in rows if arts else ():
         art, options = XDEPLOY_ROUTE[cfg]
         r = open_runner(_runner_spec(runtime, prec), arts[art], threads=threads, **options)
         fn = partial(_runner_output, r, feeds, out_name)
@@ -369,14 +373,15 @@ def _systems(w: Workload, ckpt: Path, root: Path, threads: int, wanted: Sequence
 
 
 def run_workload(w: Workload, *, root: Path, threads: int, wanted: Sequence[str], max_seconds: float,
-                 min_rounds: int, attempts: int, log: Callable[[str], None]) -> list[dict[str, Any]]:
+                 min_rounds: int, attempts: int, log: Callable[[str], None],
+                 onnx_graph: bool = False) -> list[dict[str, Any]]:
     """Prepare every system, check its outputs against the reference, time them interleaved; records."""
     from xdeploy.bench.interleave import compare, paired_speedup
     from xdeploy.core.fingerprint import fingerprint
     from xdeploy.core.records import make_record
 
     ckpt = make_checkpoint(w, root)
-    systems = _systems(w, ckpt, root, threads, wanted, log)
+    systems = _systems(w, ckpt, root, threads, wanted, log, onnx_graph)
     try:
         ref = systems[0].output()
         acc = {}
@@ -439,8 +444,11 @@ def _versions() -> dict[str, str]:
 
 def run(out: Path, *, quick: bool = False, workloads: Sequence[str] | None = None, threads: int = 0,
         systems: Sequence[str] = SYSTEMS, max_seconds: float = 20.0, min_rounds: int = 8, attempts: int = 2,
-        work: Path | None = None, log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> Path:
-    """Run the study and write <out>/records.jsonl and the rendered report <out>/summary.md."""
+        work: Path | None = None, log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
+        onnx_graph: bool = False, prepare_only: bool = False) -> Path:
+    """Run the study and write <out>/records.jsonl and the rendered report <out>/summary.md.
+    `prepare_only`: write the checkpoints and every system's export into `work` and stop (no timing; e.g. under
+    load, before timing on a quiet machine); `onnx_graph`: also time the `ov` rows on the ONNX graph."""
     from xdeploy.bench.interleave import free_cores
     from xdeploy.bench.suite import apply_thread_env
     from xdeploy.core.records import write_records
@@ -465,10 +473,20 @@ def run(out: Path, *, quick: bool = False, workloads: Sequence[str] | None = Non
     t0 = time.perf_counter()
     records: list[dict[str, Any]] = []
     out.mkdir(parents=True, exist_ok=True)
+    if prepare_only:
+        for w in chosen:
+            log(f"{w.name}: exporting into {work}")
+            ckpt = make_checkpoint(w, work)
+            if "xdeploy" in systems:
+                _xdeploy_artifacts(w, ckpt, work)
+            if set(systems) & {"optimum-onnx", "optimum-intel"}:
+                _optimum_dirs(w, ckpt, work)
+        log(f"prepared in {time.perf_counter() - t0:.0f} s; nothing timed")
+        return out
     for w in chosen:
         log(f"{w.name}: preparing ({', '.join(systems)}; {threads} threads)")
         records += run_workload(w, root=work, threads=threads, wanted=systems, max_seconds=max_seconds,
-                                min_rounds=min_rounds, attempts=attempts, log=log)
+                                min_rounds=min_rounds, attempts=attempts, log=log, onnx_graph=onnx_graph)
         write_records(out / "records.jsonl", records)  # after each workload: a crash keeps what was measured
     from xdeploy.reports.render import render_report
 
@@ -490,15 +508,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--max-seconds", type=float, default=20.0, help="timed seconds per workload and attempt")
     ap.add_argument("--min-rounds", type=int, default=8)
     ap.add_argument("--attempts", type=int, default=2)
+    ap.add_argument("--ov-onnx-graph", action="store_true",
+                    help="also time the ov rows on the artifact's ONNX graph (the route without its OpenVINO IR)")
+    ap.add_argument("--prepare-only", action="store_true",
+                    help="write checkpoints and exports into --work and stop (time later, on a quiet machine)")
     a = ap.parse_args(argv)
     try:
         out = run(a.out, quick=a.quick, workloads=[x for x in a.workloads.split(",") if x] or None,
                   threads=a.threads, systems=[x for x in a.systems.split(",") if x], max_seconds=a.max_seconds,
-                  min_rounds=a.min_rounds, attempts=a.attempts, work=a.work)
+                  min_rounds=a.min_rounds, attempts=a.attempts, work=a.work, onnx_graph=a.ov_onnx_graph,
+                  prepare_only=a.prepare_only)
     except XDeployError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print((out / "report" / "summary.md").read_text(encoding="utf-8"))
+    if not a.prepare_only:
+        print((out / "report" / "summary.md").read_text(encoding="utf-8"))
     return 0
 
 

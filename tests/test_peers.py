@@ -29,13 +29,21 @@ def _by(records: list[dict], *keys: str) -> dict[tuple, dict]:
 
 
 def test_pytorch_and_xdeploy_rows_records_and_table(tmp_path: Path) -> None:
-    out = peers.run(tmp_path / "out", quick=True, workloads=["bert-tiny-b2"],
+    # --prepare-only writes the exports (the fp32 one with its OpenVINO IR) and times nothing; the run reuses them
+    out = peers.run(tmp_path / "out", quick=True, workloads=["bert-tiny-b2"], systems=["pytorch", "xdeploy"],
+                    work=tmp_path / "work", log=lambda _m: None, prepare_only=True, **FAST)
+    assert not (out / "records.jsonl").exists()
+    fp32 = sorted((tmp_path / "work").glob("xdeploy-*-fp32-ir"))
+    assert len(fp32) == 1 and (fp32[0] / "openvino" / "model.xml").is_file()
+    stamp = (fp32[0] / "manifest.json").stat().st_mtime_ns
+    out = peers.run(tmp_path / "out", quick=True, workloads=["bert-tiny-b2"], onnx_graph=True,
                     systems=["pytorch", "xdeploy"], work=tmp_path / "work", log=lambda _m: None, **FAST)
+    assert (fp32[0] / "manifest.json").stat().st_mtime_ns == stamp  # reused, not exported again
     recs = read_records(out / "records.jsonl")  # validated against the record contract
     rows = _by(recs, "workload", "system", "config")
     for wl in ("bert-tiny-b2",):
         assert (wl, "pytorch", "eager fp32") in rows
-        for _, cfg, _, prec in peers.XDEPLOY:
+        for _, cfg, _, prec in (*peers.XDEPLOY, *peers.XDEPLOY_ONNX_GRAPH):
             r = rows[(wl, "xdeploy", cfg)]
             assert r["precision"] == prec and r["rate"] > 0 and r["latency_s"]["p50"] > 0
             assert r["accuracy_ok"], (wl, cfg, r["min_cosine"])
