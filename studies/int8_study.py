@@ -13,11 +13,13 @@ Quantizers (each without the sensitivity search, so the raw quantizers are compa
   dynamic                                  today's onnxruntime dynamic int8 (int8-dynamic)
 Accuracy: `xdeploy parity` on ort and ov (worst cosine over outputs and cases; the cases include the exported
 maximum length with padded rows, and real text when the artifact has a tokenizer).
-Speed: every candidate (quantizer x runner, plus fp32 on ort / ov / ov:bf16) in one process, interleaved: each
-round gives every candidate `--per-round` calls in turn (one untimed first); a candidate's round value is the
-median of its calls, and speed-ups are ratios of paired rounds (baseline round / candidate round), reported as
-median [min, max] over rounds. Baseline: onnxruntime running the dynamic int8 graph. Achieved FLOP/s are the
-model's analytic FLOPs / median latency, against the int8 GEMM peak the roofline cache holds (if any).
+Speed: every candidate (fp32 on ort / ov / ov:bf16, each quantizer's artifact on ort / ov / ov:bf16, and an int8
+artifact carrying an OpenVINO IR once more on its Q/DQ ONNX graph) in one process, timed in the shared
+interleaved harness (bench/interleave.compare: rotated rounds, block medians, speed-ups as the median of paired
+round ratios with a 95% interval, re-measured and flagged `unstable (load|noise)` by the same gate as every other
+comparison). Baseline: onnxruntime running the dynamic int8 graph. Achieved FLOP/s are the model's analytic
+FLOPs / median latency, against the roofline cache's GEMM peak of the candidate's precision at the same thread
+count (if one was measured on this machine).
 """
 
 from __future__ import annotations
@@ -29,8 +31,6 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from xdeploy.core.errors import XDeployError
 from xdeploy.core.fsutil import atomic_write_json
@@ -83,8 +83,11 @@ def build_artifacts(model: str, preset: str | None, checkpoint: str | None, work
     from xdeploy.export.precision import PrecisionOptions
 
     tag = f"{model}-{preset or 'ckpt'}"
+    from xdeploy.export.openvino_ir import available
+
+    # with the OpenVINO IR where openvino is installed, as `xdeploy export` writes fp32 artifacts
     arts = {"fp32": _artifact(workdir, f"{tag}-fp32", lambda o: api.export(
-        model, preset=preset, checkpoint=checkpoint, out=o, force=True))}
+        model, preset=preset, checkpoint=checkpoint, out=o, force=True, openvino_ir=available()))}
     for qn in quantizers:
         if qn == "dynamic":
             build = lambda o: api.convert_artifact(arts["fp32"], o, "int8-dynamic", force=True)  # noqa: E731
@@ -116,9 +119,13 @@ def accuracy(arts: dict[str, Path], runners: tuple[str, ...], shapes: list[tuple
     return out
 
 
-def speed(arts: dict[str, Path], cands: list[tuple[str, str, str]], batch: int, seq: int, threads: int,
-          rounds: int, per_round: int, baseline: str) -> dict[str, Any]:
-    """cands: (label, runner spec, artifact key)."""
+def speed(arts: dict[str, Path], cands: list[tuple[str, str, str, dict[str, Any]]], batch: int, seq: int,
+          threads: int, max_seconds: float, baseline: str) -> dict[str, Any]:
+    """cands: (label, runner spec, artifact key, runner options). Every candidate in one process, timed in the
+    shared interleaved harness (bench/interleave.compare: rotated rounds, block medians, paired ratios with
+    their 95% interval, the stability verdict incl. CPU pressure), as every other comparison here."""
+    from xdeploy.bench.interleave import compare
+    from xdeploy.bench.roofline import peak_for
     from xdeploy.deploy.registry import open_runner
     from xdeploy.export.artifact import load_artifact
     from xdeploy.models.registry import get_family
@@ -129,39 +136,46 @@ def speed(arts: dict[str, Path], cands: list[tuple[str, str, str]], batch: int, 
     sizes = {a: (batch if a == "batch" else seq) for a in fp32.spec.axes}
     feeds = make_feeds(graph, sizes, seed=0)
     flops = get_family(fp32.model).flops(fp32.config, sizes)
-    runners, calls = {}, {}
+    peaks = _peaks()
+    runners, calls, formats = {}, {}, {}
     try:
-        for label, spec, key in cands:
-            runners[label] = open_runner(spec, load_artifact(arts[key]), threads=threads)
+        for label, spec, key, options in cands:
+            runners[label] = open_runner(spec, load_artifact(arts[key]), threads=threads, **options)
             calls[label] = runners[label].prepare(feeds)
-            for _ in range(3):
-                calls[label]()
-        per: dict[str, list[float]] = {label: [] for label, _, _ in cands}
-        clock = time.perf_counter
-        for _ in range(rounds):
-            for label, _, _ in cands:
-                call = calls[label]
-                call()  # untimed: the previous candidate's spinning threads and cold caches land here
-                ts = []
-                for _ in range(per_round):
-                    t0 = clock()
-                    call()
-                    ts.append(clock() - t0)
-                per[label].append(float(np.median(ts)))
+            formats[label] = getattr(runners[label], "graph_format", "onnx")
+        c = compare(calls, baseline=baseline, max_seconds=max_seconds, log=lambda m: print(m, file=sys.stderr))
     finally:
         for r in runners.values():
             r.close()
-    base = np.asarray(per[baseline])
     res = {}
-    for label, spec, key in cands:
-        a = np.asarray(per[label])
-        ratio = base / a
-        res[label] = {"runner": spec, "artifact": key, "p50_ms": float(np.median(a) * 1e3),
-                      "round_ms_min": float(a.min() * 1e3), "round_ms_max": float(a.max() * 1e3),
-                      "speedup": {"median": float(np.median(ratio)), "min": float(ratio.min()),
-                                                 "max": float(ratio.max())},
-                      "gflops": flops / float(np.median(a)) / 1e9}
-    return {"flops": flops, "sizes": sizes, "results": res}
+    for label, spec, key, _ in cands:
+        lat, sp, st = c.latency[label], c.speedups.get(label), c.stability(label)
+        med = c.series[label].median_s
+        prec = "int8" if key not in ("fp32",) else ("bf16" if spec.endswith(":bf16") else "fp32")
+        peak = peak_for(peaks, prec, threads)
+        res[label] = {"runner": spec, "artifact": key, "graph_format": formats[label], "p50_ms": lat.p50 * 1e3,
+                      "round_median_ms": med * 1e3, "rel_iqr": c.series[label].rel_iqr,
+                      "speedup": None if sp is None else {"median": sp.median, "low": sp.low, "high": sp.high},
+                      "stable": st["stable"], "cause": st["cause"], "reasons": st["reasons"],
+                      "gflops": flops / med / 1e9, "peak_precision": prec,
+                      "pct_of_peak": None if not peak else 100.0 * flops / med / peak}
+    return {"flops": flops, "sizes": sizes, "results": res, "stable": c.stable, "cause": c.cause,
+            "load": c.stability(baseline)["load"], "attempts": c.attempts}
+
+
+def speed_candidates(arts: dict[str, Path], quantizers: tuple[str, ...]) -> list[tuple[str, str, str, dict]]:
+    """fp32 on ort / ov / ov:bf16 (the ov rows on the artifact's IR when it carries one, as `xdeploy run` runs
+    them); each quantizer's artifact on ort, ov and ov:bf16 (the hint for the parts left float); an int8
+    artifact that carries an OpenVINO IR (NNCF) on ov:bf16 once more on its Q/DQ ONNX graph."""
+    from xdeploy.export.artifact import load_artifact
+
+    cands: list[tuple[str, str, str, dict]] = [("ort fp32", "ort", "fp32", {}), ("ov fp32", "ov", "fp32", {}),
+                                               ("ov:bf16 fp32", "ov:bf16", "fp32", {})]
+    for q in quantizers:
+        cands += [(f"ort {q}", "ort", q, {}), (f"ov {q}", "ov", q, {}), (f"ov:bf16 {q}", "ov:bf16", q, {})]
+        if load_artifact(arts[q]).manifest.get("openvino", {}).get("graphs") and q != "dynamic":
+            cands.append((f"ov:bf16 {q} (Q/DQ ONNX)", "ov:bf16", q, {"format": "onnx"}))
+    return cands
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,8 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--rounds", type=int, default=9)
-    p.add_argument("--per-round", type=int, default=5)
+    p.add_argument("--max-seconds", type=float, default=40.0, help="timed seconds per attempt (bench/interleave)")
     p.add_argument("--shapes", default="1x128,3xmax", help="parity shapes for the accuracy part")
     p.add_argument("--no-accuracy", dest="accuracy", action="store_false")
     p.add_argument("--no-speed", dest="speed", action="store_false")
@@ -196,11 +209,9 @@ def main(argv: list[str] | None = None) -> int:
             report["accuracy"] = accuracy(arts, ("ort", "ov"), parse_shapes(a.shapes))
             print(json.dumps(report["accuracy"], indent=1), flush=True)
         if a.speed:
-            cands = [("ort fp32", "ort", "fp32"), ("ov fp32", "ov", "fp32"), ("ov:bf16 fp32", "ov:bf16", "fp32")]
-            for q in quantizers:
-                cands += [(f"ort {q}", "ort", q), (f"ov {q}", "ov", q)]
+            cands = speed_candidates(arts, quantizers)
             baseline = "ort dynamic" if "dynamic" in quantizers else "ort fp32"
-            report["speed"] = speed(arts, cands, a.batch, a.seq, a.threads, a.rounds, a.per_round, baseline)
+            report["speed"] = speed(arts, cands, a.batch, a.seq, a.threads, a.max_seconds, baseline)
             report["speed"]["baseline"] = baseline
             report["speed"]["peaks"] = _peaks()
             _print_speed(report["speed"], a)
@@ -225,12 +236,16 @@ def _peaks() -> dict[str, float]:
 
 def _print_speed(s: dict[str, Any], a: argparse.Namespace) -> None:
     base = s["baseline"]
-    print(f"\n{a.model} {a.preset or 'ckpt'} batch {a.batch} seq {a.seq}, {a.threads} thread(s), {a.rounds} rounds x "
-          f"{a.per_round} calls, interleaved; speed-up = paired-round ratio vs {base}")
+    print(f"\n{a.model} {a.preset or 'ckpt'} batch {a.batch} seq {a.seq}, {a.threads} thread(s), interleaved "
+          f"rounds (bench/interleave); speed-up = median paired-round ratio vs {base} [95% interval]; "
+          f"load: {s['load']}")
     for label, r in s["results"].items():
         sp = r["speedup"]
-        print(f"  {label:22s} {r['p50_ms']:8.2f} ms  [{r['round_ms_min']:.2f}, {r['round_ms_max']:.2f}]  "
-              f"x{sp['median']:.2f} [{sp['min']:.2f}, {sp['max']:.2f}]  {r['gflops']:.0f} GFLOP/s")
+        ratio = "–" if sp is None else (f"x{sp['median']:.2f} [{sp['low']:.2f}, {sp['high']:.2f}]" if r["stable"]
+                                        else f"unstable ({r['cause']}): x{sp['median']:.2f}")
+        pct = "" if r["pct_of_peak"] is None else f" ({r['pct_of_peak']:.1f}% of {r['peak_precision']} peak)"
+        print(f"  {label:30s} {r['graph_format']:4s} {r['round_median_ms']:8.2f} ms  IQR {100 * r['rel_iqr']:4.1f}%  "
+              f"{ratio:28s} {r['gflops']:.0f} GFLOP/s{pct}")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import collections
 import dataclasses
 import hashlib
 import json
+import shutil
 import sys
 
 import numpy as np
@@ -291,3 +292,29 @@ def test_uint8_activations_for_onnxruntime(fp32, tmp_path, capsys):
         main(["convert", str(fp32("bert")), "--precision", "int8", "--int8-activations", "int4", "--out",
               str(tmp_path / "x")])
     assert e.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
+def test_int8_study_times_every_candidate_in_the_shared_harness(fp32, tmp_path):
+    """studies/int8_study's speed part on a tiny model: every candidate timed by bench/interleave (a speed-up
+    with its interval or an instability verdict for each, none for the baseline), FLOP/s never above the
+    roofline peak it is judged against, the artifacts built once and reused."""
+    from xdeploy.studies import int8_study
+
+    work = tmp_path / "study"
+    work.mkdir()
+    shutil.copytree(fp32("bert"), work / "bert-tiny-fp32")  # the study's fp32 slot: reused, not exported again
+    out = tmp_path / "study.json"
+    argv = ["--model", "bert", "--preset", "tiny", "--quantizers", "dynamic", "--workdir", str(work),
+            "--no-accuracy", "--max-seconds", "0.3", "--threads", "1", "--json", str(out)]
+    assert int8_study.main(argv) == 0
+    rep = json.loads(out.read_text())["speed"]
+    res = rep["results"]
+    assert set(res) == {"ort fp32", "ov fp32", "ov:bf16 fp32", "ort dynamic", "ov dynamic", "ov:bf16 dynamic"}
+    assert rep["baseline"] == "ort dynamic" and res["ort dynamic"]["speedup"] is None
+    for label, r in res.items():
+        assert r["round_median_ms"] > 0 and r["gflops"] > 0 and isinstance(r["stable"], bool), label
+        if label != "ort dynamic":
+            sp = r["speedup"]
+            assert sp["low"] <= sp["median"] <= sp["high"], label
+        assert r["pct_of_peak"] is None or r["pct_of_peak"] <= 100.0, label
+    assert (work / "bert-tiny-dynamic" / "manifest.json").is_file()
