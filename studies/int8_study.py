@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import sys
 import time
@@ -113,10 +114,15 @@ def accuracy(arts: dict[str, Path], runners: tuple[str, ...], shapes: list[tuple
         for r in runners:
             cs = [c for c in rep.checks if c.runner == r]
             out[f"{name}/{r}"] = {"passed": all(c.passed for c in cs),
-                                  "worst_cosine": min(c.comparison.cosine for c in cs),
-                                  "worst_max_abs": max(c.comparison.max_abs for c in cs),
+                                  # None where the runner could not run the graph (its reason is in failures)
+                                  "worst_cosine": _finite(min(c.comparison.cosine for c in cs)),
+                                  "worst_max_abs": _finite(max(c.comparison.max_abs for c in cs)),
                                   "failures": [f"{c.case} {c.output}: {c.reason}" for c in cs if not c.passed][:3]}
     return out
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
 
 
 def speed(arts: dict[str, Path], cands: list[tuple[str, str, str, dict[str, Any]]], batch: int, seq: int,
