@@ -101,8 +101,9 @@ class Artifact:
         return self.path / rec["file"] if rec else None
 
     def openvino_ir(self, graph: str = "model") -> Path | None:
-        """openvino/<graph>.xml converted from the reference module (export openvino_ir=True), checked at load;
-        None when the artifact carries no IR for the graph."""
+        """openvino/<graph>.xml converted from the reference module (export openvino_ir=True; in a static int8
+        artifact: quantized by NNCF, export/convert.py), checked at load; None when the artifact carries no IR
+        for the graph."""
         rec = (self.manifest.get("openvino") or {}).get("graphs", {}).get(self.graph(graph).name)
         return self.path / rec["xml"] if rec else None
 
@@ -288,7 +289,9 @@ def load_artifact(path: str | Path, *, verify: bool = True) -> Artifact:
     if ov_ir is not None:
         _need(isinstance(ov_ir, dict) and isinstance(ov_ir.get("graphs"), dict), mpath,
               "openvino must be an object with a graphs object")
-        _need(m["precision"] == "fp32", mpath, f"an OpenVINO IR (fp32 weights) in a {m['precision']} artifact")
+        # fp32 artifacts carry the reference's IR, static int8 ones an NNCF-quantized IR (export/convert.py)
+        _need(m["precision"] == "fp32" or (m["precision"] == "int8" and ov_ir.get("weights") == "int8"), mpath,
+              f"an OpenVINO IR of {ov_ir.get('weights', 'fp32')} weights in a {m['precision']} artifact")
         for name, g in ov_ir["graphs"].items():
             _need(name in m["graphs"] and isinstance(g, dict), mpath, f"openvino graph {name!r} is not a graph")
             for key, suffix in (("xml", ".xml"), ("bin", ".bin")):

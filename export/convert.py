@@ -5,10 +5,17 @@ fp32 artifact without PyTorch:
 
 Both `xdeploy export --precision P` and `xdeploy convert` run `convert_graph`, so an fp16 artifact derived from
 an fp32 one is the same graph a direct fp16 export writes (same record in the manifest's `conversion`).
+
+A static int8 artifact derived from an fp32 artifact that carries an OpenVINO IR also gets an int8 IR: each
+graph's fp32 IR quantized by NNCF from the same calibration samples (export/openvino_ir.py `quantize_ir`),
+shipped only when the measured check `check_ir` passes (verify/sensitivity.py `check_int8_ir`, passed by
+xdeploy/api.py); the manifest's "openvino" section records it, or per graph why it was left out ("skipped"),
+in which case the `ov` runner compiles the Q/DQ ONNX graph.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +24,7 @@ import onnx
 from xdeploy.core.errors import XDeployError
 from xdeploy.models.spec import ExportSpec, Graph
 
+from . import openvino_ir
 from . import precision as prec
 from .artifact import load_artifact
 from .optimize import fused_op_counts, optimize_config, strip_value_info
@@ -42,11 +50,20 @@ def convert_graph(proto: onnx.ModelProto, precision: str, *, graph: Graph, spec:
     return proto, info
 
 
+# check_ir(fp32 proto, int8 xml, graph=, spec=, calibration=, qdq=, kept_float=, reference_ir=) -> record with
+# "passed" (and "reason" when not): the measured check of an int8 OpenVINO IR (verify/sensitivity.check_int8_ir)
+IrCheck = Callable[..., dict[str, Any]]
+
+
 def convert_artifact(src: str | Path, out: str | Path, precision: str, *, optimize: bool = False,
                      opt_level: int = 1, options: prec.PrecisionOptions | None = None,
-                     force: bool = False, refine: prec.Refiner | None = None) -> Path:
+                     force: bool = False, refine: prec.Refiner | None = None,
+                     check_ir: IrCheck | None = None) -> Path:
     """Write a new artifact at `precision` (optionally optimized) from an unoptimized fp32 artifact `src`.
-    `refine`: the measured keep-float search (verify/sensitivity.refine; xdeploy.api passes it)."""
+    `refine`: the measured keep-float search (verify/sensitivity.refine; xdeploy.api passes it). `check_ir`: the
+    measured check of an int8 OpenVINO IR (verify/sensitivity.check_int8_ir; xdeploy.api passes it): for static
+    int8 from a source that carries an IR, an NNCF-quantized IR is shipped only when it passes (module docstring);
+    without `check_ir` none is made."""
     prec.check_precision(precision)
     prec.check_options(options)
     art = load_artifact(src)
@@ -72,12 +89,67 @@ def convert_artifact(src: str | Path, out: str | Path, precision: str, *, optimi
         for rel in art.manifest["files"]:
             if rel not in graph_files and rel.removesuffix(".data") not in graph_files and rel not in ir_files:
                 w.add_file(rel, art.path / rel)
+        ir_section = _int8_ir_section(art, check_ir) if precision == "int8" and ir_graphs else None
         for graph in art.spec.graphs:
             proto = onnx.load(str(art.onnx_path(graph.name)))
-            proto, info = convert_graph(proto, precision, graph=graph, spec=art.spec, model=art.model,
-                                        config=art.manifest["config"], optimizer=optimizer, optimize=optimize,
-                                        opt_level=opt_level, options=options, refine=refine)
+            fp32 = onnx.ModelProto()
+            fp32.CopyFrom(proto)  # the int8 IR's check compares against the fp32 graph
+            q, info = convert_graph(proto, precision, graph=graph, spec=art.spec, model=art.model,
+                                    config=art.manifest["config"], optimizer=optimizer, optimize=optimize,
+                                    opt_level=opt_level, options=options, refine=refine)
             w.manifest["conversion"][graph.name] = info
-            w.add_graph(graph.name, proto)
+            w.add_graph(graph.name, q)
+            if ir_section is not None and "reason" not in ir_section:
+                _add_int8_ir(w, ir_section, art, graph, fp32, q, info, options, check_ir)
         prec.check_requested_nodes(precision, options, w.manifest["conversion"])
+        if ir_section is not None:
+            w.add_section(openvino_ir.SECTION, ir_section, versions=["openvino"] + (
+                ["nncf"] if "quantizer" in ir_section else []))
     return out
+
+
+def _int8_ir_section(art: Any, check_ir: IrCheck | None) -> dict[str, Any]:
+    """The int8 artifact's "openvino" section before any graph: its settings, or why no IR is made at all."""
+    none = {"graphs": {}, "weights": "int8"}
+    if not openvino_ir.nncf_available():
+        return none | {"reason": "nncf is not installed (pip install 'xdeploy[openvino]')"}
+    if check_ir is None:
+        return none | {"reason": "no check given (an int8 IR ships only after its measured check; "
+                                 "xdeploy.api.convert_artifact runs it)"}
+    return {"graphs": {}, "skipped": {}, "source": "nncf.quantize(fp32 artifact's openvino IR)", "weights": "int8",
+            "quantizer": f"nncf {openvino_ir.nncf_version()}", "preset": openvino_ir.NNCF_PRESET,
+            "model_type": openvino_ir.NNCF_MODEL_TYPE, "calibration": {}, "check": {}}
+
+
+def _add_int8_ir(w: Any, section: dict[str, Any], art: Any, graph: Any, fp32: onnx.ModelProto,
+                 q: onnx.ModelProto, info: dict[str, Any], options: prec.PrecisionOptions,
+                 check_ir: IrCheck) -> None:
+    """Quantize graph `graph`'s fp32 IR with the Q/DQ graph's calibration samples, write it beside the graphs and
+    check it; a failing (or unquantizable) IR is removed again and the reason recorded under "skipped"."""
+    import openvino as ov
+
+    src = art.openvino_ir(graph.name)
+    if src is None:
+        section["skipped"][graph.name] = "the fp32 artifact carries no IR for this graph"
+        return
+    cal = options.int8_calibration
+    samples = cal.samples[graph.name]
+    section["calibration"][graph.name] = cal.record(graph.name)
+    try:
+        ir = openvino_ir.quantize_ir(src, graph, samples)
+    except XDeployError as e:
+        section["skipped"][graph.name] = str(e)
+        return
+    xml = f"{openvino_ir.FOLDER}/{graph.name}.xml"
+    files = {"xml": xml, "bin": xml.removesuffix(".xml") + ".bin"}
+    ov.save_model(ir, str(w.path(xml)), compress_to_fp16=False)
+    kept = [k["node"] for k in info.get("kept_fp32", [])]
+    record = check_ir(fp32, w.path(xml), graph=graph, spec=art.spec, calibration=samples, qdq=q,
+                      kept_float=kept, reference_ir=src)
+    section["check"][graph.name] = record
+    if record.get("passed"):
+        section["graphs"][graph.name] = files
+    else:  # never ship an IR that failed its check: the ov runner falls back to the Q/DQ ONNX graph
+        for rel in files.values():
+            w.path(rel).unlink(missing_ok=True)
+        section["skipped"][graph.name] = record.get("reason", "failed its check")

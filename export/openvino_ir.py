@@ -10,10 +10,18 @@ latency (docs/benchmarks.md, "OpenVINO: ONNX vs IR"). So fp32 artifacts can carr
 module (same weights, same inputs and outputs, dynamic axes as in the manifest); the `ov` runner compiles it when
 present (deploy/ov_runner.py, `format="auto"`), parity checks it like any graph, and every other runtime keeps
 reading the ONNX. The IR holds fp32 weights (`compress_to_fp16=False`): the precision the CPU computes in is the
-runner's hint, as for the ONNX graph. Converted (fp16/int8) artifacts do not carry it (their weights differ).
+runner's hint, as for the ONNX graph.
+
+A static int8 artifact derived from such an fp32 artifact (export/convert.py) may carry an int8 IR: the fp32 IR
+quantized by NNCF (`quantize_ir`: OpenVINO's own post-training quantizer, FakeQuantize on the MatMul inputs
+that the CPU plugin folds into its int8 kernels) from the same calibration samples as the Q/DQ graph. It is
+shipped only when a measured check (verify/sensitivity.py `check_int8_ir`) finds it within the int8 tolerance;
+otherwise the section says why and the `ov` runner compiles the Q/DQ ONNX graph. fp16 and int8-dynamic
+artifacts carry no IR (their weights differ from the IR's and no quantizer makes theirs).
 
 The manifest section "openvino" records, per graph, the xml/bin files (their sha256 are in `files`, checked at
-load like the ONNX graphs) and the converter's version.
+load like the ONNX graphs) and the converter's version; an int8 section also the quantizer, its settings, the
+calibration data's record and the check (or, per graph, why the IR was left out: "skipped").
 """
 
 from __future__ import annotations
@@ -22,8 +30,11 @@ import contextlib
 import io
 import logging
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from xdeploy.core.errors import XDeployError
 from xdeploy.models.spec import ExportSpec, Graph, make_feeds
@@ -40,6 +51,54 @@ def available() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("openvino") is not None
+
+
+def nncf_available() -> bool:
+    """Whether nncf (OpenVINO's quantizer, the `openvino` extra) is installed: an int8 conversion quantizes the
+    fp32 artifact's IR where it can."""
+    import importlib.util
+
+    return importlib.util.find_spec("nncf") is not None
+
+
+# nncf.quantize settings of the int8 IR: symmetric int8 activations (PERFORMANCE: zero point 0, the int8 x int8
+# kernels of VNNI / AMX-int8) and the transformer scheme (SmoothQuant, no quantizers on the LayerNorm/Softmax
+# paths whose int8 error costs accuracy for no speed).
+NNCF_PRESET = "performance"
+NNCF_MODEL_TYPE = "transformer"
+
+
+def quantize_ir(xml: str | Path, graph: Graph, samples: Sequence[Mapping[str, np.ndarray]]) -> Any:
+    """The fp32 IR at `xml` quantized by `nncf.quantize` on the calibration `samples` (feed dicts; inputs of
+    `graph` only, all of them: subset_size = len(samples)). Returns an ov.Model; one XDeployError line when
+    nncf is missing or refuses the model."""
+    try:
+        import nncf
+        import openvino as ov
+    except ImportError:
+        raise XDeployError("an int8 OpenVINO IR needs nncf and openvino: pip install 'xdeploy[openvino]'") from None
+    names = [t.name for t in graph.inputs]
+    data = [{n: np.ascontiguousarray(s[n]) for n in names} for s in samples]
+    if not data:
+        raise XDeployError(f"no calibration samples for graph {graph.name!r}")
+    model = ov.Core().read_model(str(xml))
+    nncf.set_log_level(logging.ERROR)
+    # nncf draws rich progress bars on stdout/stderr: not ours to print
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
+            contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        try:
+            return nncf.quantize(model, nncf.Dataset(data), preset=nncf.QuantizationPreset(NNCF_PRESET),
+                                 model_type=nncf.ModelType(NNCF_MODEL_TYPE), subset_size=len(data))
+        except Exception as e:  # nncf raises assorted types; keep the first line
+            raise XDeployError(f"nncf.quantize failed for graph {graph.name!r}: "
+                               f"{str(e).strip().splitlines()[0] if str(e).strip() else e!r}") from e
+
+
+def nncf_version() -> str:
+    from importlib import metadata
+
+    return metadata.version("nncf")
 
 
 def convert_graph_ir(module: nn.Module, graph: Graph, sizes: Mapping[str, int]) -> Any:

@@ -76,11 +76,18 @@ def test_tampered_or_misplaced_ir_is_refused(ir_artifact: Path, tmp_path: Path) 
         load_artifact(out)
 
 
-def test_only_fp32_artifacts_carry_an_ir(ir_artifact: Path, tmp_path: Path) -> None:
+def test_only_fp32_and_checked_static_int8_artifacts_carry_an_ir(ir_artifact: Path, tmp_path: Path) -> None:
+    """An export at a reduced precision refuses the reference's IR; a conversion drops the fp32 IR (its weights
+    are not the converted graph's). Only static int8 may carry one of its own, NNCF-quantized and checked
+    (test_int8_artifact_carries_a_checked_nncf_ir): without a check none is made, and the reason is recorded."""
     with pytest.raises(XDeployError, match="fp32 artifacts only"):
         export(MODEL, preset="tiny", out=tmp_path / "i8", precision="int8", openvino_ir=True)
-    conv = load_artifact(convert_artifact(ir_artifact, tmp_path / "c8", "int8"))
-    assert "openvino" not in conv.manifest and not any(f.startswith("openvino/") for f in conv.manifest["files"])
+    dyn = load_artifact(convert_artifact(ir_artifact, tmp_path / "d8", "int8-dynamic"))
+    assert "openvino" not in dyn.manifest and not any(f.startswith("openvino/") for f in dyn.manifest["files"])
+    assert open_runner("ov", dyn, threads=1).graph_format == "onnx"
+    conv = load_artifact(convert_artifact(ir_artifact, tmp_path / "c8", "int8"))  # no check_ir: no IR
+    assert conv.manifest["openvino"]["graphs"] == {} and "no check" in conv.manifest["openvino"]["reason"]
+    assert not any(f.startswith("openvino/") for f in conv.manifest["files"])
     r = open_runner("ov", conv, threads=1)
     assert r.graph_format == "onnx"
     with pytest.raises(XDeployError, match="carries no OpenVINO IR"):
@@ -105,3 +112,97 @@ def test_the_ir_is_the_default_where_a_runner_reads_it() -> None:
     assert wanted("--precision", "int8", "--openvino-ir")  # asked for: export() refuses it with one line
     assert openvino_ir_wanted(("ort", "ov:bf16")) and openvino_ir_wanted(("ov",))
     assert not openvino_ir_wanted(("ort",)) and not openvino_ir_wanted(("ort", "torch"))
+
+
+# ------------------------------------------------------------------------ static int8: an NNCF-quantized IR ----
+
+def _ir_ops(xml: Path) -> dict[str, int]:
+    """op type -> count, and int8 constants ("i8"/"u8" element types), of an IR's xml."""
+    import collections
+    import xml.etree.ElementTree as ET
+
+    layers = ET.parse(xml).getroot().find("layers")
+    ops = collections.Counter(layer.get("type") for layer in layers)
+    data = [layer.find("data") for layer in layers if layer.get("type") == "Const"]
+    ops["int8 Const"] = sum(1 for d in data if d is not None and d.get("element_type") in ("i8", "u8"))
+    return dict(ops)
+
+
+def test_int8_artifact_carries_a_checked_nncf_ir(ir_artifact: Path, tmp_path: Path) -> None:
+    """xdeploy.api's convert (the measured one) quantizes the fp32 IR with NNCF on the Q/DQ graph's calibration
+    data, checks it and ships it: FakeQuantize (256 levels) and int8 weights in the xml, the files hash-checked at
+    load, compiled by the ov runner, passing parity against PyTorch on ov and ov:bf16."""
+    from xdeploy import api
+
+    src = load_artifact(ir_artifact)
+    art = load_artifact(api.convert_artifact(ir_artifact, tmp_path / "c8", "int8"))
+    sec = art.manifest["openvino"]
+    assert set(sec["graphs"]) == {g.name for g in art.spec.graphs} and not sec["skipped"]
+    assert sec["quantizer"].startswith("nncf ") and "nncf" in art.manifest["versions"]
+    assert (sec["preset"], sec["model_type"], sec["weights"]) == ("performance", "transformer", "int8")
+    for g in art.spec.graphs:
+        # the same calibration data as the Q/DQ graph (its hash), and the check that let it ship
+        assert sec["calibration"][g.name]["sha256"] == art.manifest["conversion"][g.name]["calibration"]["sha256"]
+        check = sec["check"][g.name]
+        assert check["passed"] and set(check["runners"]) == {"ov", "ov:bf16"}
+        assert all(c >= art.tolerance.cosine for c in check["worst_cosine"].values())
+        files = sec["graphs"][g.name]
+        assert files["xml"] in art.manifest["files"] and files["bin"] in art.manifest["files"]
+        ops, fp32_ops = _ir_ops(art.openvino_ir(g.name)), _ir_ops(src.openvino_ir(g.name))
+        assert ops.get("FakeQuantize", 0) > 0 and ops["int8 Const"] > 0  # NNCF quantized activations and weights
+        assert fp32_ops.get("FakeQuantize", 0) == 0 and fp32_ops["int8 Const"] == 0
+        assert (art.path / files["bin"]).stat().st_size < (src.path / files["bin"]).stat().st_size
+        for spec in ("ov", "ov:bf16"):
+            r = open_runner(spec, art, graph=g.name, threads=1)
+            assert r.graph_format == "ir" and r.info().precision == "int8"
+            r.close()
+    # the IR cannot mirror float nodes of the Q/DQ graph: when it kept some, the IR must be at least as close to
+    # fp32 as the Q/DQ graph (here the "Q/DQ graph" is the fp32 graph itself, which no int8 IR matches)
+    import onnx
+
+    from xdeploy.export.calibration import default_calibration
+    from xdeploy.verify.sensitivity import check_int8_ir
+
+    g = art.spec.graphs[0]
+    fp32 = onnx.load(str(src.onnx_path(g.name)))
+    worse = check_int8_ir(fp32, art.openvino_ir(g.name), graph=g, spec=art.spec, qdq=fp32, kept_float=["a node"],
+                          calibration=default_calibration(art.spec).samples[g.name], variants=("",))
+    assert not worse["passed"] and "cannot mirror" in worse["reason"] and worse["qdq_worst_cosine"] > 0.9999
+    report = api.check_artifact(art, ["ov", "ov:bf16"], threads=1)
+    assert report.checks and report.passed, [c.reason for c in report.failures()]
+    bad = tmp_path / "bad"
+    shutil.copytree(art.path, bad)
+    with open(bad / sec["graphs"]["model"]["bin"], "r+b") as f:
+        f.seek(64)
+        f.write(b"\x00\x01\x02\x03")
+    with pytest.raises(XDeployError, match="corrupted: sha256 of openvino/model.bin"):
+        load_artifact(bad)
+
+
+def test_an_int8_ir_that_fails_its_check_is_left_out(ir_artifact: Path, tmp_path: Path) -> None:
+    """A planted failure (a tolerance nothing quantized meets) leaves the IR out, says why, and the ov runner
+    compiles the Q/DQ ONNX graph instead."""
+    import functools
+
+    from xdeploy.models.spec import Tolerance
+    from xdeploy.verify.sensitivity import check_int8_ir
+
+    impossible = functools.partial(check_int8_ir, tol=Tolerance(atol=0.0, rtol=0.0, cosine=1.0))
+    art = load_artifact(convert_artifact(ir_artifact, tmp_path / "c8", "int8", check_ir=impossible))
+    sec = art.manifest["openvino"]
+    assert sec["graphs"] == {}
+    for g in art.spec.graphs:
+        assert "misses the int8 tolerance" in sec["skipped"][g.name] and not sec["check"][g.name]["passed"]
+        assert open_runner("ov", art, graph=g.name, threads=1).graph_format == "onnx"
+    assert not any(f.startswith("openvino/") for f in art.manifest["files"])
+    assert not (art.path / "openvino").exists() or not any((art.path / "openvino").iterdir())
+
+
+def test_int8_from_an_fp32_artifact_without_ir_has_none(tiny_export, tmp_path: Path) -> None:  # noqa: ANN001
+    from xdeploy.verify.sensitivity import check_int8_ir
+
+    src = tiny_export(MODEL)
+    assert "openvino" not in load_artifact(src).manifest
+    art = load_artifact(convert_artifact(src, tmp_path / "c8", "int8", check_ir=check_int8_ir))
+    assert "openvino" not in art.manifest and not any(f.startswith("openvino/") for f in art.manifest["files"])
+    assert open_runner("ov", art, threads=1).graph_format == "onnx"

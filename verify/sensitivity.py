@@ -355,3 +355,91 @@ def max_excluded(options: prec.PrecisionOptions, quantizable: int) -> int:
     if options.int8_max_excluded is not None:
         return options.int8_max_excluded
     return max(2, quantizable // 4)
+
+
+# -------------------------------------------------------------------------------------- int8 OpenVINO IR ----
+
+# How the `ov` runner compiles an int8 IR in `xdeploy parity`: f32 ("ov") and bf16 ("ov:bf16") compute hints.
+IR_VARIANTS: tuple[str, ...] = ("", "bf16")
+
+
+def _ir_outputs(xml: str | Path, variant: str, graph: Graph, cases: Sequence[InputCase]) -> list[dict[str, np.ndarray]]:
+    """Outputs of the IR at `xml` compiled as the `ov` runner compiles it (deploy/sessions.py ov_config) on
+    each case."""
+    from xdeploy.deploy.sessions import ov_compile, ov_config
+
+    compiled = ov_compile(xml, ov_config(variant), what=f"OpenVINO IR {Path(xml).name}")
+    req = compiled.create_infer_request()
+    ports = {n: p for p in compiled.outputs for n in p.get_names()}
+    out = []
+    for c in cases:
+        res = req.infer({t.name: np.ascontiguousarray(c.feeds[t.name], dtype=t.dtype) for t in graph.inputs})
+        out.append({t.name: np.array(res[ports[t.name]], copy=True) for t in graph.outputs})
+    return out
+
+
+def check_int8_ir(reference: onnx.ModelProto, ir: str | Path, *, graph: Graph, spec: ExportSpec,
+                  calibration: Sequence[Mapping[str, np.ndarray]], qdq: onnx.ModelProto | None = None,
+                  kept_float: Sequence[str] = (), reference_ir: str | Path | None = None,
+                  tol: Tolerance | None = None, variants: Sequence[str] = IR_VARIANTS) -> dict[str, Any]:
+    """Is the int8 OpenVINO IR at `ir` (export/openvino_ir.py `quantize_ir`) fit to ship? The `check_ir` hook of
+    export/convert.py `convert_artifact` (xdeploy/api.py passes it).
+
+    Runs the IR as the `ov` runner does (each of `variants`: f32 and bf16 compute) on the int8 search's cases
+    (`eval_cases`: `xdeploy parity`'s shapes and seeds, two more seeds, the longest calibration sample) and
+    judges every output against the fp32 ONNX graph `reference` (onnxruntime) like `xdeploy parity`, at `tol`
+    (default: the artifact's int8 tolerance). On bf16 a check the fp32 IR `reference_ir` fails as well is
+    excused (bf16 flipping a near-tied top-1 is not int8's doing); on f32 nothing is excused.
+
+    When the Q/DQ graph `qdq` kept nodes float (`kept_float`: requested or found by the sensitivity search),
+    the IR cannot mirror that (its node names are the PyTorch frontend's, not the ONNX graph's), so it must
+    also be at least as close to fp32 as the Q/DQ graph (worst output cosine, IR on f32 vs Q/DQ on onnxruntime).
+
+    Returns the manifest's record: passed, reason (when not), per-runner worst cosine, the cases, tolerance."""
+    tol = tol or spec.tolerances["int8"]
+    cases = eval_cases(graph, spec, calibration)
+    outs = [t.name for t in graph.outputs]
+    reference_out = tensor_values_many(reference, [c.feeds for c in cases], outs)
+    worst: dict[str, float] = {}
+    failures = []
+    excused: list[str] = []
+    for variant in variants:
+        runner = "ov" + (f":{variant}" if variant else "")
+        tp = tolerance_precision("int8", "bf16" if variant == "bf16" else "fp32")
+        got = _ir_outputs(ir, variant, graph, cases)
+        fp32_fails: set[tuple[str, str]] | None = None
+        worst[runner] = 1.0
+        for i, (case, ref) in enumerate(zip(cases, reference_out)):
+            for c in check_outputs(ref, got[i], case, graph, runner=runner, precision=tp, artifact_precision="int8",
+                                   tol=tol):
+                cos = c.comparison.cosine if c.comparison.cosine == c.comparison.cosine else -1.0
+                worst[runner] = min(worst[runner], cos)
+                if c.passed:
+                    continue
+                if variant == "bf16" and reference_ir is not None:
+                    if fp32_fails is None:  # measured once, at the first failure
+                        base = _ir_outputs(reference_ir, variant, graph, cases)
+                        fp32_fails = {(b.case, b.output) for j, (cj, rj) in enumerate(zip(cases, reference_out))
+                                      for b in check_outputs(rj, base[j], cj, graph, runner=runner, precision=tp,
+                                                             artifact_precision="fp32", tol=tol) if not b.passed}
+                    if (c.case, c.output) in fp32_fails:
+                        excused.append(f"{runner} {c.case} {c.output}")
+                        continue
+                failures.append(c)
+    record: dict[str, Any] = {
+        "passed": not failures, "runners": list(worst), "worst_cosine": worst, "cases": [c.name for c in cases],
+        "tolerance": dataclasses.asdict(tol), "fp32_also_fails": excused, "qdq_worst_cosine": None}
+    if failures:
+        f = min(failures, key=lambda c: c.comparison.cosine if c.comparison.cosine == c.comparison.cosine else -1.0)
+        record["reason"] = f"misses the int8 tolerance on {f.runner}, case {f.case}, output {f.output}: {f.reason}"
+        return record
+    if qdq is not None and kept_float:
+        _, qdq_worst = _evaluate(reference_out, qdq, cases, graph, tol, ("ort",))
+        record["qdq_worst_cosine"] = qdq_worst
+        ir_worst = worst.get("ov", min(worst.values()))
+        if ir_worst < qdq_worst:
+            record["passed"] = False
+            record["reason"] = (f"the Q/DQ graph keeps {len(kept_float)} node(s) float, which the IR cannot mirror, "
+                                f"and the IR is further from fp32 (worst cosine {ir_worst:.5f} on ov vs "
+                                f"{qdq_worst:.5f} for the Q/DQ graph on ort)")
+    return record

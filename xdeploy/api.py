@@ -23,6 +23,7 @@ from xdeploy.export.artifact import Artifact, load_artifact
 from xdeploy.models.spec import make_feeds
 from xdeploy.pipeline import RunConfig, RunResult, run_job
 from xdeploy.verify.parity import ParityReport, check_artifact
+from xdeploy.verify.sensitivity import check_int8_ir as _check_int8_ir
 from xdeploy.verify.sensitivity import refine as _refine
 
 __all__ = [
@@ -45,5 +46,8 @@ def export(model: str, *, measured: bool = True, **kwargs: Any) -> Path:
 def convert_artifact(src: str | Path, out: str | Path, precision: str, *, measured: bool = True,
                      **kwargs: Any) -> Path:
     """Derive an artifact at `precision` from an fp32 one (export/convert.py `convert_artifact`), with the
-    measured refinement as in `export`."""
+    measured refinement as in `export`; static int8 from an fp32 artifact with an OpenVINO IR also carries an
+    NNCF int8 IR when it passes its measured check (verify/sensitivity.py `check_int8_ir`; `check_ir=` to pass
+    another, e.g. with a different tolerance). `measured=False`: neither (no IR without its check)."""
+    kwargs.setdefault("check_ir", _check_int8_ir if measured else None)
     return _convert.convert_artifact(src, out, precision, refine=_refine if measured else None, **kwargs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from xdeploy.commands import add_json_option, write_json
-from xdeploy.commands.export import add_conversion_arguments, precision_options, print_conversion
+from xdeploy.commands.export import add_conversion_arguments, precision_options, print_conversion, print_openvino_ir
 from xdeploy.export.precision import EXPORT_PRECISIONS
 
 
@@ -27,5 +27,6 @@ def run(args: argparse.Namespace) -> int:
     art = load_artifact(path)
     print(f"converted {args.artifact} -> {path} ({art.precision}{', optimized' if args.optimize else ''})")
     print_conversion(art.manifest)
+    print_openvino_ir(art.manifest)
     write_json(args.json, dict(art.manifest) | {"path": str(path)})
     return 0

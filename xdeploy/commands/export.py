@@ -118,9 +118,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"exported {art.model} ({art.precision}, opset {art.opset}{', optimized' if args.optimize else ''}; "
           f"graphs: {graphs}) -> {path}")
     print_conversion(art.manifest)
-    if art.manifest.get("openvino"):
-        print(f"OpenVINO IR: {', '.join(g['xml'] for g in art.manifest['openvino']['graphs'].values())} "
-              "(the ov runner compiles it; every other runtime reads the ONNX)")
+    print_openvino_ir(art.manifest)
     tg = art.manifest.get("tokenizer_graph")
     if tg:
         v = tg["verified"]
@@ -129,6 +127,27 @@ def run(args: argparse.Namespace) -> int:
               + (f"; accepted differences on inputs {v['differing']}" if v["differing"] else ""))
     write_json(args.json, dict(art.manifest) | {"path": str(path)})
     return 0
+
+
+def print_openvino_ir(manifest: dict) -> None:
+    """One line on the artifact's OpenVINO IR: the fp32 reference's, a static int8 artifact's NNCF-quantized one
+    (export/convert.py), or why a static int8 artifact carries none (the ov runner then compiles the Q/DQ ONNX)."""
+    sec = manifest.get("openvino")
+    if manifest.get("precision") == "int8" and not (sec or {}).get("graphs"):
+        why = (sec or {}).get("reason") or "; ".join(f"{g}: {r}" for g, r in (sec or {}).get("skipped", {}).items()) \
+            or ("the fp32 source carries no OpenVINO IR" if manifest.get("derived_from")
+                else "an int8 export from PyTorch makes none; export fp32 and `xdeploy convert --precision int8`")
+        print(f"no OpenVINO int8 IR ({why}): the ov runner compiles the Q/DQ ONNX graph")
+    elif sec and sec.get("graphs"):
+        files = ", ".join(g["xml"] for g in sec["graphs"].values())
+        if sec.get("quantizer"):
+            worst = min((c for r in sec.get("check", {}).values() for c in r.get("worst_cosine", {}).values()),
+                        default=float("nan"))
+            left = "; ".join(f"{g} left out: {r}" for g, r in sec.get("skipped", {}).items())
+            print(f"OpenVINO int8 IR: {files} ({sec['quantizer']}, checked on ov and ov:bf16, worst cosine "
+                  f"{worst:.4f}; the ov runner compiles it){'; ' + left if left else ''}")
+        else:
+            print(f"OpenVINO IR: {files} (the ov runner compiles it; every other runtime reads the ONNX)")
 
 
 def print_conversion(manifest: dict) -> None:
