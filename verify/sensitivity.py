@@ -26,6 +26,10 @@ int8 sensitivity (`int8_sensitivity`): quantize statically; run the graph's outp
     Until every check passes or the budget (`int8_max_excluded`, default a quarter of the graph's quantizable
     nodes) is spent. The record lists each kept node with its round, local cost and cosine gain, the nodes
     tried per round, and the unresolved failure if the budget ran out.
+
+int8 OpenVINO IR check (`check_int8_ir`): the NNCF-quantized IR a static int8 conversion may carry
+    (export/convert.py) is judged on the same cases on `ov` and `ov:bf16` against the fp32 graph; it ships only
+    when it passes, and, if the Q/DQ graph kept nodes float, only when it is no further from fp32 than that graph.
 """
 
 from __future__ import annotations
