@@ -219,7 +219,8 @@ class Embedder:
         self.max_length, self.batch_size, self.pad_to, self.truncation = limit, batch_size, pad_to, truncation
         self.dim = graph.outputs[[t.name for t in graph.outputs].index(text.hidden)].dims[-1]
         self.sessions, self.runner_spec = sessions, runner
-        self._runner_kwargs = dict(runner_options, threads=threads)
+        # only the hidden states it pools: a runner that can prune (OpenVINO) skips e.g. BERT's pooler branch
+        self._runner_kwargs = dict(runner_options, threads=threads, outputs=[text.hidden])
         self._tokenizer: Any = None  # loaded on first text call: embed_ids works without a tokenizer
         self._lock = threading.Lock()
         self._local = threading.local()

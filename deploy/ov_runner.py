@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -59,8 +60,10 @@ class OvRunner(Runner):
         path = ir if ir is not None and fmt != "onnx" else self.artifact.onnx_path(self.graph.name)
         self.graph_format = "ir" if path == ir else "onnx"
         # Compiling from the path (not a read_model result) lets the cache skip reading the ONNX file
-        # entirely when a blob for this model + config exists.
-        self.compiled = ov_compile(path, config, self.device)
+        # entirely when a blob for this model + config exists; with an `outputs` subset the unused results
+        # are removed first, so the plugin prunes the branches that only fed them.
+        self.compiled = ov_compile(self._pruned(path) if len(self.output_names) < len(self.graph.outputs)
+                                   else path, config, self.device, what=str(path))
         # One infer request per thread: an OpenVINO request is not re-entrant ("Infer Request is busy"),
         # while the compiled model is thread-safe and shares its weights between requests.
         self._local = threading.local()
@@ -71,6 +74,18 @@ class OvRunner(Runner):
                   [n for n in self.output_names if n not in self._out_ports]
         if missing:
             raise XDeployError(f"{path} does not match its manifest: OpenVINO finds no tensor(s) {missing}")
+
+    def _pruned(self, path: Path) -> Any:
+        """The graph read from `path` with only the results named in `output_names`."""
+        try:
+            model = self._ov.Core().read_model(str(path))
+        except Exception as e:
+            raise XDeployError(f"OpenVINO cannot read {path}: {str(e).strip().splitlines()[0]}") from None
+        keep = set(self.output_names)
+        for res in list(model.get_results()):
+            if not keep & set(res.output(0).get_names() | res.input_value(0).get_names()):
+                model.remove_result(res)
+        return model
 
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         # share_inputs: OpenVINO reads the (validated, contiguous) arrays in place; outputs are copied out

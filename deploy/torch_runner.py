@@ -56,7 +56,8 @@ class TorchRunner(Runner):
         with torch.inference_mode(), self._autocast():
             out = self.fn(*tensors)
         out = out if isinstance(out, tuple) else (out,)
-        return {n: o.float().cpu().numpy() for n, o in zip(self.output_names, out)}
+        keep = set(self.output_names)  # the module returns every graph output, in graph order
+        return {t.name: o.float().cpu().numpy() for t, o in zip(self.graph.outputs, out) if t.name in keep}
 
     def _tensors(self, feeds: Mapping[str, np.ndarray]) -> list[torch.Tensor]:
         ts = [torch.from_numpy(feeds[t.name]).to(self.device) for t in self.graph.inputs]

@@ -127,6 +127,28 @@ def test_ov_options_cache_dir_and_hints(artifacts, tmp_path):
         open_runner("ov", art, precision="bf16")
 
 
+@pytest.mark.parametrize("spec", ["torch", "ort", "ov", "ov:bf16"])
+def test_outputs_option_returns_only_the_named_outputs(artifacts, reference, spec):
+    """outputs=[name]: only that output comes back (every call path), equal to the full run's; OpenVINO compiles
+    a model without the other results (BERT's pooler branch pruned); a wrong name is one clean error."""
+    art = artifacts("bert", "fp32")
+    feeds, ref = reference("bert", "model")
+    names_ = [t.name for t in art.graph("model").outputs]
+    assert len(names_) >= 2
+    first = names_[0]
+    with open_runner(spec, art, threads=1, outputs=[first]) as r:
+        assert r.output_names == [first]
+        got = r.infer(feeds)
+        assert list(got) == [first]
+        tol = DEFAULT_TOLERANCES["bf16" if spec.endswith("bf16") else "fp32"]
+        ok, why = _close(ref[first], got[first], tol, cosine_only=spec.endswith("bf16"))
+        assert ok, why
+        if spec.startswith("ov"):
+            assert [n for p in r.compiled.outputs for n in p.get_names()] == [first]
+    with pytest.raises(XDeployError, match=r"unknown output\(s\) \['nope'\]"):
+        open_runner(spec, art, threads=1, outputs=["nope"])
+
+
 def test_ov_prepare_and_bind_are_zero_copy(artifacts):
     art = artifacts("gpt", "fp32")
     g = art.graph("decode")
