@@ -95,9 +95,13 @@ KINDS: dict[str, dict[str, tuple[str, bool]]] = {
         "accuracy_ok": (_BOOL, False),  # min_cosine >= the precision's floor (studies/peers.MIN_COSINE)
         # xdeploy rows: paired speed-up over the fastest Optimum row of the same precision
         # {peer, median, low, high, stable}; null for other systems or without a peer of that precision
+        # + instance_spread (the rows' larger A/A deviation) and verdict: "ahead" | "behind" | "tie" (the
+        # interval outside / inside the band 1 ± instance_spread)
         "vs_peer": (_OBJ, True),
         "stability": (_OBJ, False),  # bench/interleave.py Comparison.stability (vs the pytorch row)
         "versions": (_OBJ, False),
+        # {count, round_median_s: per instance, aa: {median, low, high} instance 1 vs 2 or null}
+        "replicas": (_OBJ, True),
     },
     "profile": {  # onnxruntime profiler: kernel time per op type at one T (xdeploy scale)
         "model": (_STR, False), "runner": (_STR, False), "lowering": (_STR, False), "T": (_INT, False),
@@ -144,7 +148,8 @@ IDENTITY: dict[str, tuple[str, ...]] = {
     "peers": ("workload", "system", "config", "batch", "seq", "threads"),
 }
 # Fields added after version 1 was written: older records may lack them (read as null); new ones must have them.
-ADDED: dict[str, frozenset[str]] = {"latency": frozenset({"stability"}), "decode": frozenset({"threads", "stability"})}
+ADDED: dict[str, frozenset[str]] = {"latency": frozenset({"stability"}), "decode": frozenset({"threads", "stability"}),
+                                    "peers": frozenset({"replicas"})}
 
 # A latency record's configuration: the same work, whichever runner and precision did it (speed-ups compare these).
 CONFIG: tuple[str, ...] = ("model", "preset", "graph", "batch", "seq")

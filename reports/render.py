@@ -562,7 +562,10 @@ def _vs_peer_cell(r: Mapping[str, Any]) -> str:
         return "–"
     if not v["stable"]:
         return f"unstable ({r['stability'].get('cause') or 'noise'}) vs {v['peer']}"
-    return f"{v['median']:.2f}x ({v['low']:.2f}-{v['high']:.2f}) vs {v['peer']}"
+    cell = f"{v['median']:.2f}x ({v['low']:.2f}-{v['high']:.2f}) vs {v['peer']}"
+    if v.get("verdict"):  # the instance spread of the two rows widens the tie band (studies/peers.run_workload)
+        cell += f": **{v['verdict']}** (instance spread ±{v['instance_spread']:.1%})"
+    return cell
 
 
 def _peers_section(peers: list[Mapping[str, Any]]) -> list[str]:
@@ -573,7 +576,10 @@ def _peers_section(peers: list[Mapping[str, Any]]) -> list[str]:
            "Every system of a workload timed in the same interleaved rounds (same threads); accuracy against the "
            "same PyTorch reference (min cosine per row). `x pytorch` = paired speed-up over eager PyTorch; "
            "`vs fastest Optimum` = an xdeploy row's paired speed-up over the fastest Optimum row of the same "
-           "precision (>1: xdeploy faster), 95% interval in brackets; *unstable* rows are not results.", ""]
+           "precision (>1: xdeploy faster), 95% interval in brackets; *unstable* rows are not results. With "
+           "several instances per system (`--replicas`), a row's rounds are its instances' mean and a speed-up "
+           "is a **tie** unless its interval clears 1 ± the instance spread (the larger A/A deviation of the "
+           "two rows).", ""]
     for (wl,), rs in _by(peers, "workload").items():
         r0 = rs[0]
         shape = f"batch {r0['batch']}" + (f", seq {r0['seq']}" if r0.get("seq") else "") + \

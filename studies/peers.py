@@ -375,44 +375,70 @@ def _systems(w: Workload, ckpt: Path, root: Path, threads: int, wanted: Sequence
 
 def run_workload(w: Workload, *, root: Path, threads: int, wanted: Sequence[str], max_seconds: float,
                  min_rounds: int, attempts: int, log: Callable[[str], None],
-                 onnx_graph: bool = False) -> list[dict[str, Any]]:
-    """Prepare every system, check its outputs against the reference, time them interleaved; records."""
+                 onnx_graph: bool = False, replicas: int = 2) -> list[dict[str, Any]]:
+    """Prepare every system (`replicas` independently loaded instances of each), check its outputs against the
+    reference, time them all in the same interleaved rounds; one record per system.
+
+    Why replicas: two compiled instances of the *same* OpenVINO model, timed in the same rounds, differed by up
+    to 4.5% on BERT-base b1 bf16 (memory placement, thread pinning; each instance's paired interval was ~±1%),
+    so one instance per system cannot tell a 3% difference between systems from luck. A row's round time is
+    the mean over its instances; the instance spread (the larger A/A ratio of the two rows, instance 1 vs 2)
+    widens the band inside which a speed-up counts as a tie."""
     from xdeploy.bench.interleave import compare, paired_speedup
     from xdeploy.core.fingerprint import fingerprint
     from xdeploy.core.records import make_record
 
     ckpt = make_checkpoint(w, root)
-    systems = _systems(w, ckpt, root, threads, wanted, log, onnx_graph)
+    if replicas < 1:
+        raise XDeployError(f"replicas must be >= 1, got {replicas}")
+    systems: list[System] = []
+    sets: list[list[System]] = []
     try:
+        for _ in range(replicas):
+            sets.append(_systems(w, ckpt, root, threads, wanted, log, onnx_graph))
+            systems += sets[-1]
         ref = systems[0].output()
         acc = {}
-        for s in systems:
+        for s in sets[0]:
             out = s.output()
             if out.shape != ref.shape:
                 raise XDeployError(f"{w.name}: {s.system} {s.config} gives shape {out.shape}; the reference "
                                    f"{ref.shape}")
             acc[s] = (float(np.abs(out.astype(np.float64) - ref).max()), _row_cosines(ref, out))
-        names = {f"{s.system} {s.config}": s for s in systems}
+        names = {f"{s.system} {s.config}": s for s in sets[0]}
+        # instance k > 1 of a row is timed as "<row> #k"
+        calls = {n + (f" #{k + 1}" if k else ""): s.call for k, set_ in enumerate(sets)
+                 for n, s in zip(names, set_)}
         base = f"{REFERENCE[0]} {REFERENCE[1]}"
-        cmp = compare({n: s.call for n, s in names.items()}, baseline=base, attempts=attempts,
-                      max_seconds=max_seconds, min_rounds=min_rounds, log=log)
+        cmp = compare(calls, baseline=base, attempts=attempts, max_seconds=max_seconds, min_rounds=min_rounds,
+                      log=log)
     finally:
         for s in systems:
             s.close()
     items = w.sentences if w.task == "sentences" else w.batch
     fp = fingerprint()
     versions = _versions()
+    inst = {n: [n + (f" #{k + 1}" if k else "") for k in range(replicas)] for n in names}
+    # a row's round = the mean over its instances; its A/A ratio = instance 1 vs instance 2 (paired rounds)
+    rounds = {n: np.mean([cmp.rounds[i] for i in inst[n]], axis=0) for n in names}
+    aa = {n: paired_speedup(cmp.rounds[inst[n][0]], cmp.rounds[inst[n][1]]) if replicas > 1 else None
+          for n in names}
+    spread = {n: 0.0 if aa[n] is None else abs(float(np.log(aa[n].median))) for n in names}
+    steady = {n: all(cmp.stability(i)["stable"] for i in inst[n]) for n in names}
     records = []
     for n, s in names.items():
         vs = None
         peers = [m for m, p in names.items() if p.system.startswith("optimum") and p.precision == s.precision]
         if s.system == "xdeploy" and peers:
-            best = min(peers, key=lambda m: cmp.series[m].median_s)
-            sp = paired_speedup(cmp.rounds[best], cmp.rounds[n])
-            stable = cmp.stability(n)["stable"] and cmp.stability(best)["stable"] and sp.rel_ci <= \
-                cmp.thresholds.ratio_rel_ci
-            vs = {"peer": best, "median": sp.median, "low": sp.low, "high": sp.high, "stable": stable}
-        per_call = cmp.series[n].median_s
+            best = min(peers, key=lambda m: float(np.median(rounds[m])))
+            sp = paired_speedup(rounds[best], rounds[n])
+            stable = steady[n] and steady[best] and sp.rel_ci <= cmp.thresholds.ratio_rel_ci
+            band = float(np.exp(max(spread[n], spread[best])))  # >= 1
+            verdict = "ahead" if sp.low > band else "behind" if sp.high < 1 / band else "tie"
+            vs = {"peer": best, "median": sp.median, "low": sp.low, "high": sp.high, "stable": stable,
+                  "instance_spread": band - 1.0, "verdict": verdict}
+        per_call = float(np.median(rounds[n]))
+        stability = cmp.stability(n) | {"stable": steady[n]}
         max_abs, cos = acc[s]
         records.append(make_record(
             "peers", fp, workload=w.name, model=w.family, task=w.task, batch=w.batch, seq=w.seq,
@@ -420,7 +446,10 @@ def run_workload(w: Workload, *, root: Path, threads: int, wanted: Sequence[str]
             threads=threads, latency_s=_lat(cmp.latency[n]), rate=items / per_call,
             rate_unit="sentences/s" if w.task == "sentences" else "items/s",
             max_abs_err=max_abs, min_cosine=cos, accuracy_ok=cos >= MIN_COSINE[s.precision],
-            vs_peer=vs, stability=cmp.stability(n), versions=versions))
+            vs_peer=vs, stability=stability, versions=versions,
+            replicas={"count": replicas, "round_median_s": [cmp.series[i].median_s for i in inst[n]],
+                      "aa": None if aa[n] is None else {"median": aa[n].median, "low": aa[n].low,
+                                                        "high": aa[n].high}}))
     return records
 
 
@@ -446,10 +475,11 @@ def _versions() -> dict[str, str]:
 def run(out: Path, *, quick: bool = False, workloads: Sequence[str] | None = None, threads: int = 0,
         systems: Sequence[str] = SYSTEMS, max_seconds: float = 20.0, min_rounds: int = 8, attempts: int = 2,
         work: Path | None = None, log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
-        onnx_graph: bool = False, prepare_only: bool = False) -> Path:
+        onnx_graph: bool = False, prepare_only: bool = False, replicas: int = 2) -> Path:
     """Run the study and write <out>/records.jsonl and the rendered report <out>/summary.md.
     `prepare_only`: write the checkpoints and every system's export into `work` and stop (no timing; e.g. under
-    load, before timing on a quiet machine); `onnx_graph`: also time the `ov` rows on the ONNX graph."""
+    load, before timing on a quiet machine); `onnx_graph`: also time the `ov` rows on the ONNX graph;
+    `replicas`: independently loaded instances per system (run_workload says why)."""
     from xdeploy.bench.interleave import free_cores
     from xdeploy.bench.suite import apply_thread_env
     from xdeploy.core.records import write_records
@@ -487,7 +517,8 @@ def run(out: Path, *, quick: bool = False, workloads: Sequence[str] | None = Non
     for w in chosen:
         log(f"{w.name}: preparing ({', '.join(systems)}; {threads} threads)")
         records += run_workload(w, root=work, threads=threads, wanted=systems, max_seconds=max_seconds,
-                                min_rounds=min_rounds, attempts=attempts, log=log, onnx_graph=onnx_graph)
+                                min_rounds=min_rounds, attempts=attempts, log=log, onnx_graph=onnx_graph,
+                                replicas=replicas)
         write_records(out / "records.jsonl", records)  # after each workload: a crash keeps what was measured
     from xdeploy.reports.render import render_report
 
@@ -511,6 +542,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--attempts", type=int, default=2)
     ap.add_argument("--ov-onnx-graph", action="store_true",
                     help="also time the ov rows on the artifact's ONNX graph (the route without its OpenVINO IR)")
+    ap.add_argument("--replicas", type=int, default=2,
+                    help="instances of each system timed side by side (their A/A spread widens the tie band)")
     ap.add_argument("--prepare-only", action="store_true",
                     help="write checkpoints and exports into --work and stop (time later, on a quiet machine)")
     a = ap.parse_args(argv)
@@ -518,7 +551,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = run(a.out, quick=a.quick, workloads=[x for x in a.workloads.split(",") if x] or None,
                   threads=a.threads, systems=[x for x in a.systems.split(",") if x], max_seconds=a.max_seconds,
                   min_rounds=a.min_rounds, attempts=a.attempts, work=a.work, onnx_graph=a.ov_onnx_graph,
-                  prepare_only=a.prepare_only)
+                  prepare_only=a.prepare_only, replicas=a.replicas)
     except XDeployError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

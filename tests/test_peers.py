@@ -54,6 +54,11 @@ def test_pytorch_and_xdeploy_rows_records_and_table(tmp_path: Path) -> None:
     # every row of a workload was timed in the same interleaved rounds
     bert = [r for r in recs if r["workload"] == "bert-tiny-b2"]
     assert len({r["stability"]["rounds"] for r in bert}) == 1
+    # two independently loaded instances per system, each timed (the A/A ratio is instance 1 over 2)
+    for r in bert:
+        rep = r["replicas"]
+        assert rep["count"] == 2 and len(rep["round_median_s"]) == 2 and min(rep["round_median_s"]) > 0
+        assert rep["aa"]["low"] <= rep["aa"]["median"] <= rep["aa"]["high"]
     summary = (out / "report" / "summary.md").read_text(encoding="utf-8")
     assert "## Peers: xdeploy vs Hugging Face Optimum" in summary
     assert "### bert-tiny-b2" in summary and "| xdeploy | ov bf16 |" in summary
@@ -72,7 +77,7 @@ def test_peers_record_contract() -> None:
                 config="ort fp32", runtime="onnxruntime", precision="fp32", threads=1,
                 latency_s={k: 1e-3 for k in ("p50", "p90", "p99", "mean", "std", "min", "max")}, rate=1e3,
                 rate_unit="items/s", max_abs_err=0.0, min_cosine=1.0, accuracy_ok=True, vs_peer=None,
-                stability={"stable": True}, versions={})
+                stability={"stable": True}, versions={}, replicas=None)
     make_record("peers", fp, **good)
     with pytest.raises(XDeployError, match="min_cosine"):
         make_record("peers", fp, **(good | {"min_cosine": float("nan")}))
@@ -98,6 +103,9 @@ def test_every_system_in_the_peers_env(tmp_path: Path) -> None:
         if system == "xdeploy":  # every xdeploy precision has an Optimum peer of the same precision
             peer = rows[(wl, *r["vs_peer"]["peer"].split(" ", 1))]
             assert peer["precision"] == r["precision"] and peer["system"].startswith("optimum")
-            assert r["vs_peer"]["low"] <= r["vs_peer"]["median"] <= r["vs_peer"]["high"]
+            v = r["vs_peer"]
+            assert v["low"] <= v["median"] <= v["high"] and v["instance_spread"] >= 0
+            band = 1 + v["instance_spread"]  # the verdict follows the interval and the band
+            assert v["verdict"] == ("ahead" if v["low"] > band else "behind" if v["high"] < 1 / band else "tie")
     assert recs[0]["versions"]["optimum-intel"] and recs[0]["versions"]["transformers"].startswith("4.")
     assert "| optimum-intel | ov bf16 |" in p.stdout
