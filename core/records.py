@@ -96,7 +96,8 @@ KINDS: dict[str, dict[str, tuple[str, bool]]] = {
         # xdeploy rows: paired speed-up over the fastest Optimum row of the same precision
         # {peer, median, low, high, stable}; null for other systems or without a peer of that precision
         # + instance_spread (the rows' larger A/A deviation) and verdict: "ahead" | "behind" | "tie" (the
-        # interval outside / inside the band 1 ± instance_spread)
+        # interval outside / inside the band 1 ± instance_spread); same_engine: the same against the fastest
+        # Optimum row on the row's own runtime (e.g. ov f32 vs optimum-intel ov f32), when that is another row
         "vs_peer": (_OBJ, True),
         "stability": (_OBJ, False),  # bench/interleave.py Comparison.stability (vs the pytorch row)
         "versions": (_OBJ, False),

@@ -565,6 +565,10 @@ def _vs_peer_cell(r: Mapping[str, Any]) -> str:
     cell = f"{v['median']:.2f}x ({v['low']:.2f}-{v['high']:.2f}) vs {v['peer']}"
     if v.get("verdict"):  # the instance spread of the two rows widens the tie band (studies/peers.run_workload)
         cell += f": **{v['verdict']}** (instance spread ±{v['instance_spread']:.1%})"
+    same = v.get("same_engine")
+    if same and same["peer"] != v["peer"]:
+        cell += "; same engine: " + (_vs_peer_cell({**r, "vs_peer": same}) if same["stable"] else
+                                     f"unstable vs {same['peer']}")
     return cell
 
 

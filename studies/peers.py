@@ -430,13 +430,19 @@ def run_workload(w: Workload, *, root: Path, threads: int, wanted: Sequence[str]
         vs = None
         peers = [m for m, p in names.items() if p.system.startswith("optimum") and p.precision == s.precision]
         if s.system == "xdeploy" and peers:
-            best = min(peers, key=lambda m: float(np.median(rounds[m])))
-            sp = paired_speedup(rounds[best], rounds[n])
-            stable = steady[n] and steady[best] and sp.rel_ci <= cmp.thresholds.ratio_rel_ci
-            band = float(np.exp(max(spread[n], spread[best])))  # >= 1
-            verdict = "ahead" if sp.low > band else "behind" if sp.high < 1 / band else "tie"
-            vs = {"peer": best, "median": sp.median, "low": sp.low, "high": sp.high, "stable": stable,
-                  "instance_spread": band - 1.0, "verdict": verdict}
+            def versus(peer: str, n: str = n) -> dict[str, Any]:
+                sp = paired_speedup(rounds[peer], rounds[n])
+                stable = steady[n] and steady[peer] and sp.rel_ci <= cmp.thresholds.ratio_rel_ci
+                band = float(np.exp(max(spread[n], spread[peer])))  # >= 1
+                verdict = "ahead" if sp.low > band else "behind" if sp.high < 1 / band else "tie"
+                return {"peer": peer, "median": sp.median, "low": sp.low, "high": sp.high, "stable": stable,
+                        "instance_spread": band - 1.0, "verdict": verdict}
+
+            vs = versus(min(peers, key=lambda m: float(np.median(rounds[m]))))
+            # and the Optimum row on the same engine (ov vs optimum-intel, ort vs optimum-onnx's fastest)
+            same = [m for m in peers if names[m].runtime == s.runtime]
+            if same:
+                vs["same_engine"] = versus(min(same, key=lambda m: float(np.median(rounds[m]))))
         per_call = float(np.median(rounds[n]))
         stability = cmp.stability(n) | {"stable": steady[n]}
         max_abs, cos = acc[s]

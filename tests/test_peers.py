@@ -107,5 +107,7 @@ def test_every_system_in_the_peers_env(tmp_path: Path) -> None:
             assert v["low"] <= v["median"] <= v["high"] and v["instance_spread"] >= 0
             band = 1 + v["instance_spread"]  # the verdict follows the interval and the band
             assert v["verdict"] == ("ahead" if v["low"] > band else "behind" if v["high"] < 1 / band else "tie")
+            same = v.get("same_engine")  # every xdeploy engine has an Optimum row on the same runtime here
+            assert same and rows[(wl, *same["peer"].split(" ", 1))]["runtime"] == r["runtime"]
     assert recs[0]["versions"]["optimum-intel"] and recs[0]["versions"]["transformers"].startswith("4.")
     assert "| optimum-intel | ov bf16 |" in p.stdout
