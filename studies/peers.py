@@ -444,7 +444,9 @@ def run_workload(w: Workload, *, root: Path, threads: int, wanted: Sequence[str]
             if same:
                 vs["same_engine"] = versus(min(same, key=lambda m: float(np.median(rounds[m]))))
         per_call = float(np.median(rounds[n]))
-        stability = cmp.stability(n) | {"stable": steady[n]}
+        # the row is steady only if every instance is; an unsteady instance lends the row its cause and reasons
+        worst = next((cmp.stability(i) for i in inst[n] if not cmp.stability(i)["stable"]), cmp.stability(n))
+        stability = cmp.stability(n) | {"stable": steady[n], "cause": worst["cause"], "reasons": worst["reasons"]}
         max_abs, cos = acc[s]
         records.append(make_record(
             "peers", fp, workload=w.name, model=w.family, task=w.task, batch=w.batch, seq=w.seq,
