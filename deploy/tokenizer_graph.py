@@ -83,4 +83,7 @@ def tokenizer_graph_builder(accept_differences: bool = False) -> TokenizerGraphB
             refuse_differences(check)
         return data, graph_record(data, check, max_length)
 
+    # what this builder does, for the export cache key (export/cache.py export_key): its code is in the key's
+    # source hash, its one option here
+    build.cache_key = f"tokenizer_graph_builder(accept_differences={accept_differences})"  # type: ignore[attr-defined]
     return build

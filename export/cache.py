@@ -89,3 +89,131 @@ def cached_artifact(model: str, *, preset: str | None = None, checkpoint: str | 
     kwargs: dict[str, Any] = {"config_overrides": dict(overrides)} if overrides else {}
     return export(model, preset=preset, checkpoint=checkpoint, out=path, opset=opset, precision=precision,
                   attn_impl=attn_impl, force=True, refine=refine, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The export cache: `xdeploy export ... --out DIR` / api.export(...) a second time with the same inputs copies the
+# first result instead of running torch again. Checked before torch is imported (api.export imports the exporter
+# only on a miss). The key is a sha256 over everything the artifact depends on: the model and every export option,
+# the checkpoint's files (names, sizes, modification times) or the preset, the calibration file's bytes, the
+# versions of the libraries that write or measure the graphs, and the source of models/, export/, verify/ (the
+# measured AMP / int8 sensitivity search), core/ and deploy/tokenizer_graph.py. Inputs that cannot be keyed
+# (in-memory calibration data or AMP feeds, a custom tokenizer-graph builder) bypass the cache.
+
+# libraries whose version changes the exported bytes or the measured keep-float choices
+EXPORT_LIBRARIES = ("torch", "onnx", "onnxscript", "onnxruntime", "onnxruntime-extensions", "openvino", "numpy",
+                    "safetensors", "tokenizers")
+# source the artifact depends on, relative to the package root (the folder holding export/)
+EXPORT_SOURCES = ("models", "export", "verify", "core", "deploy/tokenizer_graph.py")
+
+
+def export_source_hash(base: Path | None = None) -> str:
+    """sha256 of every .py file an export runs (EXPORT_SOURCES under `base`, default the installed package root),
+    read as files: nothing is imported."""
+    base = base or Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for rel in EXPORT_SOURCES:
+        p = base / rel
+        for f in sorted(p.rglob("*.py")) if p.is_dir() else [p]:
+            h.update(str(f.relative_to(base)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _library_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in EXPORT_LIBRARIES:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "-"
+    return out
+
+
+def _file_digest(path: str | Path) -> str:
+    from xdeploy.core.fsutil import sha256_file
+
+    p = Path(path)
+    if not p.is_file():
+        raise XDeployError(f"calibration file {path} does not exist; expected a text, .npy or .npz file")
+    return sha256_file(p)
+
+
+def export_key(model: str, options: Mapping[str, Any]) -> str | None:
+    """The export cache key of `api.export(model, **options)` (plus `measured`), or None when an option cannot be
+    keyed honestly (then the export runs and nothing is cached). `out` and `force` are not part of it."""
+    import dataclasses
+    import json
+    import sys
+
+    fields: dict[str, Any] = {"model": model}
+    for k, v in sorted(options.items()):
+        if k in ("out", "force"):
+            continue
+        if v is None or isinstance(v, (bool, int, float, str)):
+            fields[k] = v
+        elif k == "checkpoint":
+            fields[k] = _checkpoint_key(v)
+        elif k == "config_overrides" and isinstance(v, Mapping):
+            if not all(isinstance(x, (bool, int, float, str)) for x in v.values()):
+                return None
+            fields[k] = dict(sorted(v.items()))
+        elif k == "precision_options" and dataclasses.is_dataclass(v):
+            if getattr(v, "amp_feeds", None) is not None or getattr(v, "int8_calibration", None) is not None:
+                return None  # in-memory data: not keyed
+            d = {f.name: getattr(v, f.name) for f in dataclasses.fields(v)}
+            if d.get("int8_calibration_file"):
+                d["int8_calibration_file"] = _file_digest(d["int8_calibration_file"])
+            fields[k] = {n: list(x) if isinstance(x, tuple) else x for n, x in d.items()}
+        elif k == "tokenizer_graph" and isinstance(getattr(v, "cache_key", None), str):
+            fields[k] = v.cache_key  # deploy/tokenizer_graph.py's builder names its behaviour
+        else:
+            return None
+    fields["libraries"] = _library_versions()
+    fields["python"] = sys.version.split()[0]
+    fields["source"] = export_source_hash()
+    try:
+        blob = json.dumps(fields, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError):
+        return None
+    return f"{model}-{hashlib.sha256(blob.encode()).hexdigest()[:24]}"
+
+
+def cached_export(model: str, options: Mapping[str, Any], run: Callable[[], Path], *, fresh: bool = False,
+                  log: Callable[[str], None] | None = None) -> Path:
+    """`run()` (the export into options["out"]) unless the export cache holds the same key: then that entry is
+    copied into `out` (atomically, core/fsutil.atomic_dir; an existing `out` is refused without force, as the
+    export does) and the copy's manifest and every sha256 are verified before it is renamed into place. A miss,
+    a damaged entry or `fresh` runs the export and (re)stores its result in $XDEPLOY_CACHE/exports/."""
+    import shutil
+
+    from xdeploy.core.fsutil import atomic_dir
+    from xdeploy.export.artifact import load_artifact
+
+    key = export_key(model, options) if options.get("out") is not None else None
+    if key is None:
+        return run()
+    out, entry = Path(options["out"]), cache_root() / "exports" / key
+    if entry.is_dir() and not fresh:
+        try:
+            with atomic_dir(out, force=bool(options.get("force"))) as tmp:
+                shutil.copytree(entry, tmp, dirs_exist_ok=True)
+                load_artifact(tmp)  # manifest schema and every file's sha256: a damaged entry never lands
+            if log:
+                log(f"export cache: {entry} reused (same model, options, libraries and xdeploy source; "
+                    "--fresh exports again)")
+            return out
+        except (XDeployError, OSError) as e:
+            if out.exists() and not options.get("force"):
+                raise  # `out` already exists: the same refusal the export gives
+            if log:
+                log(f"export cache: entry {entry} not reused ({e}); exporting")
+    path = run()
+    try:  # a cache that cannot be written costs the next export its reuse, never this one its result
+        with atomic_dir(entry, force=True) as tmp:
+            shutil.copytree(path, tmp, dirs_exist_ok=True)
+    except (XDeployError, OSError) as e:
+        if log:
+            log(f"export cache: not stored ({e})")
+    return path

@@ -4,6 +4,7 @@ entry is damaged or the checkpoint changes. Tiny preset, real exports."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -60,3 +61,123 @@ def test_cache_root_follows_the_environment(tmp_path, monkeypatch):
     assert cache_root() == tmp_path
     monkeypatch.delenv("XDEPLOY_CACHE")
     assert cache_root().parts[-2:] == (".cache", "xdeploy")
+
+
+# --- the export cache (export/cache.py cached_export; `xdeploy export`, api.export) -------------------------------
+
+
+def _files(path) -> dict[str, str]:
+    return load_artifact(path).manifest["files"]
+
+
+def test_cli_export_reuses_an_identical_export_without_importing_torch(tmp_path, monkeypatch, capsys):
+    """A second `xdeploy export` with the same arguments copies the first (verified) in a process that never
+    imports torch; an existing --out is still refused without --force."""
+    import subprocess
+    import sys
+
+    from xdeploy.cli import main
+
+    monkeypatch.setenv("XDEPLOY_CACHE", str(tmp_path / "cache"))
+    model = _first_model()
+    assert main(["export", model, "--preset", "tiny", "--out", str(tmp_path / "a")]) == 0  # a miss: exported
+    assert "export cache" not in capsys.readouterr().out
+    [entry] = (tmp_path / "cache" / "exports").iterdir()
+    assert _files(entry) == _files(tmp_path / "a")
+    code = (f"import sys; from xdeploy.cli import main; rc = main(['export', {model!r}, '--preset', 'tiny', "
+            f"'--out', {str(tmp_path / 'b')!r}]); print('torch imported:', 'torch' in sys.modules); sys.exit(rc)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert f"export cache: {entry} reused" in r.stdout and "torch imported: False" in r.stdout, r.stdout
+    assert f"-> {tmp_path / 'b'}" in r.stdout  # the same summary line as an export
+    assert _files(tmp_path / "b") == _files(tmp_path / "a")  # the same bytes, every sha256 verified on load
+    with pytest.raises(SystemExit) as e:  # an existing --out: the export's own refusal, cache or not
+        sys.exit(main(["export", model, "--preset", "tiny", "--out", str(tmp_path / "b")]))
+    assert e.value.code == 2 and "already exists; pass --force" in capsys.readouterr().err
+
+
+def test_export_cache_verifies_entries_and_fresh_exports_again(tmp_path, monkeypatch, tiny_export):
+    """The cache logic with a counting export (a copy of the shared tiny artifact stands for the torch export,
+    which the test above runs for real): a damaged entry is never copied into place but exported again and
+    replaced, `fresh` exports again, `force` replaces an existing output."""
+    import shutil
+
+    from xdeploy.export.cache import cached_export
+
+    monkeypatch.setenv("XDEPLOY_CACHE", str(tmp_path / "cache"))
+    model = _first_model()
+    src = tiny_export(model)
+    runs: list[Path] = []
+
+    def export_once(out):
+        def run():
+            runs.append(out)
+            shutil.copytree(src, out)
+            return out
+        return run
+
+    def cached(name, **kw):
+        out = tmp_path / name
+        return cached_export(model, {"preset": "tiny", "out": out, "force": kw.pop("force", False)},
+                             export_once(out), log=logs.append, **kw)
+
+    logs: list[str] = []
+    cached("a")
+    cached("b")
+    assert len(runs) == 1 and "reused" in logs[-1] and _files(tmp_path / "b") == _files(src)
+    [entry] = (tmp_path / "cache" / "exports").iterdir()
+    onnx = next(entry.glob("*.onnx"))
+    onnx.write_bytes(onnx.read_bytes()[:-16])  # a damaged entry: its sha256 no longer matches
+    cached("c")
+    assert len(runs) == 2 and "not reused" in logs[-1] and "sha256" in logs[-1]
+    assert _files(tmp_path / "c") == _files(src) and _files(entry) == _files(src)  # exported, entry replaced
+    cached("d", fresh=True)
+    assert len(runs) == 3 and not any(p.name.startswith(".") for p in tmp_path.iterdir())
+    (tmp_path / "d" / "old-file").write_text("")
+    cached("d", force=True)  # an existing output with force: replaced by the cached copy
+    assert len(runs) == 3 and not (tmp_path / "d" / "old-file").exists() and _files(tmp_path / "d") == _files(src)
+    with pytest.raises(XDeployError, match="already exists"):
+        cached("d")
+
+
+def test_export_key_holds_every_input(tmp_path):
+    """Each input that changes the artifact changes the key; what cannot be keyed bypasses the cache."""
+    import shutil
+
+    import numpy as np
+
+    from xdeploy.export.cache import EXPORT_SOURCES, export_key, export_source_hash
+    from xdeploy.export.precision import PrecisionOptions
+
+    cal = tmp_path / "cal.txt"
+    cal.write_text("one line\n")
+    base = {"preset": "tiny", "precision": "int8", "opset": 23, "out": str(tmp_path / "x"), "measured": True,
+            "precision_options": PrecisionOptions(int8_calibration_file=str(cal))}
+    k = export_key("bert", base)
+    assert k == export_key("bert", base | {"out": str(tmp_path / "y"), "force": True})  # where it goes: not keyed
+    others = [export_key("gpt", base)] + [export_key("bert", base | change) for change in (
+        {"preset": "small"}, {"precision": "fp16"}, {"opset": 18}, {"measured": False}, {"optimize": True},
+        {"config_overrides": {"max_positions": 64}},
+        {"precision_options": PrecisionOptions(int8_calibration_file=str(cal), int8_per_channel=False)})]
+    cal.write_text("another line\n")  # the calibration file's bytes, not its name
+    others.append(export_key("bert", base))
+    assert None not in others and len({k, *others}) == len(others) + 1
+    assert export_key("bert", base | {"precision_options": PrecisionOptions(amp_feeds={"x": np.zeros(1)})}) is None
+    assert export_key("bert", base | {"tokenizer_graph": lambda d, n: (b"", {})}) is None  # an unknown builder
+    with pytest.raises(XDeployError, match="calibration file"):
+        export_key("bert", base | {"precision_options": PrecisionOptions(int8_calibration_file=str(tmp_path))})
+    # the source: a copy of the package's export sources hashes the same until one file changes
+    from xdeploy.export import cache
+
+    root = Path(cache.__file__).resolve().parents[1]
+    copy = tmp_path / "src"
+    for rel in EXPORT_SOURCES:
+        if (root / rel).is_dir():
+            shutil.copytree(root / rel, copy / rel)
+        else:
+            (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(root / rel, copy / rel)
+    assert export_source_hash(copy) == export_source_hash()
+    f = copy / "export" / "onnx_export.py"
+    f.write_text(f.read_text() + "\n# changed\n")
+    assert export_source_hash(copy) != export_source_hash()

@@ -62,7 +62,7 @@ def test_sigkill_mid_export_leaves_previous_artifact_and_no_valid_partial(tmp_pa
     shutil.copytree(tiny_export("gpt"), out)  # the previous artifact (a copy: this test replaces it)
     before = json.loads((out / MANIFEST).read_text())["files"]
     # Re-export with --force in a child and SIGKILL it while its temporary directory is being filled.
-    child = subprocess.Popen([sys.executable, "-m", "xdeploy.cli", "export", "gpt", "--preset", "tiny",
+    child = subprocess.Popen([sys.executable, "-m", "xdeploy.cli", "export", "gpt", "--preset", "tiny", "--fresh",
                               "--out", str(out), "--force"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not any(p.name.startswith(".gpt.tmp-") and any(p.iterdir())

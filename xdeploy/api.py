@@ -11,6 +11,7 @@ Everything a user script needs, re-exported from the layer that owns it (the CLI
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +34,27 @@ __all__ = [
 ]
 
 
-def export(model: str, *, measured: bool = True, **kwargs: Any) -> Path:
+def export(model: str, *, measured: bool = True, cache: bool = True, fresh: bool = False,
+           log: Callable[[str], None] | None = None, **kwargs: Any) -> Path:
     """Export `model` to an artifact (export/onnx_export.py `export`, same arguments), with the measured
     refinement of reduced precisions (verify/sensitivity.py): fp16 automatic mixed precision and int8
     sensitivity keep the nodes that break the tolerance in floating point. `measured=False`: the plain
-    transform with the requested keep lists only."""
-    from xdeploy.export import onnx_export as _onnx_export  # imports torch: only when exporting
+    transform with the requested keep lists only.
 
-    return _onnx_export.export(model, refine=_refine if measured else None, **kwargs)
+    The export cache (export/cache.py `cached_export`, $XDEPLOY_CACHE/exports): an export with the same model,
+    options, library versions and xdeploy source as an earlier one copies that result into `out` (verified)
+    instead of running torch again. `fresh` exports anyway and refreshes the entry; `cache=False` neither
+    reads nor writes it. `log` receives one line when the cache is used."""
+    from xdeploy.export.cache import cached_export
+
+    def run() -> Path:
+        from xdeploy.export import onnx_export as _onnx_export  # imports torch: only when exporting
+
+        return _onnx_export.export(model, refine=_refine if measured else None, **kwargs)
+
+    if not cache:
+        return run()
+    return cached_export(model, {"measured": measured, **kwargs}, run, fresh=fresh, log=log)
 
 
 def convert_artifact(src: str | Path, out: str | Path, precision: str, *, measured: bool = True,

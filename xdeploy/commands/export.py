@@ -28,6 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_conversion_arguments(p)
     p.add_argument("--out", metavar="DIR", help="artifact directory (default artifacts/MODEL-PRESET-PRECISION)")
     p.add_argument("--force", action="store_true", help="replace an existing artifact directory")
+    p.add_argument("--fresh", action="store_true",
+                   help="export again even when the export cache ($XDEPLOY_CACHE/exports) holds the same export "
+                        "(same model, options, library versions and xdeploy source), and refresh that entry")
     p.add_argument("--tokenizer-graph", action="store_true",
                    help="also write tokenizer/tokenizer.onnx (onnxruntime-extensions), verified against HF "
                         "tokenizers: text in for the C++ runtime, Triton and Embedder(tokenizer='graph')")
@@ -112,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
                   precision=args.precision, force=args.force, attn_impl=args.attn_impl, optimize=args.optimize,
                   opt_level=args.opt_level, precision_options=precision_options(args),
                   tokenizer_graph=tokenizer_graph_builder(args.accept_tokenizer_differences)
-                  if args.tokenizer_graph else None, openvino_ir=openvino_ir(args))
+                  if args.tokenizer_graph else None, openvino_ir=openvino_ir(args), fresh=args.fresh,
+                  log=print)
     art = load_artifact(path)
     graphs = ", ".join(g.name for g in art.spec.graphs)
     print(f"exported {art.model} ({art.precision}, opset {art.opset}{', optimized' if args.optimize else ''}; "
