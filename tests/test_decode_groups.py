@@ -8,18 +8,17 @@ import dataclasses
 
 from tests.families import first
 from xdeploy.bench.memory import WEIGHT_COPIES
-from xdeploy.export.onnx_export import export
 from xdeploy.pipeline import RunConfig, _Guard, run_job
 
 
-def test_decode_in_memory_sized_groups_keeps_every_record_paired(tmp_path):
+def test_decode_in_memory_sized_groups_keeps_every_record_paired(tmp_path, tiny_export):
     model = first(generates=True)
     base = dict(artifacts=tmp_path / "art", models=(model,), smoke=True, precisions=("fp32",),
                 runners=("ort",), threads=1)
     # size the limit from the guard's own decode estimate: the baseline and one
     # runner fit, a second runner does not, so every generator gets its own group
     cfg0 = RunConfig(out=tmp_path / "x", **base)
-    fp32 = export(model, preset=cfg0.preset(model), out=tmp_path / "fp32")
+    fp32 = tiny_export(model, preset=cfg0.preset(model))  # the session's shared export (read only here)
     guard = _Guard(cfg0, None, lambda *_: None)
     limit = guard.decode_estimate(fp32, 8, 16).total + 0.5 * WEIGHT_COPIES * guard._weights(fp32)
     assert _Guard(dataclasses.replace(cfg0, memory_limit=limit), None, lambda *_: None).decode_group(fp32, 8, 16) == 1
