@@ -181,3 +181,32 @@ def test_export_key_holds_every_input(tmp_path):
     f = copy / "export" / "onnx_export.py"
     f.write_text(f.read_text() + "\n# changed\n")
     assert export_source_hash(copy) != export_source_hash()
+
+
+def test_run_job_takes_its_fp32_export_from_the_cache_and_fresh_exports_again(tmp_path, monkeypatch):
+    """`xdeploy run`'s fp32 export goes through the export cache: a second identical job copies the entry (the
+    copy keeps the entry's file times), `fresh` exports again and refreshes it."""
+    from xdeploy.pipeline import RunConfig, run_job
+
+    monkeypatch.setenv("XDEPLOY_CACHE", str(tmp_path / "cache"))
+    model = _first_model()
+    base = dict(models=(model,), presets={"*": "tiny"}, smoke=True, precisions=("fp32",), runners=("ort",),
+                threads=1, skip=("roofline", "bench", "decode", "scale"))
+
+    def job(name, **kw):
+        res = run_job(RunConfig(out=tmp_path / name, artifacts=tmp_path / f"art-{name}", **base, **kw))
+        assert not res.errors, res.errors
+        return next((tmp_path / f"art-{name}").glob("*-fp32"))
+
+    def mtime(p):
+        return (p / "manifest.json").stat().st_mtime_ns
+
+    first = job("a")
+    [entry] = (tmp_path / "cache" / "exports").iterdir()
+    assert _files(entry) == _files(first)
+    second = job("b")
+    assert _files(second) == _files(first) and mtime(second) == mtime(entry)  # copied from the entry
+    before = mtime(entry)
+    third = job("c", fresh=True)
+    assert mtime(third) != before and mtime(entry) == mtime(third)  # exported again, the entry refreshed from it
+    load_artifact(third)

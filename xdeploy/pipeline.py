@@ -67,6 +67,7 @@ class RunConfig:
     skip: tuple[str, ...] = ()  # optional phases not to run (SKIPPABLE); export, parity and report always run
     resume: bool = False  # continue the journal in `out` (skip steps already measured with the same key)
     memory_limit: float | None = None  # bytes the memory guard may assume available (None: what the OS says)
+    fresh: bool = False  # export fp32 again even when the export cache holds it (export/cache.py cached_export)
     command: str = ""  # the command line as typed, recorded in the report (default: rebuilt from the flags)
 
     def runs(self, phase: str) -> bool:
@@ -193,9 +194,14 @@ def export_all(cfg: RunConfig, model: str, prog: _Progress,
     """fp32 through the torch exporter, the other precisions converted from it (no second torch export).
     `reuse(model, precision, out, export)` may return an artifact already exported instead of calling export
     (--resume: the journal's artifact, if it still verifies)."""
+    from xdeploy.export.cache import cached_export
     from xdeploy.export.convert import convert_artifact
-    from xdeploy.export.onnx_export import export
     from xdeploy.verify.sensitivity import refine
+
+    def export(*a: Any, **k: Any) -> Path:
+        from xdeploy.export.onnx_export import export as torch_export  # imports torch: only on a cache miss
+
+        return torch_export(*a, **k)
 
     preset = cfg.preset(model)
     root = Path(cfg.artifacts)
@@ -207,7 +213,12 @@ def export_all(cfg: RunConfig, model: str, prog: _Progress,
         def one(prec: str = prec, out: Path = out) -> Path:
             with prog.step("export", f"{model} {preset} {prec}"):
                 if prec == "fp32":  # with the OpenVINO IR when a selected runner compiles it
-                    return export(model, preset=preset, out=out, force=True, openvino_ir=wants_ir)
+                    # an identical earlier export (same key as api.export(..., measured=False)) is copied from
+                    # the export cache and verified; --fresh exports again
+                    return cached_export(model, {"measured": False, "preset": preset, "out": out, "force": True,
+                                                 "openvino_ir": wants_ir},
+                                         lambda: export(model, preset=preset, out=out, force=True,
+                                                        openvino_ir=wants_ir), fresh=cfg.fresh)
                 # with the measured refinement (fp16 AMP, int8 sensitivity), as `xdeploy convert` does
                 return convert_artifact(paths["fp32"], out, prec, force=True, refine=refine)
         paths[prec] = reuse(model, prec, out, one) if reuse else one()

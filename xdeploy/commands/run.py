@@ -46,6 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run journaled in --out (after a crash, "
                    "kill or Ctrl-C): steps already measured with the same configuration, artifacts and machine "
                    "are taken from the journal")
+    p.add_argument("--fresh", action="store_true", help="export fp32 again even when the export cache "
+                   "($XDEPLOY_CACHE/exports) holds the same export, and refresh that entry")
     p.add_argument("--memory-limit", metavar="SIZE", help="memory the guard may assume available, e.g. 4GiB "
                    "(default: what the OS reports; also $XDEPLOY_MEMORY_LIMIT)")
     add_json_option(p)
@@ -74,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
                     presets={"*": args.preset} if args.preset else {},
                     smoke=args.smoke, precisions=_split(args.precisions), runners=_split(args.runners),
                     threads=args.threads, tolerances=tuple(args.tolerance), skip=_split(args.skip),
-                    resume=args.resume,
+                    resume=args.resume, fresh=args.fresh,
                     memory_limit=parse_bytes(args.memory_limit) if args.memory_limit else None,
                     command=command_line(args))
     cfg.check()
