@@ -206,3 +206,15 @@ def test_int8_from_an_fp32_artifact_without_ir_has_none(tiny_export, tmp_path: P
     art = load_artifact(convert_artifact(src, tmp_path / "c8", "int8", check_ir=check_int8_ir))
     assert "openvino" not in art.manifest and not any(f.startswith("openvino/") for f in art.manifest["files"])
     assert open_runner("ov", art, threads=1).graph_format == "onnx"
+
+
+def test_without_nncf_the_int8_artifact_says_why_it_has_no_ir(ir_artifact: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from xdeploy.export import openvino_ir
+    from xdeploy.verify.sensitivity import check_int8_ir
+
+    monkeypatch.setattr(openvino_ir, "nncf_available", lambda: False)  # as on an install without the extra
+    art = load_artifact(convert_artifact(ir_artifact, tmp_path / "c8", "int8", check_ir=check_int8_ir))
+    assert art.manifest["openvino"]["graphs"] == {} and "nncf is not installed" in art.manifest["openvino"]["reason"]
+    assert not any(f.startswith("openvino/") for f in art.manifest["files"])
+    assert open_runner("ov", art, threads=1).graph_format == "onnx"
