@@ -13,6 +13,7 @@ studies (studies/*.py).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from collections.abc import Callable, Mapping
@@ -195,11 +196,15 @@ def cached_export(model: str, options: Mapping[str, Any], run: Callable[[], Path
     if key is None:
         return run()
     out, entry = Path(options["out"]), cache_root() / "exports" / key
+    limit = _mb_env("XDEPLOY_EXPORT_CACHE_MAX_MB", DEFAULT_ENTRY_MB)  # a bad setting: an error before any work
+    _mb_env("XDEPLOY_EXPORT_CACHE_BUDGET_MB", DEFAULT_BUDGET_MB)
     if entry.is_dir() and not fresh:
         try:
             with atomic_dir(out, force=bool(options.get("force"))) as tmp:
                 shutil.copytree(entry, tmp, dirs_exist_ok=True)
                 load_artifact(tmp)  # manifest schema and every file's sha256: a damaged entry never lands
+            with contextlib.suppress(OSError):
+                os.utime(entry)  # recently used: the last to be evicted
             if log:
                 log(f"export cache: {entry} reused (same model, options, libraries and xdeploy source; "
                     "--fresh exports again)")
@@ -210,10 +215,63 @@ def cached_export(model: str, options: Mapping[str, Any], run: Callable[[], Path
             if log:
                 log(f"export cache: entry {entry} not reused ({e}); exporting")
     path = run()
+    size = _dir_bytes(path)
+    if size > limit:  # a full copy of a base-preset export costs more disk than re-exporting saves
+        if log:
+            log(f"export cache: not stored ({size / 2**20:.0f} MB > XDEPLOY_EXPORT_CACHE_MAX_MB "
+                f"{limit / 2**20:.0f} MB)")
+        return path
     try:  # a cache that cannot be written costs the next export its reuse, never this one its result
         with atomic_dir(entry, force=True) as tmp:
             shutil.copytree(path, tmp, dirs_exist_ok=True)
+        evict_exports(keep=entry)
     except (XDeployError, OSError) as e:
         if log:
             log(f"export cache: not stored ({e})")
     return path
+
+
+# Size policy of the export cache: entries are full copies, so only small exports are kept (tiny and small
+# presets: what tests, docs and quick runs repeat), and the folder is held under a budget, least recently used
+# first out (a hit touches its entry).
+DEFAULT_ENTRY_MB = 256.0
+DEFAULT_BUDGET_MB = 2048.0
+
+
+def _mb_env(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    try:
+        mb = float(raw) if raw not in (None, "") else default
+    except ValueError:
+        raise XDeployError(f"{name}={raw!r}: expected a number of megabytes") from None
+    if mb < 0:
+        raise XDeployError(f"{name}={raw!r}: expected a number of megabytes >= 0")
+    return mb * 2**20
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
+def evict_exports(keep: Path | None = None) -> list[Path]:
+    """Remove the least recently used export-cache entries until the folder fits XDEPLOY_EXPORT_CACHE_BUDGET_MB
+    (default 2048); `keep` (the entry just stored) is never removed. Returns the removed entries."""
+    import shutil
+
+    root = cache_root() / "exports"
+    if not root.is_dir():
+        return []
+    budget = _mb_env("XDEPLOY_EXPORT_CACHE_BUDGET_MB", DEFAULT_BUDGET_MB)
+    entries = sorted((p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")),
+                     key=lambda p: p.stat().st_mtime)  # oldest use first
+    sizes = {p: _dir_bytes(p) for p in entries}
+    total, removed = sum(sizes.values()), []
+    for p in entries:
+        if total <= budget:
+            break
+        if keep is not None and p.resolve() == Path(keep).resolve():
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        total -= sizes[p]
+        removed.append(p)
+    return removed

@@ -140,6 +140,45 @@ def test_export_cache_verifies_entries_and_fresh_exports_again(tmp_path, monkeyp
         cached("d")
 
 
+def test_export_cache_keeps_only_small_entries_within_its_budget(tmp_path, monkeypatch, tiny_export):
+    """Entries are full copies: an export over XDEPLOY_EXPORT_CACHE_MAX_MB is not stored, and past
+    XDEPLOY_EXPORT_CACHE_BUDGET_MB the least recently used entries go first (a hit counts as a use); a bad
+    setting is one clear error."""
+    import os
+    import shutil
+
+    from xdeploy.export.cache import _dir_bytes, cached_export
+
+    monkeypatch.setenv("XDEPLOY_CACHE", str(tmp_path / "cache"))
+    model = _first_model()
+    src = tiny_export(model)
+    mb = _dir_bytes(src) / 2**20
+    root = tmp_path / "cache" / "exports"
+
+    def cached(name, seed):
+        out = tmp_path / name
+        return cached_export(model, {"preset": "tiny", "seed": seed, "out": out, "force": True},
+                             lambda: Path(shutil.copytree(src, out)), log=logs.append)
+
+    logs: list[str] = []
+    monkeypatch.setenv("XDEPLOY_EXPORT_CACHE_MAX_MB", str(mb / 2))
+    cached("big", 0)
+    assert "not stored" in logs[-1] and "XDEPLOY_EXPORT_CACHE_MAX_MB" in logs[-1] and not root.exists()
+    monkeypatch.delenv("XDEPLOY_EXPORT_CACHE_MAX_MB")
+    monkeypatch.setenv("XDEPLOY_EXPORT_CACHE_BUDGET_MB", str(2.5 * mb))  # room for two entries
+    cached("a", 1)
+    cached("b", 2)
+    [ea, eb] = sorted(root.iterdir(), key=lambda p: p.stat().st_mtime)
+    os.utime(ea, (1, 1)), os.utime(eb, (2, 2))
+    cached("a2", 1)  # a hit on the older entry: it becomes the most recently used
+    assert "reused" in logs[-1]
+    cached("c", 3)  # a third entry: the least recently used (b) goes
+    assert ea.is_dir() and not eb.exists() and len(list(root.iterdir())) == 2
+    monkeypatch.setenv("XDEPLOY_EXPORT_CACHE_BUDGET_MB", "lots")
+    with pytest.raises(XDeployError, match="XDEPLOY_EXPORT_CACHE_BUDGET_MB='lots': expected a number"):
+        cached("d", 4)
+
+
 def test_export_key_holds_every_input(tmp_path):
     """Each input that changes the artifact changes the key; what cannot be keyed bypasses the cache."""
     import shutil
