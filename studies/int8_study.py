@@ -143,11 +143,18 @@ def speed(arts: dict[str, Path], cands: list[tuple[str, str, str, dict[str, Any]
     feeds = make_feeds(graph, sizes, seed=0)
     flops = get_family(fp32.model).flops(fp32.config, sizes)
     peaks = _peaks()
-    runners, calls, formats = {}, {}, {}
+    runners, calls, formats, skipped = {}, {}, {}, {}
     try:
         for label, spec, key, options in cands:
-            runners[label] = open_runner(spec, load_artifact(arts[key]), threads=threads, **options)
-            calls[label] = runners[label].prepare(feeds)
+            try:  # a runtime that cannot load a graph (NNCF's Q/DQ in onnxruntime) is reported, not fatal
+                runners[label] = open_runner(spec, load_artifact(arts[key]), threads=threads, **options)
+                calls[label] = runners[label].prepare(feeds)
+                calls[label]()
+            except XDeployError as e:
+                runners.pop(label, None)
+                calls.pop(label, None)
+                skipped[label] = str(e).splitlines()[0][:300]
+                continue
             formats[label] = getattr(runners[label], "graph_format", "onnx")
         c = compare(calls, baseline=baseline, max_seconds=max_seconds, log=lambda m: print(m, file=sys.stderr))
     finally:
@@ -155,6 +162,8 @@ def speed(arts: dict[str, Path], cands: list[tuple[str, str, str, dict[str, Any]
             r.close()
     res = {}
     for label, spec, key, _ in cands:
+        if label in skipped:
+            continue
         lat, sp, st = c.latency[label], c.speedups.get(label), c.stability(label)
         med = c.series[label].median_s
         prec = "int8" if key not in ("fp32",) else ("bf16" if spec.endswith(":bf16") else "fp32")
@@ -165,7 +174,7 @@ def speed(arts: dict[str, Path], cands: list[tuple[str, str, str, dict[str, Any]
                       "stable": st["stable"], "cause": st["cause"], "reasons": st["reasons"],
                       "gflops": flops / med / 1e9, "peak_precision": prec,
                       "pct_of_peak": None if not peak else 100.0 * flops / med / peak}
-    return {"flops": flops, "sizes": sizes, "results": res, "stable": c.stable, "cause": c.cause,
+    return {"flops": flops, "sizes": sizes, "results": res, "skipped": skipped, "stable": c.stable, "cause": c.cause,
             "load": c.stability(baseline)["load"], "attempts": c.attempts}
 
 
@@ -245,6 +254,8 @@ def _print_speed(s: dict[str, Any], a: argparse.Namespace) -> None:
     print(f"\n{a.model} {a.preset or 'ckpt'} batch {a.batch} seq {a.seq}, {a.threads} thread(s), interleaved "
           f"rounds (bench/interleave); speed-up = median paired-round ratio vs {base} [95% interval]; "
           f"load: {s['load']}")
+    for label, why in s.get("skipped", {}).items():
+        print(f"  {label:30s} not run: {why}")
     for label, r in s["results"].items():
         sp = r["speedup"]
         ratio = "–" if sp is None else (f"x{sp['median']:.2f} [{sp['low']:.2f}, {sp['high']:.2f}]" if r["stable"]
