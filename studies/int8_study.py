@@ -251,7 +251,8 @@ def _peaks() -> dict[str, float]:
 
 def _print_speed(s: dict[str, Any], a: argparse.Namespace) -> None:
     base = s["baseline"]
-    print(f"\n{a.model} {a.preset or 'ckpt'} batch {a.batch} seq {a.seq}, {a.threads} thread(s), interleaved "
+    sizes = ", ".join(f"{k} {v}" for k, v in s["sizes"].items())  # the graph's own axes (no seq for ViT)
+    print(f"\n{a.model} {a.preset or 'ckpt'} {sizes}, {a.threads} thread(s), interleaved "
           f"rounds (bench/interleave); speed-up = median paired-round ratio vs {base} [95% interval]; "
           f"load: {s['load']}")
     for label, why in s.get("skipped", {}).items():
