@@ -92,14 +92,16 @@ def convert_artifact(src: str | Path, out: str | Path, precision: str, *, optimi
         ir_section = _int8_ir_section(art, check_ir) if precision == "int8" and ir_graphs else None
         for graph in art.spec.graphs:
             proto = onnx.load(str(art.onnx_path(graph.name)))
+            make_ir = ir_section is not None and "reason" not in ir_section
             fp32 = onnx.ModelProto()
-            fp32.CopyFrom(proto)  # the int8 IR's check compares against the fp32 graph
+            if make_ir:  # the int8 IR's check compares against the fp32 graph (convert_graph edits `proto`)
+                fp32.CopyFrom(proto)
             q, info = convert_graph(proto, precision, graph=graph, spec=art.spec, model=art.model,
                                     config=art.manifest["config"], optimizer=optimizer, optimize=optimize,
                                     opt_level=opt_level, options=options, refine=refine)
             w.manifest["conversion"][graph.name] = info
             w.add_graph(graph.name, q)
-            if ir_section is not None and "reason" not in ir_section:
+            if make_ir:
                 _add_int8_ir(w, ir_section, art, graph, fp32, q, info, options, check_ir)
         prec.check_requested_nodes(precision, options, w.manifest["conversion"])
         if ir_section is not None:
