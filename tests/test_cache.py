@@ -167,8 +167,9 @@ def test_export_cache_keeps_only_small_entries_within_its_budget(tmp_path, monke
     monkeypatch.delenv("XDEPLOY_EXPORT_CACHE_MAX_MB")
     monkeypatch.setenv("XDEPLOY_EXPORT_CACHE_BUDGET_MB", str(2.5 * mb))  # room for two entries
     cached("a", 1)
+    [ea] = root.iterdir()
     cached("b", 2)
-    [ea, eb] = sorted(root.iterdir(), key=lambda p: p.stat().st_mtime)
+    [eb] = set(root.iterdir()) - {ea}  # not by mtime: two entries made in the same clock tick tie
     os.utime(ea, (1, 1)), os.utime(eb, (2, 2))
     cached("a2", 1)  # a hit on the older entry: it becomes the most recently used
     assert "reused" in logs[-1]
