@@ -10,6 +10,11 @@ exceeds BOTH
 
 so a shared, noisy machine does not fail CI on jitter that its own measurements show. Parity records regress
 when a check that passed in A fails in B. Records present in only one run are listed, never flagged.
+
+Timings compare only within one machine class (core/fingerprint.py `machine_class`: vendor, model, matrix ISA,
+CPUs): two runs measured on different classes are refused, unless `across_machines` is given; then their timing
+changes are shown with the status "other machine" and never counted (a Zen 5 run against a Xeon AMX reference
+says how the machines differ, not whether the code got slower). Parity verdicts still compare.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from xdeploy.core.errors import XDeployError
+from xdeploy.core.fingerprint import machine_class
 from xdeploy.core.records import IDENTITY
 from xdeploy.reports.render import load_results
 
@@ -44,13 +50,20 @@ class Row:
     b: float | None
     spread: float | None  # (p90 - p50) of A + of B: the noise band a change must exceed
     change: float | None  # (b - a) / a
-    status: str  # "ok" | "regression" | "improvement" | "noise" | "only in A" | "only in B"
+    status: str  # "ok" | "regression" | "improvement" | "noise" | "other machine" | "only in A" | "only in B"
 
 
 @dataclass(frozen=True)
 class Comparison:
     rows: tuple[Row, ...]
     threshold: float
+    machines_a: tuple[str, ...] = ()  # machine classes of A's records (those that carry a fingerprint)
+    machines_b: tuple[str, ...] = ()
+
+    @property
+    def same_machine(self) -> bool:
+        """Both runs on one machine class (or a side without fingerprints: nothing says they differ)."""
+        return not self.machines_a or not self.machines_b or set(self.machines_a) == set(self.machines_b)
 
     @property
     def regressions(self) -> tuple[Row, ...]:
@@ -58,7 +71,13 @@ class Comparison:
 
     def as_dict(self) -> dict[str, Any]:
         return {"threshold": self.threshold, "regressions": len(self.regressions),
-                "rows": [asdict(r) for r in self.rows]}
+                "machines_a": list(self.machines_a), "machines_b": list(self.machines_b),
+                "same_machine": self.same_machine, "rows": [asdict(r) for r in self.rows]}
+
+
+def machine_classes(records: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    """The machine classes the records were measured on (sorted; records without a fingerprint add none)."""
+    return tuple(sorted({machine_class(r["fingerprint"]) for r in records if isinstance(r.get("fingerprint"), dict)}))
 
 
 def identity(rec: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -101,9 +120,15 @@ def _index(records: Sequence[Mapping[str, Any]], which: str) -> dict[tuple[str, 
 
 
 def compare_records(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]], *,
-                    threshold: float = DEFAULT_THRESHOLD) -> Comparison:
+                    threshold: float = DEFAULT_THRESHOLD, across_machines: bool = False) -> Comparison:
     if not 0 <= threshold < 10:
         raise XDeployError(f"threshold must be a fraction in [0, 10) (0.10 = 10%); got {threshold}")
+    ma_, mb_ = machine_classes(a), machine_classes(b)
+    same = Comparison((), threshold, ma_, mb_).same_machine
+    if not same and not across_machines:
+        raise XDeployError(f"A was measured on '{' + '.join(ma_)}', B on '{' + '.join(mb_)}': timings of different "
+                           "machine classes do not compare; measure the baseline on this class, or pass "
+                           "--across-machines to see them side by side (timing changes then never count)")
     ia, ib = _index(a, "A"), _index(b, "B")
     rows: list[Row] = []
     for ident in sorted(set(ia) | set(ib)):
@@ -137,13 +162,17 @@ def compare_records(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any
             status = "improvement" if va - vb > spread else "noise"
         else:
             status = "ok"
+        if not same and status != "ok":
+            status = "other machine"  # shown, never counted: the machines differ, not (only) the code
         rows.append(Row(kind, key, metric, va, vb, spread, change, status))
-    return Comparison(tuple(rows), threshold)
+    return Comparison(tuple(rows), threshold, ma_, mb_)
 
 
-def compare_runs(run_a: str, run_b: str, *, threshold: float = DEFAULT_THRESHOLD) -> Comparison:
+def compare_runs(run_a: str, run_b: str, *, threshold: float = DEFAULT_THRESHOLD,
+                 across_machines: bool = False) -> Comparison:
     """Compare two report directories (or their results.json files)."""
-    return compare_records(load_results(run_a)["records"], load_results(run_b)["records"], threshold=threshold)
+    return compare_records(load_results(run_a)["records"], load_results(run_b)["records"], threshold=threshold,
+                           across_machines=across_machines)
 
 
 def render_table(c: Comparison, title: str = "") -> Any:
@@ -156,7 +185,7 @@ def render_table(c: Comparison, title: str = "") -> Any:
     for col, just in (("kind", "left"), ("configuration", "left"), ("metric", "left"), ("A", "right"),
                       ("B", "right"), ("change", "right"), ("noise", "right"), ("status", "left")):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
-    style = {"regression": "bold red", "improvement": "green", "noise": "yellow"}
+    style = {"regression": "bold red", "improvement": "green", "noise": "yellow", "other machine": "yellow"}
     for r in c.rows:
         fmt = (lambda v: "–" if v is None else f"{v:.3g}") if r.kind == "parity" else _fmt_s
         t.add_row(r.kind, r.key, r.metric, fmt(r.a), fmt(r.b),

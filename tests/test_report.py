@@ -256,6 +256,34 @@ def test_compare_passes_equal_runs_and_noise_within_spread():
         compare_records(a, a, threshold=-1)
 
 
+def test_compare_refuses_runs_of_different_machine_classes_unless_told(tmp_path, capsys):
+    """A run from another machine class is refused (exit 2, naming both classes); --across-machines shows the
+    timing changes as 'other machine' without counting them, while a parity check that starts failing still
+    counts."""
+    a, b = synthetic_records(), synthetic_records(slow=1.3)
+    for r in b:
+        r["fingerprint"] = {**r["fingerprint"], "cpu_vendor": "AuthenticAMD", "cpu_model": "AMD EPYC 9B45",
+                            "isa": ["avx2", "avx512f", "avx512_bf16", "avx512_vnni"]}
+    with pytest.raises(XDeployError, match=r"B on 'AMD: AMD EPYC 9B45.*--across-machines"):
+        compare_records(a, b)
+    c = compare_records(a, b, across_machines=True)
+    assert not c.same_machine and c.machines_b[0].startswith("AMD: AMD EPYC 9B45")
+    assert not c.regressions and sum(r.status == "other machine" for r in c.rows) == 6
+    next(r for r in b if r["kind"] == "parity")["passed"] = False
+    assert [r.kind for r in compare_records(a, b, across_machines=True).regressions] == ["parity"]
+    _write_run(tmp_path / "a", a)
+    _write_run(tmp_path / "b", b)
+    capsys.readouterr()
+    assert main(["report", "compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("xdeploy: error: A was measured on") and "\n" not in err
+    assert main(["report", "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--across-machines",
+                 "--json", str(tmp_path / "c.json")]) == 1  # the parity regression
+    doc = json.loads((tmp_path / "c.json").read_text())
+    assert doc["same_machine"] is False and doc["regressions"] == 1
+    assert "different machine classes" in capsys.readouterr().out
+
+
 def test_compare_cli_errors_are_one_line(tmp_path, capsys):
     assert main(["report", "compare", str(tmp_path / "none"), str(tmp_path / "none")]) == 2
     (tmp_path / "bad.json").write_text("{}")

@@ -357,8 +357,8 @@ def check_artifact(artifact: Any, runners: Sequence[str], *, shapes: Sequence[tu
     outputs = {t.name for gname in graph_names for t in artifact.graph(gname).outputs}
     unknown = sorted(set(overrides or {}) - outputs - {"*"})
     if unknown:
-        raise XDeployError(f"tolerance override for unknown output(s) {', '.join(unknown)}; the graphs "
-                           f"{', '.join(graph_names)} give: {', '.join(sorted(outputs))}")
+        raise XDeployError(f"tolerance override for unknown output(s) {', '.join(unknown)}; expected an output "
+                           f"of graph(s) {', '.join(graph_names)}: {', '.join(sorted(outputs))}")
     checks: list[OutputCheck] = []
     infos: list[dict[str, Any]] = []
     findings: list[LayerwiseFinding] = []

@@ -30,6 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("run_b", metavar="RUN_B", help="candidate report directory (or its results.json)")
     c.add_argument("--threshold", type=float, default=0.10, help="relative slowdown that fails (default 0.10 = 10%%)")
     c.add_argument("--all", action="store_true", help="show every matched record, not only changes")
+    c.add_argument("--across-machines", action="store_true",
+                   help="compare runs of different machine classes (refused otherwise): timing changes are shown "
+                   "as 'other machine' and never counted; parity verdicts still are")
     add_json_option(c)
 
 
@@ -90,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
 
     from xdeploy.reports.compare import compare_runs, render_table
 
-    c = compare_runs(args.run_a, args.run_b, threshold=args.threshold)
+    c = compare_runs(args.run_a, args.run_b, threshold=args.threshold, across_machines=args.across_machines)
     matched = sum(r.a is not None and r.b is not None for r in c.rows)
     if not matched:  # a gate that compared nothing must not pass
         raise XDeployError(f"nothing to compare: {args.run_a} and {args.run_b} have no record in common (records "
@@ -99,6 +102,11 @@ def run(args: argparse.Namespace) -> int:
     shown = c if args.all else type(c)(tuple(r for r in c.rows if r.status != "ok"), c.threshold)
     console.print(render_table(shown, title=f"{args.run_a} -> {args.run_b} (threshold {100 * c.threshold:.0f}%, "
                                              "noise = p90-p50 of A + B)"))
+    if not c.same_machine:
+        from rich.markup import escape
+
+        console.print(f"[yellow]different machine classes[/]: A {escape(' + '.join(c.machines_a))}; B "
+                      f"{escape(' + '.join(c.machines_b))}: timing changes are not counted")
     n_ok = sum(r.status == "ok" for r in c.rows)
     console.print(f"{matched} matched records, {n_ok} unchanged within threshold; "
                   f"{len(c.regressions)} regression(s)" + ("" if args.all else " (use --all to list every record)"))
