@@ -1,14 +1,16 @@
-"""The one artifact cache: export a model once per key, reuse the directory while it still loads and verifies.
+"""The artifact cache: an export runs once per key; later calls reuse it while it still loads and verifies.
 
-    from xdeploy.export.cache import cached_artifact
-    path = cached_artifact("bert", preset="tiny", precision="int8")                  # $XDEPLOY_CACHE/artifacts/...
+Two ways in, one key (`export_key`: the model and every export option, the checkpoint's files or the preset, the
+calibration file's bytes, the library versions and the source an export runs):
+
+    from xdeploy.export.cache import cached_artifact, cached_export
+    path = cached_artifact("bert", preset="tiny", precision="int8")   # used in place: $XDEPLOY_CACHE/artifacts/...
     path = cached_artifact("bert", checkpoint="ckpt/minilm", root="artifacts/embed")  # a study's own folder
+    cached_export("bert", {"preset": "tiny", "out": "artifacts/bert"}, run)   # copied out: `xdeploy export` / api
 
-The key holds everything that changes the graph: model, preset (or the checkpoint's file names, sizes and
-modification times), precision, opset, attention kernel, config overrides that differ from the preset, and a
-hash of the model/export source, so a changed exporter never serves a stale graph. A damaged entry (it no longer
-loads or its sha256s do not match) is exported again. Used by `xdeploy bench`/`scale` (bench/suite.py) and the
-studies (studies/*.py).
+`cached_artifact` (bench/suite.py, bench/scale.py, the studies) returns the cache directory itself; a damaged entry
+(it no longer loads or its sha256s do not match) is exported again. `cached_export` (api.export, `xdeploy export`,
+`xdeploy run`) copies an entry into the caller's `--out` and verifies the copy, so the user's artifact is theirs.
 """
 
 from __future__ import annotations
@@ -26,19 +28,6 @@ from xdeploy.core.errors import XDeployError
 def cache_root() -> Path:
     """$XDEPLOY_CACHE, else ~/.cache/xdeploy: artifacts, the roofline, compiled-model caches."""
     return Path(os.environ.get("XDEPLOY_CACHE") or Path.home() / ".cache" / "xdeploy")
-
-
-def source_hash() -> str:
-    """Hash of the model and export source: a cached artifact is reused only if these files are unchanged."""
-    import xdeploy.export
-    import xdeploy.models
-
-    h = hashlib.sha256()
-    for pkg in (xdeploy.models, xdeploy.export):
-        for p in sorted(Path(pkg.__path__[0]).glob("*.py")):
-            h.update(p.name.encode())
-            h.update(p.read_bytes())
-    return h.hexdigest()[:10]
 
 
 def _checkpoint_key(checkpoint: str | Path) -> str:
@@ -76,8 +65,13 @@ def cached_artifact(model: str, *, preset: str | None = None, checkpoint: str | 
     overrides = {k: v for k, v in (overrides or {}).items() if getattr(base, k, object()) != v}
     ov = "".join(f"-{k}{v}" for k, v in sorted(overrides.items()))
     source = preset if checkpoint is None else _checkpoint_key(checkpoint)
-    measured = "-measured" if refine is not None and precision not in ("fp32", "int8-dynamic") else ""
-    name = f"{model}-{source}-{precision}{measured}-o{opset}-{attn_impl or 'sdpa'}{ov}-{source_hash()}"
+    measured = refine is not None and precision not in ("fp32", "int8-dynamic")
+    # the key of cached_export (library versions and export source included), behind a name a person can read
+    key = export_key(model, {"preset": preset, "checkpoint": checkpoint, "precision": precision, "opset": opset,
+                             "attn_impl": attn_impl, "config_overrides": overrides or None, "measured": measured})
+    assert key is not None  # every field above is keyable
+    name = (f"{model}-{source}-{precision}{'-measured' if measured else ''}-o{opset}-{attn_impl or 'sdpa'}{ov}-"
+            f"{key.rsplit('-', 1)[1][:10]}")
     path = Path(root) / name if root is not None else cache_root() / "artifacts" / name
     if path.exists() and not fresh:
         try:

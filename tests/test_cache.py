@@ -20,7 +20,11 @@ def _first_model() -> str:
     return min(tiny, key=lambda name: len(MODELS[name].spec(MODELS[name].presets["tiny"]).graphs))
 
 
-def test_preset_entries_are_reused_and_damaged_ones_rebuilt(tmp_path):
+def test_preset_entries_are_reused_and_damaged_ones_rebuilt(tmp_path, monkeypatch):
+    """cached_artifact: one export per key, reused in place; a damaged entry is rebuilt; the key is the export
+    cache's (export_key), so a change to the source an export runs gives a new entry."""
+    import xdeploy.export.cache as cache
+
     model = _first_model()
     logs: list[str] = []
     a = cached_artifact(model, preset="tiny", root=tmp_path, log=logs.append)
@@ -34,6 +38,9 @@ def test_preset_entries_are_reused_and_damaged_ones_rebuilt(tmp_path):
     c = cached_artifact(model, preset="tiny", root=tmp_path, log=logs.append)
     assert c == a and len(logs) == 2 and load_artifact(c).path == a  # exported again, verified
     assert (a / "manifest.json").stat().st_mtime_ns != stamp
+    monkeypatch.setattr(cache, "export_source_hash", lambda: "edited exporter")
+    d = cached_artifact(model, preset="tiny", root=tmp_path, log=logs.append)
+    assert d != a and len(logs) == 3 and d.name.rsplit("-", 1)[0] == a.name.rsplit("-", 1)[0]
 
 
 def test_checkpoint_entries_follow_the_checkpoint(tmp_path):
