@@ -38,16 +38,23 @@ def causal_bias(t: int | torch.Tensor, s: int | torch.Tensor, device: torch.devi
 class MultiHeadAttention(nn.Module):
     """y = softmax(q k^T / sqrt(hs) + bias) v over nh heads of size hs = C / nh."""
 
-    def __init__(self, d_model: int, n_heads: int, *, bias: bool = True, impl: str = "sdpa") -> None:
+    def __init__(self, d_model: int, n_heads: int, *, bias: bool = True, impl: str = "sdpa",
+                 fused_qkv: bool = False) -> None:
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model {d_model} is not divisible by n_heads {n_heads}")
         if impl not in ATTENTION_IMPLS:
             raise ValueError(f"attention impl {impl!r}; expected one of {ATTENTION_IMPLS}")
         self.n_heads, self.head_size, self.impl = n_heads, d_model // n_heads, impl
-        self.query = nn.Linear(d_model, d_model, bias=bias)
-        self.key = nn.Linear(d_model, d_model, bias=bias)
-        self.value = nn.Linear(d_model, d_model, bias=bias)
+        if fused_qkv:
+            # one (C -> 3C) GEMM instead of three (C -> C): what GPT-2 checkpoints store (c_attn). OpenVINO
+            # runs one wide FullyConnected faster than three narrow ones (GPT-2 small prefill, bf16: docs/benchmarks.md)
+            self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
+        else:
+            self.query = nn.Linear(d_model, d_model, bias=bias)
+            self.key = nn.Linear(d_model, d_model, bias=bias)
+            self.value = nn.Linear(d_model, d_model, bias=bias)
+        self.fused_qkv = fused_qkv
         self.out = nn.Linear(d_model, d_model, bias=bias)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
@@ -56,6 +63,9 @@ class MultiHeadAttention(nn.Module):
 
     def project_kv(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of `src` (B, S, C) -> 2 x (B, nh, S, hs); done once per encoder output."""
+        if self.fused_qkv:
+            raise ValueError("cross-attention (project_kv) needs separate key/value projections; "
+                             "build it with fused_qkv=False")
         return self._heads(self.key(src)), self._heads(self.value(src))
 
     def forward(
@@ -77,8 +87,13 @@ class MultiHeadAttention(nn.Module):
         Returns y (B, T, C) and the (k, v) computed here, 2 x (B, nh, T, hs), for the caller to cache.
         """
         b, t, c = x.shape
-        q = self._heads(self.query(x))  # (B, nh, T, hs)
-        k, v = self.project_kv(x) if kv is None else kv
+        if self.fused_qkv and kv is None:
+            q, k, v = (self._heads(h) for h in self.qkv(x).split(c, dim=-1))  # 3 x (B, nh, T, hs)
+        elif self.fused_qkv:
+            raise ValueError("precomputed kv (cross-attention) needs fused_qkv=False")
+        else:
+            q = self._heads(self.query(x))  # (B, nh, T, hs)
+            k, v = self.project_kv(x) if kv is None else kv
         if past is None:
             y = self._attend(q, k, v, bias)
         else:

@@ -50,7 +50,7 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(cfg.max_positions, cfg.d_model)
         self.layers = nn.ModuleList(
             Layer(cfg.d_model, cfg.n_heads, cfg.d_ff, act="gelu_tanh", eps=cfg.eps, norm_first=True,
-                  impl=cfg.attn_impl)
+                  impl=cfg.attn_impl, fused_qkv=True)  # one c_attn GEMM, as GPT-2 stores it
             for _ in range(cfg.n_layers)
         )
         self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.eps)
@@ -128,10 +128,9 @@ def config_from_hf(c: Mapping[str, Any]) -> GPTConfig:
 
 
 def state_dict_from_hf(tensors: Mapping[str, torch.Tensor], cfg: GPTConfig) -> dict[str, torch.Tensor]:
-    # GPT-2 stores its linears as Conv1D with weight (in, out): transpose into nn.Linear's (out, in),
-    # and split the fused c_attn (C, 3C) into query/key/value.
+    # GPT-2 stores its linears as Conv1D with weight (in, out): transpose into nn.Linear's (out, in). The fused
+    # c_attn (C, 3C) is our attn.qkv as it is (q | k | v along the output axis).
     out: dict[str, torch.Tensor] = {}
-    c = cfg.d_model
     for key, w in tensors.items():
         key = key.removeprefix("transformer.")
         parts = key.split(".")
@@ -145,19 +144,13 @@ def state_dict_from_hf(tensors: Mapping[str, torch.Tensor], cfg: GPTConfig) -> d
             continue
         i, rest = parts[1], ".".join(parts[2:])
         p = f"layers.{i}."
-        if rest.startswith("attn.c_attn."):
-            kind = parts[-1]
-            chunks = w.split(c, dim=-1)
-            for name, chunk in zip(("query", "key", "value"), chunks):
-                out[f"{p}attn.{name}.{kind}"] = chunk.T.contiguous() if kind == "weight" else chunk
-            continue
-        simple = {"ln_1": "ln1", "ln_2": "ln2", "attn.c_proj": "attn.out", "mlp.c_fc": "ffn.fc1",
-                  "mlp.c_proj": "ffn.fc2"}
+        simple = {"ln_1": "ln1", "ln_2": "ln2", "attn.c_attn": "attn.qkv", "attn.c_proj": "attn.out",
+                  "mlp.c_fc": "ffn.fc1", "mlp.c_proj": "ffn.fc2"}
         mod, kind = rest.rsplit(".", 1)
         if mod not in simple:
             out[key] = w
             continue
-        conv = mod in ("attn.c_proj", "mlp.c_fc", "mlp.c_proj") and kind == "weight"
+        conv = mod in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj") and kind == "weight"
         out[f"{p}{simple[mod]}.{kind}"] = w.T.contiguous() if conv else w
     return out
 

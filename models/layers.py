@@ -31,10 +31,10 @@ class FeedForward(nn.Module):
 
 class Layer(nn.Module):
     def __init__(self, d_model: int, n_heads: int, d_ff: int, *, act: str, eps: float, norm_first: bool,
-                 cross: bool = False, impl: str = "sdpa") -> None:
+                 cross: bool = False, impl: str = "sdpa", fused_qkv: bool = False) -> None:
         super().__init__()
         self.norm_first = norm_first
-        self.attn = MultiHeadAttention(d_model, n_heads, impl=impl)
+        self.attn = MultiHeadAttention(d_model, n_heads, impl=impl, fused_qkv=fused_qkv)
         self.ln1 = nn.LayerNorm(d_model, eps=eps)
         self.cross = MultiHeadAttention(d_model, n_heads, impl=impl) if cross else None
         self.ln_cross = nn.LayerNorm(d_model, eps=eps) if cross else None

@@ -131,3 +131,28 @@ def test_analytic_flops_match_classic_formula():
     d, t = 768, 128
     classic = 12 * (24 * t * d * d + 4 * t * t * d)
     assert abs(f - classic) / classic < 0.01
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "math"])
+def test_fused_qkv_attention_equals_three_projections(impl):
+    """GPT's one C -> 3C projection (GPT-2's c_attn) computes what separate query/key/value projections with the
+    same weights compute, with and without a KV cache; cross-attention refuses it (it needs keys of another
+    sequence)."""
+    from xdeploy.models.attention import MultiHeadAttention, causal_bias
+
+    torch.manual_seed(0)
+    fused, split = MultiHeadAttention(32, 4, impl=impl, fused_qkv=True), MultiHeadAttention(32, 4, impl=impl)
+    assert not hasattr(fused, "query") and fused.qkv.out_features == 96
+    with torch.no_grad():
+        for lin, w, b in zip((split.query, split.key, split.value), fused.qkv.weight.split(32),
+                             fused.qkv.bias.split(32)):
+            lin.weight.copy_(w), lin.bias.copy_(b)
+        split.out.load_state_dict(fused.out.state_dict())
+    x, past = torch.randn(2, 5, 32), (torch.randn(2, 4, 3, 8), torch.randn(2, 4, 3, 8))
+    for kwargs in ({}, {"past": past}):
+        (yf, kvf), (ys, kvs) = fused(x, causal_bias(5, 5), **kwargs), split(x, causal_bias(5, 5), **kwargs)
+        torch.testing.assert_close(yf, ys)
+        torch.testing.assert_close(kvf, kvs)
+    assert type(build("gpt", get_config("gpt", "tiny")).layers[0].attn.qkv) is torch.nn.Linear
+    with pytest.raises(ValueError, match="fused_qkv=False"):
+        fused(x, None, kv=past)
