@@ -46,10 +46,12 @@ def _checkpoint_key(checkpoint: str | Path) -> str:
 def cached_artifact(model: str, *, preset: str | None = None, checkpoint: str | Path | None = None,
                     precision: str = "fp32", opset: int | None = None, attn_impl: str | None = None,
                     overrides: Mapping[str, Any] | None = None, root: str | Path | None = None,
-                    fresh: bool = False, log: Callable[[str], None] | None = None, refine: Any = None) -> Path:
+                    fresh: bool = False, log: Callable[[str], None] | None = None, refine: Any = None,
+                    openvino_ir: bool = False) -> Path:
     """Export `model` (a preset, default its first; or a `checkpoint`) once per key under `root` (default
     cache_root()/artifacts); later calls return the cached directory. `fresh` exports again. `refine`: the
-    measured keep-float search (verify/sensitivity.refine) for fp16/int8; part of the key."""
+    measured keep-float search (verify/sensitivity.refine) for fp16/int8; `openvino_ir`: with the OpenVINO IR
+    (fp32); both part of the key."""
     from xdeploy.export.artifact import load_artifact
     from xdeploy.export.onnx_export import DEFAULT_OPSET, export
     from xdeploy.models.registry import get_family
@@ -68,10 +70,11 @@ def cached_artifact(model: str, *, preset: str | None = None, checkpoint: str | 
     measured = refine is not None and precision not in ("fp32", "int8-dynamic")
     # the key of cached_export (library versions and export source included), behind a name a person can read
     key = export_key(model, {"preset": preset, "checkpoint": checkpoint, "precision": precision, "opset": opset,
-                             "attn_impl": attn_impl, "config_overrides": overrides or None, "measured": measured})
+                             "attn_impl": attn_impl, "config_overrides": overrides or None, "measured": measured,
+                             "openvino_ir": openvino_ir})
     assert key is not None  # every field above is keyable
-    name = (f"{model}-{source}-{precision}{'-measured' if measured else ''}-o{opset}-{attn_impl or 'sdpa'}{ov}-"
-            f"{key.rsplit('-', 1)[1][:10]}")
+    name = (f"{model}-{source}-{precision}{'-measured' if measured else ''}{'-ir' if openvino_ir else ''}-o{opset}-"
+            f"{attn_impl or 'sdpa'}{ov}-{key.rsplit('-', 1)[1][:10]}")
     path = Path(root) / name if root is not None else cache_root() / "artifacts" / name
     if path.exists() and not fresh:
         try:
@@ -83,7 +86,7 @@ def cached_artifact(model: str, *, preset: str | None = None, checkpoint: str | 
         log(f"exporting {model} {source} {precision} opset {opset} {attn_impl or 'sdpa'}{ov} -> {path}")
     kwargs: dict[str, Any] = {"config_overrides": dict(overrides)} if overrides else {}
     return export(model, preset=preset, checkpoint=checkpoint, out=path, opset=opset, precision=precision,
-                  attn_impl=attn_impl, force=True, refine=refine, **kwargs)
+                  attn_impl=attn_impl, force=True, refine=refine, openvino_ir=openvino_ir, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------------------------

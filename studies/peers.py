@@ -231,16 +231,12 @@ def _load_optimum(w: Workload, runtime: str, precision: str, path: Path, file_na
 
 def _xdeploy_artifacts(w: Workload, ckpt: Path, root: Path) -> dict[str, Path]:
     """xdeploy's route: checkpoint import + export at fp32 (with its OpenVINO IR) and int8-dynamic, once per
-    checkpoint."""
-    from xdeploy.export.onnx_export import export
+    key (export/cache.py `cached_artifact`: a changed model or exporter exports again, never measures a stale
+    graph)."""
+    from xdeploy.export.cache import cached_artifact
 
-    out = {}
-    for prec in ("fp32", "int8-dynamic"):
-        p = root / (f"xdeploy-{ckpt.name}-{prec}" + ("-ir" if prec == "fp32" else ""))
-        if not (p / "manifest.json").exists():
-            export(w.family, checkpoint=ckpt, out=p, precision=prec, force=True, openvino_ir=prec == "fp32")
-        out[prec] = p
-    return out
+    return {prec: cached_artifact(w.family, checkpoint=ckpt, precision=prec, root=root / "xdeploy",
+                                  openvino_ir=prec == "fp32") for prec in ("fp32", "int8-dynamic")}
 
 
 # ------------------------------------------------------------------------------------------ one workload ----

@@ -312,7 +312,7 @@ def test_external_data_path(fp32, tmp_path, monkeypatch):
 
 
 def test_fp16_block_nodes_are_per_artifact(fp32, tmp_path):
-    """A node name applies to whichever graphs have it (node_MatMul_21 exists only in gpt's decode graph)."""
+    """A node name applies to whichever graphs have it (here a MatMul that only gpt's decode graph has)."""
     src = load_artifact(fp32("gpt"))
     decode_only = sorted({n.name for n in onnx.load(str(src.onnx_path("decode"))).graph.node if n.op_type == "MatMul"}
                          - {n.name for n in onnx.load(str(src.onnx_path())).graph.node})[0]

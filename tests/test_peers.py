@@ -33,7 +33,7 @@ def test_pytorch_and_xdeploy_rows_records_and_table(tmp_path: Path) -> None:
     out = peers.run(tmp_path / "out", quick=True, workloads=["bert-tiny-b2"], systems=["pytorch", "xdeploy"],
                     work=tmp_path / "work", log=lambda _m: None, prepare_only=True, **FAST)
     assert not (out / "records.jsonl").exists()
-    fp32 = sorted((tmp_path / "work").glob("xdeploy-*-fp32-ir"))
+    fp32 = sorted((tmp_path / "work" / "xdeploy").glob("*-fp32-ir-*"))
     assert len(fp32) == 1 and (fp32[0] / "openvino" / "model.xml").is_file()
     stamp = (fp32[0] / "manifest.json").stat().st_mtime_ns
     out = peers.run(tmp_path / "out", quick=True, workloads=["bert-tiny-b2"], onnx_graph=True,
