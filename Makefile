@@ -33,7 +33,7 @@ demo: install
 
 # pytest-xdist workers (the suite is single-core bound: its CPU time ~ its wall time in one process, and many
 # tests wait on servers and child processes); tests/conftest.py keeps each module that shares a module fixture
-# on one worker. Fresh clone, quiet 2-core Xeon: 2 workers 426 s for the whole `make test` (481 tests); 3 workers were
+# on one worker. Fresh clone, quiet 2-core Xeon: 2 workers 418 s for the whole `make test` (483 tests); 3 workers were
 # slower (75% done after 8 min, measured before install compiled bytecode). PYTEST_WORKERS=0 runs everything in one process.
 PYTEST_WORKERS ?= 2
 test: install cpp serve-env
