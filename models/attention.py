@@ -47,8 +47,9 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"attention impl {impl!r}; expected one of {ATTENTION_IMPLS}")
         self.n_heads, self.head_size, self.impl = n_heads, d_model // n_heads, impl
         if fused_qkv:
-            # one (C -> 3C) GEMM instead of three (C -> C): what GPT-2 checkpoints store (c_attn). OpenVINO
-            # runs one wide FullyConnected faster than three narrow ones (GPT-2 small prefill, bf16: docs/benchmarks.md)
+            # one (C -> 3C) GEMM instead of three (C -> C): what GPT-2 checkpoints store (c_attn). OpenVINO bf16
+            # ran GPT-2 small's logits-only prefill 4-6% faster so; f32 and the graph with `present` tied
+            # (docs/benchmarks.md)
             self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
         else:
             self.query = nn.Linear(d_model, d_model, bias=bias)

@@ -62,8 +62,7 @@ class Comparison:
 
     @property
     def same_machine(self) -> bool:
-        """Both runs on one machine class (or a side without fingerprints: nothing says they differ)."""
-        return not self.machines_a or not self.machines_b or set(self.machines_a) == set(self.machines_b)
+        return _same_class(self.machines_a, self.machines_b)
 
     @property
     def regressions(self) -> tuple[Row, ...]:
@@ -73,6 +72,11 @@ class Comparison:
         return {"threshold": self.threshold, "regressions": len(self.regressions),
                 "machines_a": list(self.machines_a), "machines_b": list(self.machines_b),
                 "same_machine": self.same_machine, "rows": [asdict(r) for r in self.rows]}
+
+
+def _same_class(a: Sequence[str], b: Sequence[str]) -> bool:
+    """Both runs on one machine class (or a side without fingerprints: nothing says they differ)."""
+    return not a or not b or set(a) == set(b)
 
 
 def machine_classes(records: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
@@ -124,7 +128,7 @@ def compare_records(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any
     if not 0 <= threshold < 10:
         raise XDeployError(f"threshold must be a fraction in [0, 10) (0.10 = 10%); got {threshold}")
     ma_, mb_ = machine_classes(a), machine_classes(b)
-    same = Comparison((), threshold, ma_, mb_).same_machine
+    same = _same_class(ma_, mb_)
     if not same and not across_machines:
         raise XDeployError(f"A was measured on '{' + '.join(ma_)}', B on '{' + '.join(mb_)}': timings of different "
                            "machine classes do not compare; measure the baseline on this class, or pass "
