@@ -141,3 +141,27 @@ def machine_class(fp: dict[str, Any]) -> str:
     name = f"{_VENDORS.get(vendor, vendor or 'unknown vendor')}: {fp.get('cpu_model')}"
     return (name + (f" ({where})" if where else "") + f"; {'; '.join(parts) or 'no AVX-512 or AMX'}"
             + (f"; {cpus} CPUs" if cpus else ""))
+
+
+def int8_dot(fp: dict[str, Any]) -> str:
+    """How this CPU's int8 GEMM (onnxruntime's MLAS) adds u8*s8 products, which decides whether an int8 graph is
+    computed exactly (export/saturation.py):
+        "amx"      AMX int8 tiles, int32 accumulation: exact
+        "vnni"     AVX-512 VNNI or AVX-VNNI (vpdpbusd), int32 accumulation: exact
+        "avx2"     x86 without VNNI or AMX (AVX2, or AVX-512 without VNNI): adjacent pairs added in saturating
+                   int16 (vpmaddubsw): exact only for graphs whose weights cannot saturate a pair
+        "unknown"  anything else (not x86, or no ISA flags read)"""
+    isa = set(fp.get("isa", []))
+    if "amx_int8" in isa:
+        return "amx"
+    if isa & {"avx512_vnni", "avx_vnni"}:
+        return "vnni"
+    if isa & {"avx2", "avx512f"}:
+        return "avx2"
+    return "unknown"
+
+
+def bf16_native(fp: dict[str, Any]) -> bool:
+    """Does this CPU compute in bf16 natively (AVX-512 BF16 or AMX bf16)? Where it does not, OpenVINO ignores a
+    bf16 precision hint and computes in f32: the `ov:bf16` runner then reports (and is judged as) f32."""
+    return bool(set(fp.get("isa", [])) & {"avx512_bf16", "amx_bf16"})

@@ -18,6 +18,8 @@ class OrtRunner(Runner):
     providers: tuple[Any, ...] = CPU_PROVIDERS
 
     def _load(self) -> None:
+        if self.name == "ort" and not self.options.pop("allow_saturation", False):
+            refuse_saturating_int8(self.artifact, self.graph.name)
         self.session = ort_session(self.artifact.onnx_path(self.graph.name), threads=self.threads,
                                    opt_level=self.options.get("opt_level", "all"), providers=self._providers())
 
@@ -90,6 +92,32 @@ class _BoundCall:
             self.session.run_with_iobinding(self.binding)
         except Exception as e:  # onnxruntime's own exception types
             raise XDeployError(f"onnxruntime run of graph {self.graph!r} failed: {str(e).splitlines()[0]}") from None
+
+
+def refuse_saturating_int8(artifact: Any, graph: str, fp: dict[str, Any] | None = None) -> None:
+    """Refuse an int8 graph this CPU would compute wrongly: on x86 without VNNI or AMX, onnxruntime adds adjacent
+    u8*s8 products in saturating int16, so 8-bit weights can be clipped (export/saturation.py). The proof is read
+    from the graph's own weights (not the manifest, which is untrusted), only on such a CPU and only for int8
+    artifacts. `allow_saturation=True` (runner option) opts out. `fp`: the machine (default this one's
+    fingerprint; tests model the other classes with it)."""
+    if artifact.precision not in ("int8", "int8-dynamic"):
+        return
+    from xdeploy.core.fingerprint import fingerprint, int8_dot, machine_class
+
+    fp = fp if fp is not None else fingerprint()
+    if int8_dot(fp) != "avx2":
+        return
+    import onnx
+
+    from xdeploy.export.saturation import weight_bound
+
+    bound = weight_bound(onnx.load(str(artifact.onnx_path(graph))))
+    if not bound["portable"]:
+        raise XDeployError(
+            f"graph {graph!r} of {artifact.path} has 8-bit int8 weights (a pair of products reaches "
+            f"{bound['worst_pair_bound']} > {bound['limit']} at {bound['worst_node']}), which onnxruntime on this CPU "
+            f"({machine_class(fp)}: no VNNI or AMX) saturates into wrong outputs; expected an artifact exported with "
+            "--int8-weight-bits 7 (the default), or run it on OpenVINO (ov), or pass allow_saturation=True")
 
 
 def _cores() -> int:

@@ -46,6 +46,8 @@ import onnx
 from xdeploy.core.errors import XDeployError, one_of
 from xdeploy.models.spec import ARTIFACT_PRECISIONS, ExportSpec, Graph, make_feeds
 
+from . import saturation
+
 EXPORT_PRECISIONS = ARTIFACT_PRECISIONS
 INT8_PRECISIONS = ("int8", "int8-dynamic")
 
@@ -63,7 +65,11 @@ DYNAMIC_OP_TYPES: tuple[str, ...] = ("MatMul", "Conv")  # quantize_dynamic has n
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 DEFAULT_CALIBRATION_METHOD = "percentile"
 ACTIVATION_TYPES = ("int8", "uint8")
+INT8_WEIGHT_BITS = (7, 8)
 FP16_MAX = 65504.0
+# ops through which a constant weight may reach a quantized MatMul/Gemm/Conv (the quantizer's pre-processing
+# folds them into one initializer: a tied embedding's Transpose for an lm_head)
+WEIGHT_CHAIN_OPS: tuple[str, ...] = ("Transpose", "Reshape", "Cast", "Identity", "Constant")
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,9 @@ class PrecisionOptions:
     # chains of such nodes; pass ["CUDAExecutionProvider"] on a GPU for real fp16 arithmetic.
     amp_providers: tuple[str, ...] = ("CPUExecutionProvider",)
     int8_per_channel: bool = True
+    # int8 weight range: 7 bits (onnxruntime's reduce_range, |w| <= 64) is exact on every x86 CPU; 8 bits is exact
+    # only where int8 products accumulate in int32 (VNNI, AMX) and saturates on AVX2-only x86 (export/saturation.py)
+    int8_weight_bits: int = 7
     int8_exclude: tuple[str, ...] = ()  # node names left float in int8 graphs (in addition to what sensitivity finds)
     int8_op_types: tuple[str, ...] = INT8_OP_TYPES
     int8_method: str = DEFAULT_CALIBRATION_METHOD  # static int8: how activation ranges are chosen
@@ -105,6 +114,8 @@ def check_options(options: PrecisionOptions | None) -> None:
         raise one_of("calibration method", options.int8_method, CALIBRATION_METHODS)
     if options is not None and options.int8_activations not in ACTIVATION_TYPES:
         raise one_of("int8 activation type", options.int8_activations, ACTIVATION_TYPES)
+    if options is not None and options.int8_weight_bits not in INT8_WEIGHT_BITS:
+        raise one_of("int8 weight bits", options.int8_weight_bits, INT8_WEIGHT_BITS)
 
 
 def convert(proto: onnx.ModelProto, precision: str, *, graph: Graph, spec: ExportSpec,
@@ -124,9 +135,12 @@ def convert(proto: onnx.ModelProto, precision: str, *, graph: Graph, spec: Expor
     if precision == "fp16":
         return to_fp16_blocked(proto, options)
     if precision == "int8-dynamic":
-        return to_int8_dynamic(proto, options)
-    feeds, record = calibration_feeds(graph, spec, options)
-    return to_int8_static(proto, feeds, options, calibration_record=record)
+        q, info = to_int8_dynamic(proto, options)
+    else:
+        feeds, record = calibration_feeds(graph, spec, options)
+        q, info = to_int8_static(proto, feeds, options, calibration_record=record)
+    info["saturation"] = saturation.record(q, None, weight_bits=options.int8_weight_bits)
+    return q, info
 
 
 def with_calibration(options: PrecisionOptions | None, precision: str, spec: ExportSpec,
@@ -346,7 +360,7 @@ def quantizable_nodes(proto: onnx.ModelProto, op_types: Sequence[str] = INT8_OP_
             if name in consts:
                 return True
             n = producer.get(name)
-            if n is None or n.op_type not in ("Transpose", "Reshape", "Cast", "Identity", "Constant"):
+            if n is None or n.op_type not in WEIGHT_CHAIN_OPS:
                 return False
             if n.op_type == "Constant":
                 return True
@@ -411,6 +425,7 @@ def to_int8_static(proto: onnx.ModelProto, calibration: Sequence[Mapping[str, np
             quantize_static(
                 str(pre), str(dst), _Reader(calibration, names), quant_format=QuantFormat.QDQ,
                 op_types_to_quantize=list(options.int8_op_types), per_channel=options.int8_per_channel,
+                reduce_range=options.int8_weight_bits == 7,
                 activation_type=QuantType.QUInt8 if unsigned else QuantType.QInt8, weight_type=QuantType.QInt8,
                 nodes_to_exclude=exclude + activation_only,
                 use_external_data_format=large, calibrate_method=method,
@@ -440,7 +455,8 @@ def to_int8_static(proto: onnx.ModelProto, calibration: Sequence[Mapping[str, np
     return q, {
         "precision": "int8", "format": "qdq", "io_dtype": "float32", "activation_type": options.int8_activations,
         "activation_symmetric": not unsigned, "weight_type": "int8", "weight_symmetric": True,
-        "per_channel": options.int8_per_channel, "op_types": list(options.int8_op_types),
+        "weight_bits": options.int8_weight_bits, "per_channel": options.int8_per_channel,
+        "op_types": list(options.int8_op_types),
         "calibration": {"method": options.int8_method, **dict(calibration_record or {})},
         "excluded": exclude, "requested_nodes_found": requested,
         "kept_fp32": [{"node": n, "reason": "requested" if n in requested else "sensitivity"} for n in exclude],
@@ -513,6 +529,7 @@ def to_int8_dynamic(proto: onnx.ModelProto, options: PrecisionOptions = Precisio
             pre, large = _prepare(proto, Path(d))
             quantize_dynamic(str(pre), str(dst), op_types_to_quantize=op_types,
                              per_channel=options.int8_per_channel, weight_type=QuantType.QInt8,
+                             reduce_range=options.int8_weight_bits == 7,
                              nodes_to_exclude=exclude, use_external_data_format=large)
         except XDeployError:
             raise
@@ -522,7 +539,8 @@ def to_int8_dynamic(proto: onnx.ModelProto, options: PrecisionOptions = Precisio
     ops = collections.Counter(n.op_type for n in q.graph.node)
     return q, {
         "precision": "int8-dynamic", "format": "integer-ops", "io_dtype": "float32", "method": "dynamic",
-        "weight_type": "int8", "per_channel": options.int8_per_channel, "op_types": op_types,
+        "weight_type": "int8", "weight_bits": options.int8_weight_bits, "per_channel": options.int8_per_channel,
+        "op_types": op_types,
         "excluded": exclude, "requested_nodes_found": exclude,
         "kept_fp32": [{"node": n, "reason": "requested"} for n in exclude],
         "quantized_ops": {k: ops[k] for k in ("MatMulInteger", "ConvInteger", "DynamicQuantizeLinear") if ops[k]},

@@ -102,6 +102,12 @@ def test_torch_bf16_autocast_matches_fp32(artifacts, reference):
                                                    ("ov", "fp32", "cpu ("), ("ov:f32", "fp32", "cpu ("),
                                                    ("ov:bf16", "bf16", "cpu (")])
 def test_info_reports_device_precision_threads_versions(artifacts, spec, precision, device):
+    """The precision reported is the one computed: a bf16 hint runs (and is reported as) f32 on a CPU without
+    native bf16 (AVX2-only x86, core/fingerprint.bf16_native)."""
+    from xdeploy.core.fingerprint import bf16_native, fingerprint
+
+    if spec == "ov:bf16" and not bf16_native(fingerprint()):
+        precision = "fp32"
     art = artifacts("vit", "fp32")
     with open_runner(spec, art, threads=1) as r:
         info = r.info()

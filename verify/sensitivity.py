@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from xdeploy.core.errors import XDeployError
 from xdeploy.export import precision as prec
 from xdeploy.models.spec import ExportSpec, Graph, Tolerance, make_feeds
 from xdeploy.verify.layerwise import find_divergence, tensor_values, tensor_values_many
@@ -71,9 +72,29 @@ def refine(proto: onnx.ModelProto, precision: str, *, graph: Graph, spec: Export
         feeds = options.amp_feeds if options.amp_feeds is not None else prec.amp_feeds(graph, spec)
         return fp16_amp(proto, feeds, spec.tolerances["fp16"], options)
     if precision == "int8":
-        return int8_sensitivity(proto, graph=graph, spec=spec, options=options,
-                                runtimes=tuple(runtimes or default_runtimes()))
-    return prec.convert(proto, precision, graph=graph, spec=spec, options=options)
+        q, info = int8_sensitivity(proto, graph=graph, spec=spec, options=options,
+                                   runtimes=tuple(runtimes or default_runtimes()))
+    else:
+        q, info = prec.convert(proto, precision, graph=graph, spec=spec, options=options)
+    if precision in prec.INT8_PRECISIONS:
+        info["saturation"] = saturation_check(q, prec.calibration_feeds(graph, spec, options)[0],
+                                              weight_bits=options.int8_weight_bits)
+    return q, info
+
+
+def saturation_check(q: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarray]], *, weight_bits: int,
+                     most: int = 8) -> dict[str, Any]:
+    """The static saturation check (export/saturation.py) of int8 graph `q`: the weight bound, and the AVX2
+    arithmetic simulated on the activations of up to `most` calibration samples (run through `q` itself on
+    onnxruntime, so they are the activations the int8 graph really quantizes)."""
+    from xdeploy.export import saturation
+
+    names = sorted({n.activation for n in saturation.int8_nodes(q)})
+    graph_inputs = {i.name for i in q.graph.input}
+    feeds = [{k: v for k, v in s.items() if k in graph_inputs} for s in list(samples)[:most]]
+    values = tensor_values_many(q, feeds, names) if names and feeds else []
+    acts = {k: [v[k] for v in values] for k in names}
+    return saturation.record(q, acts if values else None, weight_bits=weight_bits, samples=len(values))
 
 
 # ---------------------------------------------------------------------------------------------- fp16 ----
@@ -198,30 +219,63 @@ def node_costs(reference: onnx.ModelProto, candidate: onnx.ModelProto, feeds: Ma
 def keep_float(candidate: onnx.ModelProto, reference: onnx.ModelProto, nodes: Sequence[str]) -> onnx.ModelProto:
     """A copy of the Q/DQ graph `candidate` with `nodes` reading their float inputs again (the activation before
     its QuantizeLinear, the fp32 weight and bias from `reference`): the same graph the quantizer writes with
-    them excluded, made in milliseconds, so the search can try candidates by their effect on the outputs."""
+    them excluded, made in milliseconds, so the search can try candidates by their effect on the outputs.
+
+    A weight the fp32 graph reaches through constant ops (a tied embedding's Transpose: the Transformer's and
+    GPT's lm_head) is folded into one initializer by the quantizer's pre-processing, so its fp32 name does not
+    exist in `candidate`: that constant chain is copied over from `reference` under fresh names."""
     q = onnx.ModelProto()
     q.CopyFrom(candidate)
     ref_nodes = {n.name: n for n in reference.graph.node}
     ref_inits = {i.name: i for i in reference.graph.initializer}
+    ref_producer = {o: n for n in reference.graph.node for o in n.output}
     have = {i.name for i in q.graph.initializer}
     producer = {o: n for n in q.graph.node for o in n.output}
+    chains: list[onnx.NodeProto] = []  # copied constant nodes, prepended (they read initializers only)
+
+    def float_constant(name: str) -> str:
+        """`reference`'s constant tensor `name`, made available in q; returns its name there."""
+        if name in ref_inits:
+            init = ref_inits[name]
+            if name in producer:  # the quantizer named its DequantizeLinear output after the weight
+                init = onnx.TensorProto()
+                init.CopyFrom(ref_inits[name])
+                init.name = name = f"{name}_float"
+            if name not in have:
+                q.graph.initializer.append(init)
+                have.add(name)
+            return name
+        src = ref_producer.get(name)
+        if src is None or src.op_type not in prec.WEIGHT_CHAIN_OPS:
+            raise XDeployError(f"keep_float: the fp32 weight {name!r} is neither an initializer nor made by constant "
+                               f"ops ({', '.join(prec.WEIGHT_CHAIN_OPS)}) from one")
+        out = f"{name}_float"
+        if out not in have and out not in producer:
+            node = onnx.NodeProto()
+            node.CopyFrom(src)
+            node.name = f"{src.name}_float"
+            node.input[:] = [float_constant(i) if i else i for i in src.input]
+            node.output[:] = [f"{o}_float" if o else o for o in src.output]
+            chains.append(node)
+            producer.update({o: node for o in node.output})
+        return out
+
     for n in q.graph.node:
         if n.name not in nodes or n.name not in ref_nodes:
             continue
         for k, name in enumerate(n.input):
-            if name in producer and producer[name].op_type == "DequantizeLinear":
-                orig = ref_nodes[n.name].input[k]
-                if orig in ref_inits:
-                    if orig in producer:  # the quantizer named its DequantizeLinear output after the weight
-                        init = onnx.TensorProto()
-                        init.CopyFrom(ref_inits[orig])
-                        init.name = orig = f"{orig}_float"
-                    else:
-                        init = ref_inits[orig]
-                    if orig not in have:
-                        q.graph.initializer.append(init)
-                        have.add(orig)
-                n.input[k] = orig
+            dq = producer.get(name)
+            if dq is None or dq.op_type != "DequantizeLinear":
+                continue
+            qn = producer.get(dq.input[0])
+            if qn is not None and qn.op_type == "QuantizeLinear":
+                n.input[k] = qn.input[0]  # an activation: the float tensor the QuantizeLinear reads
+            else:
+                n.input[k] = float_constant(ref_nodes[n.name].input[k])  # a weight (or bias): the fp32 one
+    if chains:
+        nodes_now = list(q.graph.node)
+        del q.graph.node[:]
+        q.graph.node.extend(chains + nodes_now)
     return _prune(q)
 
 

@@ -67,6 +67,9 @@ def add_conversion_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--int8-activations", default="int8", choices=("int8", "uint8"),
                    help="static int8 activations: int8 symmetric (default; TensorRT, OpenVINO) or uint8 asymmetric "
                         "(onnxruntime's CPU int8 kernels, ~2.5x faster there; TensorRT rejects it)")
+    g.add_argument("--int8-weight-bits", type=int, default=7, choices=(7, 8),
+                   help="int8 weight range: 7 (default) is exact on every x86 CPU; 8 is exact only on CPUs with VNNI "
+                        "or AMX and saturates on AVX2-only x86 (the manifest records the classes it is proven for)")
     g.add_argument("--no-sensitivity", dest="sensitivity", action="store_false",
                    help="int8: skip the measured search for nodes to keep float when the tolerance is missed")
     g.add_argument("--int8-max-excluded", type=int, metavar="N",
@@ -81,7 +84,8 @@ def precision_options(args: argparse.Namespace) -> PrecisionOptions:
     # an option of the other precision would be silently ignored: say so instead
     given = {"--int8-exclude": bool(names(args.int8_exclude)), "--int8-per-tensor": not args.int8_per_channel,
              "--fp16-block-nodes": bool(names(args.fp16_block_nodes)), "--no-amp": not args.amp,
-             "--fp16-block-ops": names(args.fp16_block_ops) != FP16_BLOCK_OPS}
+             "--fp16-block-ops": names(args.fp16_block_ops) != FP16_BLOCK_OPS,
+             "--int8-weight-bits": args.int8_weight_bits != 7}
     for flag, used in given.items():
         wants = flag.split("-")[2]  # "int8" or "fp16"
         if used and not args.precision.startswith(wants):  # int8 covers int8-dynamic
@@ -91,7 +95,8 @@ def precision_options(args: argparse.Namespace) -> PrecisionOptions:
                             amp=args.amp, int8_exclude=names(args.int8_exclude),
                             int8_per_channel=args.int8_per_channel, int8_calibration_file=args.calibration,
                             int8_method=args.calibration_method, int8_activations=args.int8_activations,
-                            int8_sensitivity=args.sensitivity, int8_max_excluded=args.int8_max_excluded)
+                            int8_sensitivity=args.sensitivity, int8_max_excluded=args.int8_max_excluded,
+                            int8_weight_bits=args.int8_weight_bits)
 
 
 def openvino_ir(args: argparse.Namespace) -> bool:
