@@ -388,11 +388,19 @@ class Best:
     unstable: str | None  # "load" | "noise" when unstable
 
 
+def deployment(r: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What a user deploys: (model, preset, runner, artifact precision). A parity failure of any graph of it on
+    this machine disqualifies it (an encoder that passes beside a decode graph that fails is not deployable)."""
+    return r.get("model"), r.get("preset"), r.get("runner"), r.get("artifact_precision")
+
+
 def best(records: Sequence[Mapping[str, Any]], baseline: str = "torch") -> list[Best]:
-    """Per configuration with a speed-up or an unstable verdict: the fastest deployment - the record with the lowest
-    p50 among those that are not the baseline and whose parity passed or was not checked (`parity_passed` is not
-    False) - with its speed-up (below 1 when eager PyTorch is faster); in order of first appearance."""
-    lat = [r for r in records if r.get("kind") == "latency"]
+    """Per configuration with a speed-up or an unstable verdict: the fastest deployment that passes parity on this
+    machine - the record with the lowest p50 among those that are not the baseline, whose own parity passed or was
+    not checked (`parity_passed` is not False) and that no parity record among `records` failed (`deployment`) -
+    with its speed-up (below 1 when eager PyTorch is faster); in order of first appearance."""
+    failed = {deployment(p) for p in records if p.get("kind") == "parity" and not p.get("passed")}
+    lat = [r for r in records if r.get("kind") == "latency" and deployment(r) not in failed]
     sp, unst = speedups(lat, baseline), unstable(lat)
     groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
     bases: dict[tuple[Any, ...], Mapping[str, Any]] = {}

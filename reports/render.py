@@ -39,6 +39,7 @@ from xdeploy.core.fingerprint import machine_class
 from xdeploy.core.fsutil import atomic_dir
 from xdeploy.core.journal import JOURNAL_NAME
 from xdeploy.core.records import (
+    Best,
     best,
     config_key,
     identity,
@@ -404,7 +405,7 @@ def _parity_section(par: list[Mapping[str, Any]]) -> list[str]:
                     "top-1 %", "verdict"], rows), ""]
 
 
-def _latency_section(lat: list[Mapping[str, Any]], sp: Mapping[int, float]) -> list[str]:
+def _latency_section(lat: list[Mapping[str, Any]], sp: Mapping[int, float], picks: Sequence[Best]) -> list[str]:
     if not lat:
         return []
     unst = unstable(lat)
@@ -433,7 +434,7 @@ def _latency_section(lat: list[Mapping[str, Any]], sp: Mapping[int, float]) -> l
                  _fmt_bytes(r["memory"]["peak_rss_bytes"]), _fmt_bytes(r["memory"].get("device_bytes")))
                 for r in srt]
     fastest = []
-    for b in sorted(best(srt), key=lambda b: tuple(str(b.record[k]) for k in ("model", "graph", "batch", "seq"))):
+    for b in picks:
         r = b.record
         dagger = "†" if identity(r) in noisy else ""
         fastest.append((r["model"], r["graph"], r["batch"], r.get("seq") or "–",
@@ -455,7 +456,7 @@ def _latency_section(lat: list[Mapping[str, Any]], sp: Mapping[int, float]) -> l
         out += [f"† disturbed timing: p90 > {NOISY}× p50 in this row or in its PyTorch baseline (other work was "
                 "running on the machine); that speedup is not reliable.", ""]
     if fastest:
-        out += ["### Fastest per configuration", "",
+        out += ["### Fastest per configuration (passing parity on this machine)", "",
                 markdown_table(["model", "graph", "batch", "seq", "best runner", "p50", "speedup vs eager"],
                                fastest), ""]
     out += ["## Peak memory", "",
@@ -637,6 +638,21 @@ def _incomplete_banner(inc: Any) -> list[str]:
     return [*out, ""]
 
 
+def deploy_here(picks: Sequence[Best], sp: Mapping[tuple[Any, ...], float], unst: Mapping[tuple[Any, ...], str],
+                fp: Mapping[str, Any] | None) -> list[str]:
+    """The answer a reader wants first: per model, graph and batch, the fastest configuration that passes parity on
+    this machine (core/records.py `best`), with its paired speed-up over PyTorch eager fp32 and its interval."""
+    if not picks:
+        return []
+    where = machine_class(dict(fp)) if fp else "this machine"
+    rows = [f"- {_model_label(b.record['model'], b.record.get('preset'))} {b.record['graph']}, batch "
+            f"{b.record['batch']}" + (f", seq {b.record['seq']}" if b.record.get("seq") else "")
+            + f": **{b.record['runner']} {b.record['artifact_precision']}** {_fmt_s(b.record['latency_s']['p50'])}, "
+            f"{speedup_cell(b.record, sp, unst)} vs PyTorch eager fp32" for b in picks]
+    return [f"**Deploy on this machine** ({where}): the fastest configuration per model and batch among those that "
+            "pass parity here:", "", *rows, ""]
+
+
 def render_summary(records: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], plots: Sequence[str]) -> str:
     by_kind = _by(records, "kind")
     get = lambda k: list(by_kind.get((k,), []))  # noqa: E731
@@ -663,6 +679,8 @@ def render_summary(records: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]
     stab = stability_summary(records)
     if stab:
         lines += [stab, ""]
+    picks = sorted(best(lat + par), key=lambda b: tuple(str(b.record[k]) for k in ("model", "graph", "batch", "seq")))
+    lines += deploy_here(picks, sp, unstable(lat), fp)
     if isinstance(meta.get("reused_steps"), list) and meta["reused_steps"]:
         lines += [f"- resumed: {len(meta['reused_steps'])} step(s) taken from the journal (measured by the "
                   "interrupted run, same configuration, artifacts and machine)", ""]
@@ -670,7 +688,7 @@ def render_summary(records: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]
         lines += ["## Skipped or failed", "", *[f"- {e}" for e in meta["errors"]], ""]
     lines += _machine_section(fp)
     lines += _parity_section(par)
-    lines += _latency_section(lat, sp)
+    lines += _latency_section(lat, sp, picks)
     lines += _roofline_section(get("roofline"))
     lines += _decode_section(get("decode"))
     lines += _scale_section(get("scale"), get("profile"))

@@ -138,6 +138,24 @@ def test_best_is_the_fastest_record_whose_parity_did_not_fail():
                                              lat("ov", 1e-3, batch=8)])] == [1, 4]
 
 
+def test_best_skips_a_deployment_whose_parity_records_failed_on_this_machine():
+    """`xdeploy run` keeps parity in parity records, not on the latency records: an int8 artifact that fails parity
+    on any of its graphs on this runner (int8-dynamic on onnxruntime on AVX2-only x86, issue #27) is not named the
+    one to deploy, however fast; the same artifact on another runner still can be."""
+    from xdeploy.reports.render import render_summary
+
+    torch_, int8_ort, int8_ov = lat("torch", 4e-3), lat("ort", 5e-4, ap="int8"), lat("ov", 8e-4, ap="int8")
+    fp32_ort = lat("ort", 1e-3)
+    bad = parity(runner="ort", artifact_precision="int8", graph="decode", passed=False, reason="cosine 0.97 < 0.98")
+    good = parity(runner="ov", artifact_precision="int8")
+    assert best([torch_, int8_ort, int8_ov, fp32_ort])[0].record is int8_ort
+    (b,) = best([torch_, int8_ort, int8_ov, fp32_ort, bad, good])
+    assert b.record is int8_ov and b.speedup == pytest.approx(5.0)
+    text = render_summary([torch_, int8_ort, int8_ov, fp32_ort, bad, good], {"title": "t"}, [])
+    head = text.split("## ")[0]
+    assert "**Deploy on this machine**" in head and "**ov int8**" in head and "**ort int8**" not in head
+
+
 def test_bench_best_text_reads_the_targets_table():
     from xdeploy.bench.suite import best_text, best_vs_baseline
 

@@ -184,3 +184,25 @@ def print_conversion(manifest: dict) -> None:
             parts.append("fused " + ", ".join(f"{v} {k}" for k, v in info["fused_ops"].items()))
         if parts:
             print(f"  {g}: " + "; ".join(parts))
+    print_portability(manifest)
+
+
+def print_portability(manifest: dict) -> None:
+    """int8: which CPU classes the artifact is proven for (export/saturation.py), and the simulated AVX2 error
+    when it is not proven for AVX2-only x86."""
+    from xdeploy.export.saturation import EXACT_CLASSES, PAIRWISE_CLASS, artifact_proven_for
+
+    conv = manifest.get("conversion") or {}
+    proven = artifact_proven_for(conv)
+    if proven is None:
+        return
+    if PAIRWISE_CLASS in proven:
+        print(f"int8 portable: proven exact on every x86 class ({', '.join(proven)}): no pair of int8 products can "
+              "saturate the AVX2 kernel (7-bit weights)")
+        return
+    sims = [r["saturation"].get("simulated") or {} for r in conv.values() if isinstance(r.get("saturation"), dict)]
+    worst = max((s.get("worst_accumulator_rel_error", 0.0) for s in sims), default=0.0)
+    sat = sum(s.get("saturating_pairs", 0) for s in sims)
+    print(f"int8 NOT portable: proven only for {', '.join(c for c in proven if c in EXACT_CLASSES)}; on x86 without "
+          f"VNNI or AMX ({PAIRWISE_CLASS}) onnxruntime saturates {sat} simulated pair(s) (worst accumulator off by "
+          f"{100 * worst:.1f}%) and the ort runner refuses it there; --int8-weight-bits 7 (the default) is portable")
