@@ -211,6 +211,9 @@ def load_artifact(path: str | Path, *, verify: bool = True) -> Artifact:
     """Load and validate an artifact directory; `verify` also checks every file's sha256."""
     root = Path(path)
     mpath = root / MANIFEST
+    if root.is_file():
+        raise XDeployError(f"{root} is a file, not an artifact directory; expected a directory written by xdeploy "
+                           "export or convert (plain ONNX files are not taken yet)")
     if not root.is_dir():
         raise XDeployError(f"artifact directory {root} does not exist")
     try:

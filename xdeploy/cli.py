@@ -54,7 +54,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     sub.required = True
     for name, help_text in COMMANDS.items():
         # argparse %-formats help strings: a literal % (e.g. "% of GEMM peak") must be doubled
-        p = sub.add_parser(name, help=help_text.replace("%", "%%"), description=help_text.replace("%", "%%"))
+        p = sub.add_parser(name, help=help_text.replace("%", "%%"), description=help_text)
         if name == command:
             importlib.import_module(f"xdeploy.commands.{name}").add_arguments(p)
     return parser
