@@ -106,13 +106,14 @@ EXPORT_SOURCES = ("models", "export", "verify", "core", "deploy/tokenizer_graph.
 
 
 def export_source_hash(base: Path | None = None) -> str:
-    """sha256 of every .py file an export runs (EXPORT_SOURCES under `base`, default the installed package root),
-    read as files: nothing is imported."""
+    """sha256 of every .py file an export runs (EXPORT_SOURCES under `base`, default the installed package root)
+    and of the trained preset weights shipped beside the models (models/weights/*.safetensors: a retrain with
+    unchanged code must not reuse artifacts of the old weights), read as files: nothing is imported."""
     base = base or Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
     for rel in EXPORT_SOURCES:
         p = base / rel
-        for f in sorted(p.rglob("*.py")) if p.is_dir() else [p]:
+        for f in sorted([*p.rglob("*.py"), *p.rglob("*.safetensors")]) if p.is_dir() else [p]:
             h.update(str(f.relative_to(base)).encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()
 

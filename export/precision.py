@@ -342,6 +342,47 @@ def _quiet() -> Any:
         root.setLevel(level)
 
 
+MAX_HISTOGRAM_BINS = 1 << 20  # percentile calibration: bins of one tensor's |x| histogram (8 MB of int64)
+
+
+@contextlib.contextmanager
+def _bounded_histograms() -> Any:
+    """Bound onnxruntime's percentile histograms (HistogramCollector.collect_absolute_value, onnxruntime 1.31).
+
+    Its first sample of a tensor fixes the bin width (|x| max / 2048); a later sample with a larger max extends
+    the histogram *at that width*. A tensor whose first sample is nearly zero (the trained tiny GPT has one) and
+    whose later samples are not asks for ~1e11 bins ('Unable to allocate 859 GiB'). Before such an extension the
+    running histogram is coarsened by merging adjacent bins (counts summed, so every percentile keeps its place
+    to within one coarse bin, at most max / 2^19 wide). Patched only for the duration of our quantizer call."""
+    from onnxruntime.quantization import calibrate
+
+    cls = calibrate.HistogramCollector
+    original = cls.collect_absolute_value
+
+    def collect(self: Any, name_to_arr: Mapping[str, Any]) -> Any:
+        for tensor, arr in name_to_arr.items():
+            if tensor not in self.histogram_dict:
+                continue
+            a = np.asarray(arr).ravel()
+            amax = float(np.nanmax(np.abs(a))) if a.size else 0.0
+            hist, edges, lo, hi = self.histogram_dict[tensor]
+            width = float(edges[1] - edges[0])
+            need = len(hist) + max(0.0, (amax - float(edges[-1])) / width) if width > 0 else 0.0
+            if need > MAX_HISTOGRAM_BINS:
+                f = int(np.ceil(need / (MAX_HISTOGRAM_BINS // 2)))
+                padded = np.concatenate([hist, np.zeros(-len(hist) % f, hist.dtype)])
+                merged = padded.reshape(-1, f).sum(axis=1)
+                coarse = (float(edges[0]) + np.arange(len(merged) + 1) * width * f).astype(edges.dtype)
+                self.histogram_dict[tensor] = (merged, coarse, lo, hi)
+        return original(self, name_to_arr)
+
+    cls.collect_absolute_value = collect
+    try:
+        yield
+    finally:
+        cls.collect_absolute_value = original
+
+
 def _requested(proto: onnx.ModelProto, names: Sequence[str]) -> list[str]:
     have = {n.name for n in proto.graph.node}
     return [n for n in names if n in have]  # per artifact, as for fp16_block_nodes
@@ -418,7 +459,7 @@ def to_int8_static(proto: onnx.ModelProto, calibration: Sequence[Mapping[str, np
               "percentile": CalibrationMethod.Percentile}[options.int8_method]
     names = {i.name for i in proto.graph.input}
     unsigned = options.int8_activations == "uint8"
-    with tempfile.TemporaryDirectory(prefix="xdeploy-int8-") as d, _quiet():
+    with tempfile.TemporaryDirectory(prefix="xdeploy-int8-") as d, _quiet(), _bounded_histograms():
         dst = Path(d, "int8.onnx")
         try:
             pre, large = _prepare(proto, Path(d))

@@ -11,15 +11,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 from torch import nn
 
 from xdeploy.core.errors import XDeployError
 from xdeploy.core.fsutil import sha256_file
 
-from .registry import MODELS, check_finite
+# load_state lives beside the registry's `build` (which loads the tiny presets' trained weights with it); it is
+# imported here for load_checkpoint and for the callers that know it as checkpoint.load_state
+from .registry import MODELS, check_finite, load_state, read_safetensors
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 
@@ -108,10 +107,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         cfg = family.hf.config(hf_config)
     except (KeyError, TypeError, ValueError) as e:
         raise XDeployError(f"cannot read {tdir / 'config.json'} as a {model_type} config: {e}") from None
-    try:
-        tensors = load_file(str(weights))
-    except (SafetensorError, OSError) as e:
-        raise XDeployError(f"cannot read {weights}: {e}") from None
+    tensors = read_safetensors(weights)
     module = family.build(cfg).eval()
     load_state(module, family.hf.state_dict(tensors, cfg), source=str(weights))
     check_finite(module)
@@ -120,19 +116,3 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     return Checkpoint(path=root, model=family.name, config=cfg, module=module,
                       kind="sentence-transformers" if pooling else "huggingface",
                       sha256=sha256_file(weights), pooling=pooling, tokenizer_files=tok)
-
-
-def load_state(module: nn.Module, state: dict[str, torch.Tensor], *, source: str) -> None:
-    """Strict load with errors that name the tensor (and both shapes when they differ)."""
-    expected = module.state_dict()
-    for name, ref in expected.items():
-        if name not in state:
-            raise XDeployError(f"{source} is missing tensor {name!r} (shape {tuple(ref.shape)})")
-        got = state[name]
-        if tuple(got.shape) != tuple(ref.shape):
-            raise XDeployError(f"tensor {name!r} in {source} has shape {tuple(got.shape)}; "
-                               f"the model expects {tuple(ref.shape)}")
-    extra = sorted(set(state) - set(expected))
-    if extra:
-        raise XDeployError(f"{source} has {len(extra)} tensor(s) the model does not use, e.g. {extra[0]!r}")
-    module.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=True)

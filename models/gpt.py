@@ -7,6 +7,7 @@ them in place instead of copying the whole cache every step).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,14 +31,20 @@ class GPTConfig:
     eps: float = 1e-5
     eos_token_id: int = 50256
     attn_impl: str = "sdpa"
+    weights: str | None = None  # trained weights in models/weights/ that registry.build loads; None: random
 
     @property
     def d_ff(self) -> int:
         return 4 * self.d_model
 
 
+_TINY = GPTConfig(vocab_size=512, max_positions=256, d_model=64, n_layers=2, n_heads=4, eos_token_id=511)
 PRESETS = {
-    "tiny": GPTConfig(vocab_size=512, max_positions=256, d_model=64, n_layers=2, n_heads=4, eos_token_id=511),
+    # tiny is trained (studies/train_tiny.py): a byte-level language model of this repository's Markdown (token =
+    # UTF-8 byte, 511 = EOS), so reduced-precision verdicts judge real logit margins, not a flat random model's;
+    # tiny-random keeps the seeded random weights
+    "tiny": dataclasses.replace(_TINY, weights="gpt-tiny.safetensors"),
+    "tiny-random": _TINY,
     "small": GPTConfig(),
 }
 

@@ -2,14 +2,21 @@
 
 Code that works over "every model" iterates `MODELS` and asks each family what it can do (`capabilities`:
 role, feeds, token axis; `quick`/`full` presets; `config_sweep`), never a list of names. The order here is
-the order of the main job and its report."""
+the order of the main job and its report.
+
+`build` gives seeded random weights, unless the config names trained weights (its `weights` field: a safetensors
+file in models/weights/, written by studies/train_tiny.py), which it loads with the checkpoint importer's strict
+`load_state`: how a trained tiny preset gets real margins while its "tiny-random" twin keeps random weights."""
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 from torch import nn
 
 from xdeploy.core.errors import XDeployError, one_of
@@ -21,6 +28,9 @@ from .spec import ModelFamily
 MODELS: dict[str, ModelFamily] = {
     f.name: f for f in (bert.FAMILY, gpt.FAMILY, vit.FAMILY, transformer.FAMILY)
 }
+
+# Trained preset weights, shipped as package data: a config whose `weights` field names a file here is built with it.
+WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 
 
 def get_family(name: str) -> ModelFamily:
@@ -46,15 +56,39 @@ def get_config(model: str, preset: str, **overrides: Any) -> Any:
     if overrides.get("attn_impl") not in (None, *ATTENTION_IMPLS):
         raise one_of("attention implementation", overrides["attn_impl"], ATTENTION_IMPLS)
     try:
-        return dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+        out = dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
     except (TypeError, ValueError) as e:  # an unknown field, or a value the config's own checks refuse
         raise XDeployError(f"{model} {preset}: {e}") from None
+    if getattr(cfg, "weights", None) and overrides.get("weights") is None \
+            and dataclasses.replace(out, attn_impl=cfg.attn_impl) != cfg:
+        # trained weights fit the preset's own shapes only: a config changed beyond the attention kernel (the
+        # scaling sweep grows max_positions and cuts layers) is built with seeded random weights instead
+        out = dataclasses.replace(out, weights=None)
+    return out
 
 
 def build(model: str, cfg: Any, *, seed: int = 0) -> nn.Module:
-    """A reference model in eval mode with seeded random weights (deterministic for a torch version)."""
+    """A reference model in eval mode: with the trained weights its config names (`cfg.weights`, a file in
+    WEIGHTS_DIR: the tiny presets), otherwise with seeded random weights (deterministic for a torch version)."""
     torch.manual_seed(seed)
-    return get_family(model).build(cfg).eval()
+    module = get_family(model).build(cfg).eval()
+    name = getattr(cfg, "weights", None)
+    if name:
+        path = WEIGHTS_DIR / name
+        if Path(name).name != name or path.suffix != ".safetensors":
+            raise XDeployError(f"{model} config names weights {name!r}; expected a .safetensors file name in "
+                               f"{WEIGHTS_DIR}")
+        # a missing file is an error, not a silent fall-back to random weights that the manifest would still
+        # record as trained
+        redo = f"restore the file from git or retrain: python -m xdeploy.studies.train_tiny --model {model}"
+        if not path.is_file():
+            raise XDeployError(f"trained weights {path} are missing ({redo})")
+        try:
+            load_state(module, read_safetensors(path), source=str(path))
+            check_finite(module, source=str(path))
+        except XDeployError as e:
+            raise XDeployError(f"{e} ({redo})") from None
+    return module
 
 
 def param_count(model: str, cfg: Any) -> int:
@@ -72,7 +106,32 @@ def describe(model: str, preset: str) -> dict[str, Any]:
             "flops": family.flops(cfg, sizes), "flops_at": sizes, "config": dataclasses.asdict(cfg)}
 
 
-def check_finite(module: nn.Module) -> None:
+def check_finite(module: nn.Module, *, source: str | None = None) -> None:
     for name, p in module.state_dict().items():
         if p.is_floating_point() and not torch.isfinite(p).all():
-            raise XDeployError(f"weight {name!r} contains NaN or Inf values")
+            raise XDeployError(f"weight {name!r}{f' in {source}' if source else ''} contains NaN or Inf values")
+
+
+def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file (never a pickle: unpickling runs code), or a one-line error naming it."""
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise XDeployError(f"cannot read {path}: {first}") from None
+
+
+def load_state(module: nn.Module, state: dict[str, torch.Tensor], *, source: str) -> None:
+    """Strict load with errors that name the tensor (and both shapes when they differ)."""
+    expected = module.state_dict()
+    for name, ref in expected.items():
+        if name not in state:
+            raise XDeployError(f"{source} is missing tensor {name!r} (shape {tuple(ref.shape)})")
+        got = state[name]
+        if tuple(got.shape) != tuple(ref.shape):
+            raise XDeployError(f"tensor {name!r} in {source} has shape {tuple(got.shape)}; "
+                               f"the model expects {tuple(ref.shape)}")
+    extra = sorted(set(state) - set(expected))
+    if extra:
+        raise XDeployError(f"{source} has {len(extra)} tensor(s) the model does not use, e.g. {extra[0]!r}")
+    module.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=True)

@@ -3,6 +3,7 @@ classification head on the class token. `base16` is ViT-B/16 at 224x224: 14*14 p
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ class ViTConfig:
     n_classes: int = 1000
     eps: float = 1e-12
     attn_impl: str = "sdpa"
+    weights: str | None = None  # trained weights in models/weights/ that registry.build loads; None: random
 
     def __post_init__(self) -> None:
         if self.image_size % self.patch_size:
@@ -37,8 +39,12 @@ class ViTConfig:
         return (self.image_size // self.patch_size) ** 2 + 1
 
 
+_TINY = ViTConfig(image_size=32, patch_size=8, d_model=64, n_layers=2, n_heads=4, d_ff=128, n_classes=10)
 PRESETS = {
-    "tiny": ViTConfig(image_size=32, patch_size=8, d_model=64, n_layers=2, n_heads=4, d_ff=128, n_classes=10),
+    # tiny is trained (studies/train_tiny.py) on scikit-learn's 8x8 digits, upsampled to 32x32 and scaled to
+    # [-1, 1] like the calibration images, so its top-1 is a real decision; tiny-random keeps seeded random weights
+    "tiny": dataclasses.replace(_TINY, weights="vit-tiny.safetensors"),
+    "tiny-random": _TINY,
     "base16": ViTConfig(),
 }
 

@@ -227,7 +227,12 @@ def test_export_key_holds_every_input(tmp_path):
     assert export_source_hash(copy) == export_source_hash()
     f = copy / "export" / "onnx_export.py"
     f.write_text(f.read_text() + "\n# changed\n")
-    assert export_source_hash(copy) != export_source_hash()
+    edited = export_source_hash(copy)
+    assert edited != export_source_hash()
+    # retrained preset weights (models/weights/*.safetensors) with unchanged code are a different export too
+    w = next((copy / "models").rglob("*.safetensors"))
+    w.write_bytes(w.read_bytes() + b" ")
+    assert export_source_hash(copy) != edited
 
 
 def test_run_job_takes_its_fp32_export_from_the_cache_and_fresh_exports_again(tmp_path, monkeypatch):
