@@ -26,6 +26,11 @@ Tokenizer: `tokenizer="hf"` (default) uses HF tokenizers on tokenizer.json; `tok
 artifact's tokenizer graph (export --tokenizer-graph; onnxruntime-extensions' BertTokenizer, the same graph the
 C++ runtime and Triton use) with the same cut, truncation and padding. The graph's max_length is fixed.
 
+Golden probes: on the first open of an artifact on a (machine class, runner) the runner is checked against the
+artifact's golden probes (deploy/probes.py: PyTorch fp32 outputs stored at export, judged with parity's verdict);
+a failing probe refuses the artifact with one line (ProbeFailure), `verify=False` runs it anyway and says so, an
+artifact made before probes existed runs with a one-line notice. A pass is remembered, so later opens cost nothing.
+
 Thread safety: one Embedder may be shared by threads. `sessions="shared"` (default) serializes backend calls
 with a lock while tokenization and pooling run concurrently; `sessions="per-thread"` opens one runner per
 thread (memory x threads). See docs/embedding.md for which is faster here.
@@ -46,6 +51,7 @@ from xdeploy.export.artifact import Artifact, load_artifact
 from xdeploy.models.spec import TextFeeds
 
 from .base import Runner
+from .probes import check_on_open
 from .registry import open_runner
 
 TRUNCATION = ("right", "error")
@@ -180,7 +186,7 @@ class Embedder:
     def __init__(self, artifact: Artifact | str | Path, runner: str = "ort", *, batch_size: int = 32,
                  truncation: str = "right", max_length: int | None = None, pad_to: int = 1,
                  sessions: str = "shared", pooling: str | None = None, normalize: bool | None = None,
-                 threads: int = 0, tokenizer: str = "hf", **runner_options: Any) -> None:
+                 threads: int = 0, tokenizer: str = "hf", verify: bool = True, **runner_options: Any) -> None:
         self.artifact = artifact if isinstance(artifact, Artifact) else load_artifact(artifact)
         graph = self.artifact.graph("model")
         names, text = text_encoder_inputs(self.artifact)
@@ -225,14 +231,27 @@ class Embedder:
         self._lock = threading.Lock()
         self._local = threading.local()
         self._runners: list[Runner] = []  # every runner opened (per-thread ones stay until close())
+        self._spare: Runner | None = None  # per-thread: the runner the probes ran on, for the first thread to embed
         self._closed = False
         self._runner = self._open() if sessions == "shared" else None
+        try:
+            checked = self._runner or self._open()
+            self.probes = check_on_open(self.artifact, [checked], verify=verify)  # deploy/probes.py; may refuse
+        except BaseException:
+            self.close()
+            raise
+        if self._runner is None:  # still one runner per embedding thread: the first one takes this
+            self._spare = checked
         # Longest prefix (in characters) tokenized for one input: the tokenizer's cost grows with the line,
         # the model only sees max_length tokens. Special tokens aside, every token covers >= 1 character.
         self._char_cap = max(4096, 64 * limit)
 
     # ------------------------------------------------------------------ runners ----
     def _open(self) -> Runner:
+        with self._lock:
+            spare, self._spare = self._spare, None
+        if spare is not None:
+            return spare
         r = open_runner(self.runner_spec, self.artifact, **self._runner_kwargs)
         with self._lock:
             self._runners.append(r)

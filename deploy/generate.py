@@ -45,6 +45,7 @@ from xdeploy.export.artifact import Artifact, load_artifact
 from xdeploy.models.spec import DecoderFeeds
 
 from .base import Runner
+from .probes import check_on_open
 from .registry import open_runner
 
 
@@ -321,7 +322,9 @@ class Generator:
     """Opens the runners of one artifact once; `generate` can then be called repeatedly (benchmarks)."""
 
     def __init__(self, artifact: Artifact | str | Path, runner: str = "ort", *, use_cache: bool = True,
-                 threads: int = 0, **options: Any) -> None:
+                 threads: int = 0, verify: bool = True, **options: Any) -> None:
+        """`verify`: check the opened graphs against the artifact's golden probes on first open here (deploy/probes.py:
+        a failure refuses with one line, ProbeFailure); False runs unchecked and says so on stderr."""
         self.artifact = artifact if isinstance(artifact, Artifact) else load_artifact(artifact)
         self.feeds = f = decoding_feeds(self.artifact)
         self.seq2seq = self.artifact.capabilities.role == "encoder-decoder"
@@ -339,8 +342,10 @@ class Generator:
         try:
             if use_cache:
                 self.decode = open_runner(runner, self.artifact, f.decode_graph, threads=threads, **options)
+            self.probes = check_on_open(self.artifact, [r for r in (self.prefill, self.decode) if r is not None],
+                                        verify=verify)
         except BaseException:
-            self.prefill.close()
+            self.close()
             raise
 
     def close(self) -> None:
@@ -506,9 +511,9 @@ def _beam_search(engine: _Steps, b: int, gc: GenerationConfig, eos: int | None, 
 
 def generate(artifact: Artifact | str | Path, prompts: Any, config: GenerationConfig | None = None, *,
              runner: str = "ort", use_cache: bool = True, threads: int = 0,
-             attention_mask: np.ndarray | None = None) -> Generation:
+             attention_mask: np.ndarray | None = None, verify: bool = True) -> Generation:
     """One-shot convenience over `Generator` (opens and closes the runners)."""
-    with Generator(artifact, runner, use_cache=use_cache, threads=threads) as g:
+    with Generator(artifact, runner, use_cache=use_cache, threads=threads, verify=verify) as g:
         return g.generate(prompts, config, attention_mask=attention_mask)
 
 

@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from xdeploy.core.errors import XDeployError
 from xdeploy.models.checkpoint import load_state
+from xdeploy.models.reference import graph_outputs
 from xdeploy.models.registry import get_family
 
 from .base import Runner, RunnerInfo, validate_feeds
@@ -53,11 +54,8 @@ class TorchRunner(Runner):
         return contextlib.nullcontext()
 
     def _call(self, tensors: list[torch.Tensor]) -> dict[str, np.ndarray]:
-        with torch.inference_mode(), self._autocast():
-            out = self.fn(*tensors)
-        out = out if isinstance(out, tuple) else (out,)
-        keep = set(self.output_names)  # the module returns every graph output, in graph order
-        return {t.name: o.float().cpu().numpy() for t, o in zip(self.graph.outputs, out) if t.name in keep}
+        with torch.inference_mode(), self._autocast():  # the reference itself: models/reference.py
+            return graph_outputs(self.fn, self.graph, tensors, keep=set(self.output_names))
 
     def _tensors(self, feeds: Mapping[str, np.ndarray]) -> list[torch.Tensor]:
         ts = [torch.from_numpy(feeds[t.name]).to(self.device) for t in self.graph.inputs]

@@ -25,6 +25,7 @@ from xdeploy.models.spec import ExportSpec, Graph, ModelFamily
 
 # the export defaults live in artifact.py (torch-free), so the CLI's --help and `convert` need no torch import
 from .artifact import DEFAULT_OPSET, DEFAULT_OPTIMIZE, SUPPORTED_OPSETS, spec_to_json  # noqa: F401
+from .probes import write_probes
 from .tokenizer_graph import TokenizerGraphBuilder
 from .writer import write_artifact
 
@@ -170,6 +171,9 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
     }
     with write_artifact(out, manifest, force=force) as w:
         w.manifest["source"]["weights_sha256"] = w.save_weights(src.module.state_dict())
+        # the golden probes: the module's outputs as saved, before torch.onnx runs over it (export/probes.py);
+        # a text encoder's also as raw files for the C++ runtime
+        write_probes(w, spec, src.module, raw=src.family.capabilities.text is not None)
         for graph, proto, info in export_graphs(src, spec, opset=opset, precision=precision, optimize=optimize,
                                                 opt_level=opt_level, precision_options=precision_options,
                                                 refine=refine):

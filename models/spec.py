@@ -7,7 +7,7 @@ benchmarks all read the same declaration, so a model is added by writing one fil
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -276,3 +276,45 @@ def make_feeds(graph: Graph, sizes: Mapping[str, int], seed: int = 0, *, pad: bo
             a = rng.standard_normal(shape)
         feeds[t.name] = np.ascontiguousarray(a.astype(t.dtype))
     return feeds
+
+
+@dataclass(frozen=True)
+class InputCase:
+    """One set of seeded inputs for one graph. `sizes` are the dynamic axis sizes."""
+
+    name: str  # e.g. "3x128 empty-row", "text 5x32"
+    graph: str
+    sizes: dict[str, int]
+    feeds: dict[str, np.ndarray]
+
+
+def case_sizes(spec: ExportSpec, graph: Graph, batch: int, seq: int | None) -> dict[str, int]:
+    """The graph's dynamic axes at one shape: batch -> `batch`, every other axis (seq, src_seq, cache) -> `seq`
+    (None: the exported maximum), clamped to the exported range; in axis-name order."""
+    names = sorted({d for t in graph.inputs for d in t.dims if isinstance(d, str)})
+    sizes = {}
+    for name in names:
+        ax = spec.axes[name]
+        want = batch if name == "batch" else (ax.max if seq is None else seq)
+        sizes[name] = int(min(max(want, ax.min), ax.max))
+    return sizes
+
+
+def shape_cases(spec: ExportSpec, graph: Graph, shapes: Sequence[tuple[int, int | None]], *,
+                seed: int = 0) -> list[InputCase]:
+    """Seeded inputs for `graph` at each (batch, seq) of `shapes` (case i is seeded `seed + i`): batch > 1
+    right-pads its last row to half length, batch >= 3 also fully pads row 0 (the fp16-softmax / exported-SDPA
+    NaN trap). Parity's shape cases (verify/parity.py) and the golden probes (export/probes.py) are these."""
+    cases = []
+    for i, (b, s) in enumerate(shapes):
+        sizes = case_sizes(spec, graph, b, s)
+        empty = sizes.get("batch", 1) >= 3 and any(t.kind == "mask" for t in graph.inputs)
+        label = "x".join(str(v) for v in sizes.values()) + (" empty-row" if empty else "")
+        feeds = make_feeds(graph, sizes, seed=seed + i, empty_row=empty)
+        for t in graph.inputs:
+            if t.kind == "positions" and "cache" in sizes:
+                # make_feeds puts the new token at position `cache`; a full max-length cache buffer holds at
+                # most max-1 past tokens (position `max` is past the position table), so cap it there.
+                feeds[t.name] = np.minimum(feeds[t.name], spec.axes["cache"].max - 1).astype(t.dtype)
+        cases.append(InputCase(label, graph.name, sizes, feeds))
+    return cases

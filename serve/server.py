@@ -64,13 +64,15 @@ class ServeOptions:
     allow_remote: bool = False  # bind a non-loopback host only when asked
     tokenizer: str = "hf"  # Embedder tokenizer: hf | graph (the artifact's tokenizer graph)
     max_text_bytes: int = 1 << 22  # a longer sentence fails its request (4 MiB; the Embedder cuts long lines)
+    verify: bool = True  # check the artifact's golden probes before serving (deploy/probes.py); False: say so, serve
 
     def args(self) -> list[str]:
         return ["--host", self.host, "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
                 "--model-name", self.model_name, "--max-batch-size", str(self.max_batch_size),
                 "--max-queue-delay-us", str(self.max_queue_delay_us), "--runner", self.runner,
                 "--threads", str(self.threads), "--tokenizer", self.tokenizer, "--max-text-bytes",
-                str(self.max_text_bytes)] + (["--allow-remote"] if self.allow_remote else [])
+                str(self.max_text_bytes)] + (["--allow-remote"] if self.allow_remote else []) \
+            + ([] if self.verify else ["--no-verify"])
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -126,8 +128,10 @@ def write_embedder_repository(artifact: str | Path, repo: Path, options: ServeOp
     from xdeploy.serve.triton import _pb, to_pbtxt
 
     art = Path(artifact).resolve()
+    # one-line errors here, before tritonserver starts; the golden probes run here on first open (a failure refuses
+    # to serve; the model's own Embedder below then finds the pass remembered)
     with Embedder(art, runner=options.runner, batch_size=min(options.max_batch_size, 32), threads=options.threads,
-                  tokenizer=options.tokenizer) as emb:  # one-line errors here, before tritonserver starts
+                  tokenizer=options.tokenizer, verify=options.verify) as emb:
         dim = emb.dim
         emb.tokenizer  # noqa: B018 - loads the tokenizer: an artifact without one fails here, not per request
     pb = _pb()
@@ -138,7 +142,7 @@ def write_embedder_repository(artifact: str | Path, repo: Path, options: ServeOp
     cfg.instance_group.append(pb.ModelInstanceGroup(count=1, kind=pb.ModelInstanceGroup.KIND_CPU))
     for k, v in {"artifact": str(art), "runner": options.runner, "threads": str(options.threads),
                  "tokenizer": options.tokenizer, "batch_size": str(min(options.max_batch_size, 32)),
-                 "max_text_bytes": str(options.max_text_bytes)}.items():
+                 "max_text_bytes": str(options.max_text_bytes), "verify": str(options.verify).lower()}.items():
         cfg.parameters[k].string_value = v
     (repo / options.model_name / "1").mkdir(parents=True)
     (repo / options.model_name / "config.pbtxt").write_text(to_pbtxt(cfg), encoding="utf-8")
@@ -237,11 +241,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokenizer", choices=("hf", "graph"), default="hf")
     p.add_argument("--max-text-bytes", type=int, default=1 << 22)
     p.add_argument("--repository", action="store_true", help="ARTIFACT is a Triton model repository")
+    p.add_argument("--no-verify", action="store_true", help="serve without checking the golden probes")
     a = p.parse_args(argv)
     opts = ServeOptions(host=a.host, http_port=a.http_port, grpc_port=a.grpc_port, model_name=a.model_name,
                         max_batch_size=a.max_batch_size, max_queue_delay_us=a.max_queue_delay_us, runner=a.runner,
                         threads=a.threads, allow_remote=a.allow_remote, tokenizer=a.tokenizer,
-                        max_text_bytes=a.max_text_bytes)
+                        max_text_bytes=a.max_text_bytes, verify=not a.no_verify)
     try:
         return run_repository(a.artifact, opts) if a.repository else run_server(a.artifact, opts)
     except XDeployError as e:

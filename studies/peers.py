@@ -251,7 +251,7 @@ def _runner_output(runner: Any, feeds: dict[str, np.ndarray], name: str) -> np.n
 
 
 def _row_cosines(ref: np.ndarray, out: np.ndarray) -> float:
-    from xdeploy.verify.metrics import cosine
+    from xdeploy.deploy.metrics import cosine
 
     r, o = ref.reshape(ref.shape[0], -1).astype(np.float64), out.reshape(out.shape[0], -1).astype(np.float64)
     return min(cosine(a, b) for a, b in zip(r, o))

@@ -62,11 +62,11 @@ def compare(model: str = "bert", preset: str = "base", batch: int = 1, seq: int 
             precisions: tuple[str, ...] | None = None, workdir: str | Path = "artifacts/runner_compare",
             threads: int = 0, rounds: int = 15, per_round: int = 2, warmup: int = 3) -> dict[str, Any]:
     """Run the comparison; returns a JSON-able dict (numbers stay floats, seconds)."""
+    from xdeploy.deploy.metrics import cosine
     from xdeploy.deploy.registry import open_runner
     from xdeploy.export.cache import cached_artifact
     from xdeploy.export.precision import EXPORT_PRECISIONS
     from xdeploy.models.spec import make_feeds
-    from xdeploy.verify.metrics import cosine
 
     if rounds < 1 or per_round < 1 or warmup < 0:
         raise XDeployError("need rounds >= 1, per_round >= 1 and warmup >= 0")

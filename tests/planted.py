@@ -1,6 +1,11 @@
-"""Planted defects for the parity/layerwise tests: each returns the name of the node that must be blamed."""
+"""Planted defects for the parity/layerwise tests: each returns the name of the node that must be blamed; and
+artifacts that load but lie, for the golden probes (tests/test_probes.py, tests/test_cpp.py)."""
 
 from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -71,3 +76,38 @@ def activation_outlier(model: onnx.ModelProto, matmul: str, channel: int = 0, fa
     node.input[0] = scaled
     onnx.checker.check_model(model)
     return matmul
+
+
+def refresh_manifest(art: Path) -> None:
+    """Rewrite an artifact's manifest sha256s after a file was changed on purpose (it then loads, and lies)."""
+    from xdeploy.export.artifact import MANIFEST, write_manifest_files
+
+    m = json.loads((art / MANIFEST).read_text())
+    write_manifest_files(art, m)
+    (art / MANIFEST).write_text(json.dumps(m, indent=2))
+
+
+def corrupt_artifact(src: Path, dst: Path) -> Path:
+    """A copy of artifact `src` whose largest fp32 weight of model.onnx got noise of its own magnitude, sha256s
+    fixed up so that it loads: its outputs change, its golden probes' PyTorch references do not."""
+    shutil.copytree(src, dst)
+    proto = onnx.load(str(dst / "model.onnx"))
+    init = max((t for t in proto.graph.initializer if t.data_type == onnx.TensorProto.FLOAT),
+               key=lambda t: int(np.prod(t.dims)))
+    a = numpy_helper.to_array(init).copy()
+    a += np.random.default_rng(0).standard_normal(a.shape).astype(np.float32) * a.std()
+    init.CopyFrom(numpy_helper.from_array(a, init.name))
+    onnx.save(proto, str(dst / "model.onnx"))
+    refresh_manifest(dst)
+    return dst
+
+
+def strip_probes(src: Path, dst: Path) -> Path:
+    """A copy of artifact `src` as written before golden probes existed: no "probes" section, no probes/ files."""
+    shutil.copytree(src, dst)
+    shutil.rmtree(dst / "probes")
+    m = json.loads((dst / "manifest.json").read_text())
+    del m["probes"]
+    (dst / "manifest.json").write_text(json.dumps(m))
+    refresh_manifest(dst)
+    return dst

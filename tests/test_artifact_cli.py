@@ -27,7 +27,9 @@ def bert_art(tiny_export):
 def test_artifact_layout_manifest_and_metadata(bert_art):
     art = load_artifact(bert_art)
     m = art.manifest
-    assert set(m["files"]) == {"model.onnx", "reference/model.safetensors"}
+    # + the golden probes (tests/test_probes.py): the .npz, and raw copies of graph "model"'s for the C++ runtime
+    assert {f for f in m["files"] if not f.startswith("probes/")} == {"model.onnx", "reference/model.safetensors"}
+    assert "probes/probes.npz" in m["files"] and m["probes"]["file"] == "probes/probes.npz"
     assert m["axes"]["seq"] == {"min": 1, "opt": 128, "max": 128}
     assert m["graphs"]["model"]["inputs"][0]["name"] == "input_ids"
     meta = {p.key: p.value for p in onnx.load(str(bert_art / "model.onnx")).metadata_props}

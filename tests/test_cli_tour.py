@@ -24,6 +24,7 @@ BAD = {
     "report": [["--bogus"], ["compare", NOPE, NOPE], ["render", NOPE]],
     "parity": [["--bogus"], [NOPE], ["gpt", "--runners", "nope"], ["gpt", "--shapes", "2by3"],
                ["gpt", "--precision", "fp64"]],
+    "verify": [["--bogus"], [NOPE], [NOPE, "--runner", "ov:fp16"], [NOPE, "--threads", "x"]],
     "bench": [["--bogus"], [NOPE], ["bert", "--batch", "abc"], ["bert", "--runners", "nope"]],
     "roofline": [["--bogus"]],
     "scale": [["--bogus"], ["llama"], ["bert", "--max-t", "abc"]],

@@ -87,6 +87,29 @@ def test_cpp_cls_pooling_without_pooling_record(binary, tiny_export):
     assert np.abs(got - ref).max() <= 1e-5 and "(cls pooling) on cpu" in r.stderr
 
 
+def test_cpp_checks_the_golden_probes_at_load(binary, tiny_export, tmp_path):
+    """The C++ runtime runs graph "model"'s golden probes (their raw copies) at load: a corrupted artifact is
+    refused with one line naming the graph, output and cosine (exit 1), --no-verify runs it and says so, and an
+    artifact made before probes existed runs with a notice."""
+    from planted import corrupt_artifact, strip_probes
+
+    art = tiny_export("bert")
+    ids = [[1, 5, 9, 2]]
+    r = run_cpp(binary, art, ids)
+    assert r.returncode == 0 and "golden probes" not in r.stderr, r.stderr  # they ran and passed: nothing to say
+    bad = corrupt_artifact(art, tmp_path / "bad")
+    r = run_cpp(binary, bad, ids)
+    assert r.returncode == 1 and r.stdout == "", r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    m = re.search(r"fails its golden probes here: graph 'model' output 'last_hidden_state': cosine (\S+) ", r.stderr)
+    assert m and float(m.group(1)) < 0.99999 and "--no-verify" in r.stderr, r.stderr
+    r = run_cpp(binary, bad, ids, "--no-verify")
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 1, r.stderr
+    assert "xdeploy-embed: warning: golden probes not checked (--no-verify)" in r.stderr
+    r = run_cpp(binary, strip_probes(art, tmp_path / "old"), ids)
+    assert r.returncode == 0 and "xdeploy-embed: notice: " in r.stderr and "has no golden probes" in r.stderr
+
+
 def test_cpp_reports_its_providers_and_versions(binary):
     r = subprocess.run([str(binary), "--providers"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

@@ -17,6 +17,7 @@ from families import first, names
 from xdeploy import api
 from xdeploy.cli import main
 from xdeploy.core.errors import XDeployError
+from xdeploy.deploy.metrics import compare
 from xdeploy.deploy.registry import open_runner
 from xdeploy.export import writer
 from xdeploy.export.artifact import load_artifact
@@ -25,7 +26,6 @@ from xdeploy.export.onnx_export import export
 from xdeploy.export.precision import PrecisionOptions, to_fp16
 from xdeploy.models.registry import MODELS as REGISTRY
 from xdeploy.models.spec import Tolerance, make_feeds
-from xdeploy.verify.metrics import compare
 from xdeploy.verify.sensitivity import fp16_amp
 
 MODELS = names()  # every registered family

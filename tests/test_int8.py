@@ -239,7 +239,7 @@ def test_sensitivity_keeps_the_planted_layer_float(fp32):
     case = eval_cases(graph, art.spec)[2]  # the maximum length
     outs = [t.name for t in graph.outputs]
     ref, bad = tensor_values(proto, case.feeds, outs), tensor_values(q0, case.feeds, outs)
-    from xdeploy.verify.metrics import compare
+    from xdeploy.deploy.metrics import compare
 
     assert not all(compare(ref[k], bad[k], tol).passed for k in outs)
     # with it: the planted MatMul is ranked first, kept float, and the graph is within tolerance
@@ -318,3 +318,28 @@ def test_int8_study_times_every_candidate_in_the_shared_harness(fp32, tmp_path):
             assert sp["low"] <= sp["median"] <= sp["high"], label
         assert r["pct_of_peak"] is None or r["pct_of_peak"] <= 100.0, label
     assert (work / "bert-tiny-dynamic" / "manifest.json").is_file()
+
+
+def test_percentile_histograms_stay_bounded_when_a_first_sample_is_nearly_zero():
+    """onnxruntime's percentile histogram keeps its first sample's bin width: a tensor first seen nearly zero and
+    then at full scale asked for ~1e11 bins (859 GiB) on the trained tiny GPT. Under `_bounded_histograms` the
+    running histogram is coarsened instead, and the percentile range stays where the unbounded one puts it."""
+    from onnxruntime.quantization.calibrate import HistogramCollector
+
+    from xdeploy.export.precision import MAX_HISTOGRAM_BINS, _bounded_histograms
+
+    rng = np.random.default_rng(0)
+    tiny = (rng.standard_normal(4096) * 1e-9).astype(np.float32)
+    big = [(rng.standard_normal(4096) * 3).astype(np.float32) for _ in range(4)]
+
+    def ranges(first: np.ndarray) -> tuple[float, int]:
+        c = HistogramCollector("percentile", True, 2048, 128, 99.9, "same")
+        for a in [first, *big]:
+            c.collect({"t": [a]})
+        return float(c.compute_collection_result()["t"][1]), len(c.histogram_dict["t"][0])
+
+    with _bounded_histograms():
+        hi, bins = ranges(tiny)
+        ref_hi, _ = ranges(big[0] * 0.5)  # a first sample at scale: no coarsening needed, onnxruntime's own result
+    assert bins <= MAX_HISTOGRAM_BINS
+    assert hi == pytest.approx(ref_hi, rel=0.02)

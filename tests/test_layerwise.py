@@ -11,10 +11,10 @@ from onnxruntime.transformers.float16 import convert_float_to_float16
 from planted import attention_query, corrupt_weight, scale_up
 
 from xdeploy.core.errors import XDeployError
+from xdeploy.deploy.metrics import compare
 from xdeploy.export.artifact import load_artifact
 from xdeploy.models.spec import DEFAULT_TOLERANCES, Tolerance, make_feeds
 from xdeploy.verify.layerwise import _Probe, ancestors, comparable_tensors, find_divergence
-from xdeploy.verify.metrics import compare
 
 
 @pytest.fixture(scope="module")

@@ -87,7 +87,7 @@ def test_compare_mask_saturation_and_relative_error():
 
 
 def test_cosine_whole_and_per_row():
-    from xdeploy.verify.metrics import cosine
+    from xdeploy.deploy.metrics import cosine
 
     a = np.array([[1.0, 0.0], [0.0, 0.0], [3.0, 4.0], [0.0, 0.0]], np.float32)
     b = np.array([[0.0, 2.0], [0.0, 0.0], [6.0, 8.0], [1.0, 0.0]], np.float32)

@@ -227,10 +227,10 @@ def test_revise_is_a_validated_emitted_copy_of_the_same_measurement():
 def test_outputs_that_could_not_be_compared_are_null_not_zero(tmp_path):
     """A runner that failed gives a parity record with null metrics (it used to read max_abs 0.0, cosine 0.0: a
     perfect-looking error next to a failed verdict); the report shows "–" and plots no error for it."""
+    from xdeploy.deploy.metrics import Comparison
     from xdeploy.models.spec import DEFAULT_TOLERANCES
     from xdeploy.pipeline import parity_records
     from xdeploy.reports.render import render_report
-    from xdeploy.verify.metrics import Comparison
     from xdeploy.verify.parity import OutputCheck, ParityReport
 
     tol = DEFAULT_TOLERANCES["fp32"]

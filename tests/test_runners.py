@@ -8,11 +8,11 @@ import pytest
 from families import n_graphs, names
 
 from xdeploy.core.errors import XDeployError
+from xdeploy.deploy.metrics import cosine
 from xdeploy.deploy.registry import RUNNERS, open_runner, runner_class
 from xdeploy.export.artifact import load_artifact
 from xdeploy.export.precision import EXPORT_PRECISIONS
 from xdeploy.models.spec import DEFAULT_TOLERANCES, Tolerance, make_feeds
-from xdeploy.verify.metrics import cosine
 
 MODELS = names()  # every registered family
 SIZES = {"batch": 2, "seq": 5, "src_seq": 4, "cache": 3}

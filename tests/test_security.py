@@ -12,6 +12,9 @@ RULES = {
     r"shell\s*=\s*True": "subprocess with shell=True",
     r"torch\.load\((?![^)]*weights_only\s*=\s*True)": "torch.load without weights_only=True",
     r"\bpickle\.loads?\(|\bdill\.|\bjoblib\.load\(": "unpickling",
+    # artifact files (calibration .npy/.npz, golden probes) are untrusted: numpy must never unpickle them, said
+    # where it is read rather than left to numpy's default
+    r"\bnp\.load\((?![^)]*allow_pickle\s*=\s*False)": "np.load without allow_pickle=False",
     r"tempfile\.mktemp\(": "tempfile.mktemp (race-prone; use mkstemp/mkdtemp)",
     r"(?<![.\w])(eval|exec)\(": "eval/exec",
     r"yaml\.load\((?![^)]*SafeLoader)": "yaml.load without SafeLoader",

@@ -172,6 +172,28 @@ def test_a_malformed_request_fails_alone_in_a_dynamic_batch(server, ref):
     assert server.proc.poll() is None
 
 
+def test_golden_probes_refuse_a_corrupted_artifact_before_triton_starts(art, tmp_path):
+    """The serving environment (no torch) runs the artifact's golden probes before tritonserver starts: a corrupted
+    artifact is refused with the one line that names the graph, output and cosine; `verify=False` there runs it."""
+    from planted import corrupt_artifact
+
+    py = _serve_env()
+    bad = corrupt_artifact(art, tmp_path / "bad")
+    srv = ServerProcess(bad, ServeOptions(http_port=free_port(), grpc_port=free_port()), start_timeout=60)
+    with pytest.raises(XDeployError, match=r"exited with code 1 while starting: artifact .* fails its golden probes "
+                                           r"here: graph 'model' output 'last_hidden_state': cosine ") as e:
+        srv.start()
+    assert "\n" not in str(e.value) and "machine class: " in str(e.value)
+    assert ServeOptions(verify=False).args()[-1] == "--no-verify"
+    code = ("import sys; from xdeploy.deploy.embedder import Embedder\n"
+            "with Embedder(sys.argv[1], verify=False) as e:\n"
+            "    print(e.embed(['a sentence']).shape, 'torch' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([py, "-c", code, str(bad)], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0 and "(1, 32) False" in r.stdout, r.stderr
+    assert "golden probes not checked on ort" in r.stderr
+
+
 def test_non_loopback_host_is_refused_before_starting(art):
     with pytest.raises(XDeployError, match="refusing to bind '0.0.0.0'"):
         ServerProcess(art, ServeOptions(host="0.0.0.0"))

@@ -44,8 +44,8 @@ import numpy as np
 import onnx
 
 from xdeploy.core.errors import XDeployError
+from xdeploy.deploy.metrics import compare
 from xdeploy.models.spec import Tolerance
-from xdeploy.verify.metrics import compare
 
 FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
                onnx.TensorProto.DOUBLE}

@@ -1,5 +1,6 @@
 """Numerical parity of a whole artifact: input cases, per-output checks against the PyTorch fp32 reference and
-the layerwise follow-up on a failure. The tensor metrics are verify/metrics.py."""
+the layerwise follow-up on a failure. The tensor metrics are deploy/metrics.py, the per-output verdict
+deploy/verdict.py (the runtimes judge their golden probes with the same one: deploy/probes.py)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,21 @@ from typing import Any
 
 import numpy as np
 
-from xdeploy.models.spec import Tolerance
-from xdeploy.verify.metrics import HUGE, Comparison, compare, cosine  # noqa: F401  (re-exported)
+from xdeploy.deploy.metrics import HUGE, Comparison, compare, cosine  # noqa: F401  (re-exported)
+from xdeploy.deploy.verdict import (  # noqa: F401  (re-exported: parity's verdict is deploy/verdict.py's)
+    PRECISION_ORDER,
+    TOP1_MIN,
+    OutputCheck,
+    check_outputs,
+    judged_precision,
+    meaningful,
+    output_tolerance,
+    tolerance_precision,
+)
+from xdeploy.models.spec import InputCase, shape_cases  # noqa: F401  (InputCase re-exported)
 
 # ------------------------------------------------------------------------------------------ input sets ----
 
-PRECISION_ORDER = ("fp32", "fp16", "bf16", "int8", "int8-dynamic")  # tightest to loosest default tolerance
-# Minimum fraction of meaningful positions whose logits argmax (top-1) agrees with the reference.
-TOP1_MIN = {"fp32": 1.0, "fp16": 0.99, "bf16": 0.95, "int8": 0.9, "int8-dynamic": 0.9}
 TEXTS = (  # real text for artifacts with a tokenizer: short, long (truncated at the exported max), empty
     "A deployed model that is fast but wrong is worse than useless.",
     "The quick brown fox jumps over the lazy dog near the riverbank at dawn.",
@@ -24,16 +32,6 @@ TEXTS = (  # real text for artifacts with a tokenizer: short, long (truncated at
     "",
     "Numbers: 3.14159, 2.71828 and 65504 (the largest half-precision value).",
 )
-
-
-@dataclass(frozen=True)
-class InputCase:
-    """One set of seeded inputs for one graph. `sizes` are the dynamic axis sizes."""
-
-    name: str  # e.g. "3x128 empty-row", "text 5x32"
-    graph: str
-    sizes: dict[str, int]
-    feeds: dict[str, np.ndarray]
 
 
 def parse_shapes(text: str) -> list[tuple[int, int | None]]:
@@ -58,41 +56,13 @@ def parse_shapes(text: str) -> list[tuple[int, int | None]]:
 DEFAULT_SHAPES: tuple[tuple[int, int | None], ...] = ((1, 1), (2, 17), (3, None))
 
 
-def _sizes(graph_axes: dict[str, Any], b: int, s: int | None) -> dict[str, int]:
-    """Batch -> `b`, every other dynamic axis (seq, src_seq, cache) -> `s` clamped to its exported range."""
-    sizes = {}
-    for name, ax in graph_axes.items():
-        want = b if name == "batch" else (ax.max if s is None else s)
-        sizes[name] = int(min(max(want, ax.min), ax.max))
-    return sizes
-
-
-def _graph_axes(artifact: Any, graph: Any) -> dict[str, Any]:
-    names = {d for t in graph.inputs for d in t.dims if isinstance(d, str)}
-    return {n: artifact.spec.axes[n] for n in sorted(names)}
-
-
 def input_cases(artifact: Any, graph: str = "model", shapes: Sequence[tuple[int, int | None]] = DEFAULT_SHAPES,
                 *, seed: int = 0, texts: Sequence[str] = TEXTS) -> list[InputCase]:
     """Seeded inputs for `graph`: each shape right-pads its last row to half length (batch > 1), shapes with
     batch >= 3 also fully pad row 0 (the fp16-softmax / exported-SDPA NaN trap), and an artifact with a
     tokenizer adds real tokenized `texts` (padded to the longest, truncated at the exported maximum)."""
-    from xdeploy.models.spec import make_feeds
-
     g = artifact.graph(graph)
-    axes = _graph_axes(artifact, g)
-    cases = []
-    for i, (b, s) in enumerate(shapes):
-        sizes = _sizes(axes, b, s)
-        empty = sizes.get("batch", 1) >= 3 and any(t.kind == "mask" for t in g.inputs)
-        label = "x".join(str(sizes[a]) for a in sizes) + (" empty-row" if empty else "")
-        feeds = make_feeds(g, sizes, seed=seed + i, empty_row=empty)
-        for t in g.inputs:
-            if t.kind == "positions" and "cache" in axes:
-                # make_feeds puts the new token at position `cache`; a full max-length cache buffer holds at
-                # most max-1 past tokens (position `max` is past the position table), so cap it there.
-                feeds[t.name] = np.minimum(feeds[t.name], axes["cache"].max - 1).astype(t.dtype)
-        cases.append(InputCase(label, g.name, sizes, feeds))
+    cases = shape_cases(artifact.spec, g, shapes, seed=seed)
     text = _text_case(artifact, g, texts) if artifact.tokenizer_dir is not None and texts else None
     return cases + ([text] if text else [])
 
@@ -128,73 +98,7 @@ def _text_case(artifact: Any, g: Any, texts: Sequence[str]) -> InputCase | None:
     return InputCase(f"text {len(encs)}x{n}", g.name, sizes, feeds)
 
 
-def meaningful(graph: Any, output: Any, feeds: dict[str, np.ndarray], shape: tuple[int, ...]) -> np.ndarray | None:
-    """Bool mask (broadcastable to `shape`) of the output positions that mean something, or None for all.
-
-    Outputs at padded positions are garbage by definition: a position is meaningful when every mask input
-    over (batch, X) marks it 1, for outputs that have both axes; rows whose mask is all 0 (fully padded) are
-    dropped from every output with a batch axis. Non-finite values are still counted everywhere."""
-    if "batch" not in output.dims:
-        return None
-    dims = list(output.dims)
-    keep = np.ones((1,) * len(shape), dtype=bool)  # grows by broadcasting, never to the full shape
-    any_mask = False
-    for t in graph.inputs:
-        if t.kind != "mask" or len(t.dims) != 2 or t.dims[0] != "batch":
-            continue
-        m = feeds[t.name] != 0  # (B, X)
-        any_mask = True
-        b_ax = dims.index("batch")
-        row = m.any(axis=1)  # (B,): False for a fully padded row
-        keep = keep & np.expand_dims(row, [a for a in range(len(shape)) if a != b_ax])
-        if t.dims[1] in dims:
-            x_ax = dims.index(t.dims[1])
-            # move (B, X) onto output axes (b_ax, x_ax); other axes broadcast
-            mm = m if b_ax < x_ax else m.T
-            keep = keep & np.expand_dims(mm, [a for a in range(len(shape)) if a not in (b_ax, x_ax)])
-    return keep if any_mask else None
-
-
 # ----------------------------------------------------------------------------------------- checking ----
-
-@dataclass(frozen=True)
-class OutputCheck:
-    """One output of one graph on one input case through one runner, against the PyTorch fp32 reference.
-
-    `comparison` holds the tensor metrics (verify/metrics.py; `Comparison.not_compared` when no comparison was
-    possible: a shape mismatch or a runner error); `passed`/`reason` are the verdict, which adds to the
-    comparison's a finite reference and, for outputs named *logits, top-1 agreement."""
-
-    runner: str
-    precision: str  # the precision whose tolerance applies
-    artifact_precision: str
-    graph: str
-    case: str
-    output: str
-    comparison: Comparison
-    tolerance: Tolerance  # after the per-output overrides
-    passed: bool
-    reason: str
-    ref_nonfinite: int = 0  # NaN/Inf in the reference itself: the model is broken before any deployment
-    top1: float | None = None  # fraction of meaningful positions whose argmax agrees (outputs named *logits)
-
-    def as_dict(self) -> dict[str, Any]:
-        """Flat JSON-ready fields (`xdeploy parity --json`): the comparison's metrics beside the tolerance's."""
-        import dataclasses
-
-        metrics = {k: v for k, v in dataclasses.asdict(self.comparison).items() if k not in ("passed", "reason")}
-        return {"runner": self.runner, "precision": self.precision, "artifact_precision": self.artifact_precision,
-                "graph": self.graph, "case": self.case, "output": self.output, **metrics,
-                "ref_nonfinite": self.ref_nonfinite, "top1": self.top1, "atol": self.tolerance.atol,
-                "rtol": self.tolerance.rtol, "min_cosine": self.tolerance.cosine, "passed": self.passed,
-                "reason": self.reason}
-
-
-def tolerance_precision(artifact_precision: str, runner_precision: str) -> str:
-    """The looser of the artifact's precision and the runner's compute precision (ov:bf16 on fp32 -> bf16)."""
-    known = [p for p in (artifact_precision, runner_precision) if p in PRECISION_ORDER]
-    return max(known, key=PRECISION_ORDER.index) if known else "fp32"
-
 
 def parse_tolerance_overrides(items: Sequence[str]) -> dict[str, dict[str, float]]:
     """['logits:atol=1e-3,cosine=0.99', 'rtol=0.02'] -> {'logits': {...}, '*': {'rtol': 0.02}}."""
@@ -218,46 +122,6 @@ def parse_tolerance_overrides(items: Sequence[str]) -> dict[str, dict[str, float
                                    f"finite non-negative numbers") from None
             out.setdefault(target, {})[k] = val
     return out
-
-
-def output_tolerance(base: Tolerance, output: str, overrides: dict[str, dict[str, float]] | None) -> Tolerance:
-    import dataclasses
-
-    ov = {**(overrides or {}).get("*", {}), **(overrides or {}).get(output, {})}
-    return dataclasses.replace(base, **ov) if ov else base
-
-
-def check_outputs(ref: dict[str, np.ndarray], cand: dict[str, np.ndarray], case: InputCase, graph: Any, *,
-                  runner: str, precision: str, artifact_precision: str, tol: Tolerance,
-                  overrides: dict[str, dict[str, float]] | None = None) -> list[OutputCheck]:
-    """Compare every output of one case; the verdict adds top-1 agreement for logits and a finite reference."""
-    checks = []
-    for t in graph.outputs:
-        r, c = ref[t.name], cand[t.name]
-        otol = output_tolerance(tol, t.name, overrides)
-        where = {"runner": runner, "precision": precision, "artifact_precision": artifact_precision,
-                 "graph": graph.name, "case": case.name, "output": t.name, "tolerance": otol}
-        if r.shape != c.shape:
-            why = f"shape {c.shape} != reference {r.shape}"
-            checks.append(OutputCheck(**where, comparison=Comparison.not_compared(why), passed=False, reason=why))
-            continue
-        mask = meaningful(graph, t, case.feeds, r.shape)
-        cmp = compare(r, c, otol, mask=mask)
-        ref_bad = int(np.count_nonzero(~np.isfinite(r)))
-        top1 = None
-        if t.name.endswith("logits") and r.ndim >= 2:
-            agree = np.argmax(r, axis=-1) == np.argmax(c, axis=-1)  # shape[:-1]
-            m = None if mask is None else np.broadcast_to(mask, r.shape)[..., 0]
-            sel = agree if m is None else agree[m]
-            top1 = float(sel.mean()) if sel.size else 1.0
-        passed, reason = cmp.passed, cmp.reason
-        if ref_bad:
-            passed, reason = False, f"reference has {ref_bad} NaN/Inf"
-        elif passed and top1 is not None and top1 < TOP1_MIN.get(precision, 1.0):
-            passed, reason = False, f"top-1 agreement {top1:.4f} < {TOP1_MIN.get(precision, 1.0)}"
-        checks.append(OutputCheck(**where, comparison=cmp, passed=passed, reason=reason, ref_nonfinite=ref_bad,
-                                  top1=top1))
-    return checks
 
 
 # ------------------------------------------------------------------------------------------ running ----
@@ -373,8 +237,7 @@ def check_artifact(artifact: Any, runners: Sequence[str], *, shapes: Sequence[tu
                 with open_runner(spec, artifact, gname, threads=threads) as r:
                     info = r.info()
                     # The torch runner computes from the reference weights, never the artifact's ONNX graph.
-                    prec = info.precision if spec.partition(":")[0] == "torch" else \
-                        tolerance_precision(artifact.precision, info.precision)
+                    prec = judged_precision(spec, artifact.precision, info.precision)
                     tol = artifact.spec.tolerances.get(prec, artifact.tolerance)
                     if gname == graph_names[0]:
                         infos.append({"runner": spec, "device": info.device, "precision": info.precision,

@@ -299,9 +299,8 @@ def _prune(q: onnx.ModelProto) -> onnx.ModelProto:
 def _score(reference_out: dict[str, np.ndarray], candidate: onnx.ModelProto, case: InputCase, graph: Graph,
            tol: Tolerance) -> float:
     """The worst output cosine of `candidate` on one case in onnxruntime (what the search maximizes)."""
+    from xdeploy.deploy.metrics import compare
     from xdeploy.verify.parity import meaningful
-
-    from .metrics import compare
 
     got = tensor_values(candidate, case.feeds, [t.name for t in graph.outputs])
     worst = 1.0

@@ -6,6 +6,7 @@ Everything a user script needs, re-exported from the layer that owns it (the CLI
     q = api.convert_artifact(art, "artifacts/bert-int8", "int8")                        # static Q/DQ int8
     with api.open_runner("ort", art) as r: ...                                          # any runner spec
     report = api.check_artifact(art, ["ort", "ov"])                                     # parity vs PyTorch
+    probes = api.verify_artifact(art, "ov")                                             # golden probes, here
     api.run_job(api.RunConfig(out="reports/latest"))                                    # the main job
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 
 from xdeploy.deploy.embedder import Embedder
 from xdeploy.deploy.generate import GenerationConfig, Generator
+from xdeploy.deploy.probes import ProbeFailure, verify_artifact
 from xdeploy.deploy.registry import open_runner
 from xdeploy.deploy.tokenizer_graph import tokenizer_graph_builder
 from xdeploy.export import convert as _convert
@@ -28,9 +30,9 @@ from xdeploy.verify.sensitivity import check_int8_ir as _check_int8_ir
 from xdeploy.verify.sensitivity import refine as _refine
 
 __all__ = [
-    "Artifact", "Embedder", "GenerationConfig", "Generator", "ParityReport", "RunConfig", "RunResult",
+    "Artifact", "Embedder", "GenerationConfig", "Generator", "ParityReport", "ProbeFailure", "RunConfig", "RunResult",
     "check_artifact", "convert_artifact", "export", "load_artifact", "make_feeds", "open_runner", "run_job",
-    "tokenizer_graph_builder",
+    "tokenizer_graph_builder", "verify_artifact",
 ]
 
 

@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "run": "the main job: export, parity, bench, scale, decode -> reports/latest (exit 1 on parity failure)",
     "report": "render records into a report, or compare two reports (exit 1 on a regression)",
     "parity": "compare runners with the PyTorch fp32 reference per output (exit 1 on a failure)",
+    "verify": "check an artifact's golden probes on this machine and runner, without PyTorch (exit 1 on a failure)",
     "bench": "latency percentiles, throughput, peak memory and % of GEMM peak per runner and config",
     "roofline": "measure the machine's peak GEMM FLOP/s (fp32, bf16, int8) and memory bandwidth",
     "scale": "attention scaling with sequence length: latency, memory, fitted exponents, analytic model",
@@ -33,7 +34,8 @@ COMMANDS: dict[str, str] = {
 
 EPILOG = """exit codes (every subcommand):
   0  success
-  1  a verdict failed: a parity check, a regression in `report compare`, a load test with no successful request
+  1  a verdict failed: a parity check, a golden probe (`verify`, or a runtime refusing an artifact), a regression
+     in `report compare`, a load test with no successful request
   2  a usage or input error, or nothing to do (e.g. every bench config skipped, no records in common to compare)
 
 `xdeploy COMMAND --help` lists a command's options; README.md has the table of common flags."""

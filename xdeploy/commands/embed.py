@@ -28,6 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
     p.add_argument("--tokenizer", choices=("hf", "graph"), default="hf",
                    help="hf: HF tokenizers; graph: the artifact's tokenizer graph (export --tokenizer-graph)")
+    p.add_argument("--no-verify", action="store_true",
+                   help="run the artifact without checking its golden probes on this machine (says so on stderr)")
     add_json_option(p)
 
 
@@ -71,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     # piping a large file learns about it before the file is read.
     with Embedder(args.artifact, args.runner, batch_size=args.batch_size, pad_to=args.pad_to,
                   max_length=args.max_length, truncation=args.truncation, threads=args.threads,
-                  tokenizer=args.tokenizer) as emb:
+                  tokenizer=args.tokenizer, verify=not args.no_verify) as emb:
         source = "stdin" if args.input == "-" else args.input
         texts = decode_lines(read_lines(args.input), source)
         t0 = time.perf_counter()

@@ -37,6 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ignore-eos", action="store_true", help="always generate --new-tokens tokens")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole sequence every step (slow)")
     p.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
+    p.add_argument("--no-verify", action="store_true",
+                   help="run the artifact without checking its golden probes on this machine (says so on stderr)")
     p.add_argument("--out", metavar="DIR", help="where to export when MODEL is a name "
                                                 "(default artifacts/MODEL-PRESET-PRECISION, reused if present)")
     add_json_option(p)
@@ -106,15 +108,20 @@ def _prompts(args: argparse.Namespace, art: Artifact) -> tuple[list[list[int]], 
 
 def run(args: argparse.Namespace) -> int:
     from xdeploy.deploy.generate import GenerationConfig, Generator
+    from xdeploy.deploy.registry import check_spec
 
+    # _artifact says in one line when the artifact cannot generate (a BERT or ViT artifact), before the prompts
+    # are built from a config that has no vocabulary of tokens to generate
     art = _artifact(args)
     gc = GenerationConfig(max_new_tokens=args.new_tokens, num_beams=args.beams, do_sample=args.sample,
                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                           length_penalty=args.length_penalty, eos_token_id=-1 if args.ignore_eos else None)
-    # The Generator first: it says in one line when the artifact cannot generate (a BERT or ViT artifact)
-    # before the prompts are built from a config that has no vocabulary of tokens to generate.
-    with Generator(art, args.runner, use_cache=not args.no_cache, threads=args.threads) as g:
-        rows, tokenizer = _prompts(args, art)
+    # every usage error (settings, runner, prompt) before a runner opens and the golden probes run
+    gc.check()
+    check_spec(args.runner)
+    rows, tokenizer = _prompts(args, art)
+    with Generator(art, args.runner, use_cache=not args.no_cache, threads=args.threads,
+                   verify=not args.no_verify) as g:
         out = g.generate(rows, gc)
     mode = f"beam search k={gc.num_beams}" if gc.num_beams > 1 else ("sampling" if gc.do_sample else "greedy")
     print(f"{art.model} ({art.precision}) on {args.runner}, {mode}, {out.mode}: {out.new_tokens} new tokens "

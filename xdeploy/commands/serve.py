@@ -30,6 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="hf tokenizers, or the artifact's tokenizer graph (export --tokenizer-graph)")
     p.add_argument("--max-text-bytes", type=int, default=1 << 22,
                    help="a longer sentence fails its request alone (default 4 MiB)")
+    p.add_argument("--no-verify", action="store_true",
+                   help="serve the artifact without checking its golden probes on this machine (says so on stderr)")
     p.add_argument("--start-timeout", type=float, default=120.0, help="seconds to wait for readiness (default 120)")
     p.add_argument("--log", metavar="FILE", help="append the server's log (tritonserver + PyTriton) to FILE")
     add_json_option(p)
@@ -43,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
                         model_name=name, max_batch_size=args.max_batch_size,
                         max_queue_delay_us=args.max_queue_delay_us, runner=args.runner, threads=args.threads,
                         allow_remote=args.allow_remote, tokenizer=args.tokenizer,
-                        max_text_bytes=args.max_text_bytes)
+                        max_text_bytes=args.max_text_bytes, verify=not args.no_verify)
     srv = ServerProcess(args.artifact, opts, start_timeout=args.start_timeout, log=args.log,
                         repository=args.repository)
     stop = threading.Event()

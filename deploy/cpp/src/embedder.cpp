@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -167,6 +168,9 @@ struct Embedder::Impl {
   std::string provider, provider_note;  // the provider in use; why "auto" skipped the ones before it
   json axes;                               // the manifest's axes (TensorRT profile shapes)
   std::string graph_sha, precision;        // model graph sha256 (engine cache key), artifact precision
+  json probes;                             // the manifest's "probes" section (null: made before probes existed)
+  json tolerance;                          // the manifest's tolerances[precision] (atol, rtol, cosine)
+  std::string probe_note;                  // why the probes did not run ("" when they ran and passed)
   std::unique_ptr<Ort::Session> session;
   std::string tokenizer_file;  // tokenizer/tokenizer.onnx (relative to dir), "" when the artifact has none
   int tokenizer_max_length = 0;
@@ -218,6 +222,14 @@ struct Embedder::Impl {
       if (!found) throw Error("artifact " + dir.string() + " is not a text encoder: no last_hidden_state output");
       axes = m.at("axes");
       precision = m.value("precision", "fp32");
+      probes = m.contains("probes") ? m.at("probes") : json();
+      if (!probes.is_null()) {
+        if (!probes.is_object() || !probes.contains("cases") || !probes.at("cases").is_array())
+          bad(mpath, "probes must be an object with a cases list");
+        tolerance = m.at("tolerances").at(precision);  // export writes every precision's
+        for (const char* k : {"atol", "rtol", "cosine"})
+          if (!tolerance.contains(k) || !tolerance.at(k).is_number()) bad(mpath, "tolerances need atol, rtol, cosine");
+      }
       if (m.contains("files") && m.at("files").is_object() && m.at("files").contains(file) &&
           m.at("files").at(file).is_string())
         graph_sha = m.at("files").at(file).get<std::string>();
@@ -398,6 +410,13 @@ struct Embedder::Impl {
       std::copy(row.begin(), row.end(), input_ids.begin() + r * s);
       std::fill(mask.begin() + r * s, mask.begin() + r * s + static_cast<int64_t>(row.size()), 1);
     }
+    const std::vector<float> hidden = run_hidden(input_ids, mask, types, b, s);
+    pool_rows(hidden, ids, idx, s, out);
+  }
+
+  // The graph on [b, s] int64 inputs (the ones it takes, by name) -> last_hidden_state [b, s, dim] as float32.
+  std::vector<float> run_hidden(std::vector<int64_t>& input_ids, std::vector<int64_t>& mask,
+                                std::vector<int64_t>& types, int64_t b, int64_t s) {
     const std::array<int64_t, 2> shape{b, s};
     auto mem = Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault);
     std::vector<Ort::Value> feeds;
@@ -430,6 +449,12 @@ struct Embedder::Impl {
     } else {
       throw Error("model.onnx returns last_hidden_state of an element type other than float32/float16");
     }
+    return hidden;
+  }
+
+  void pool_rows(const std::vector<float>& hidden, const std::vector<std::vector<int64_t>>& ids,
+                 const std::vector<size_t>& idx, int64_t s, std::vector<std::vector<float>>& out) const {
+    const int64_t b = static_cast<int64_t>(idx.size());
     for (int64_t r = 0; r < b; ++r) {
       const int64_t n = static_cast<int64_t>(ids[idx[r]].size());
       const float* h = hidden.data() + r * s * dim;  // [s, d] of row r; tokens 0..n-1 are real
@@ -453,6 +478,114 @@ struct Embedder::Impl {
       }
       out[idx[r]] = std::move(v);
     }
+  }
+
+  // ------------------------------------------------------------------------------------------ golden probes ----
+
+  // A raw little-endian array of the probes (export/probes.py): `count` elements of T, the file inside the artifact.
+  template <typename T>
+  std::vector<T> read_raw(const json& rel_json, size_t count) const {
+    static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "probe files are little-endian");
+    const fs::path mpath = dir / "manifest.json";
+    const std::string rel = rel_json.get<std::string>();
+    const fs::path f = fs::weakly_canonical(dir / rel);
+    const auto r = f.lexically_relative(fs::weakly_canonical(dir));
+    if (rel.empty() || fs::path(rel).is_absolute() || r.empty() || *r.begin() == "..")
+      bad(mpath, "probe file \"" + rel + "\" points outside the artifact directory");
+    std::error_code ec;
+    const auto size = fs::file_size(f, ec);
+    if (ec) throw Error("golden probe file " + f.string() + " is missing");
+    if (size != count * sizeof(T))
+      throw Error("golden probe file " + f.string() + " has " + std::to_string(size) + " bytes; its manifest shape "
+                  "needs " + std::to_string(count * sizeof(T)));
+    std::vector<T> v(count);
+    std::ifstream in(f, std::ios::binary);
+    if (!in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(size)))
+      throw Error("cannot read golden probe file " + f.string());
+    return v;
+  }
+
+  static std::string cpu_model() {
+    std::ifstream f("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(f, line))
+      if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+    return "unknown CPU";
+  }
+
+  // Graph "model"'s probe cases (their raw copies) through the session, judged as parity judges an output
+  // (deploy/metrics.py compare): no NaN/Inf, and every real token's value within atol + rtol*|ref| or the cosine
+  // over the real tokens >= the tolerance's. Throws ProbeFailure naming the case, the cosine and the machine.
+  void check_probes() {
+    if (!opt.verify) {
+      probe_note = "golden probes not checked (--no-verify): its outputs on this machine are unverified";
+      return;
+    }
+    if (probes.is_null()) {
+      probe_note = "artifact " + dir.string() + " has no golden probes (exported before xdeploy wrote them): running "
+                   "it unverified; re-export it to have it checked where it runs";
+      return;
+    }
+    const fs::path mpath = dir / "manifest.json";
+    const double atol = tolerance.at("atol").get<double>(), rtol = tolerance.at("rtol").get<double>(),
+                 min_cos = tolerance.at("cosine").get<double>();
+    int checked = 0;
+    try {
+      for (const json& c : probes.at("cases")) {
+        if (c.at("graph").get<std::string>() != "model" || !c.contains("raw")) continue;
+        const json& raw = c.at("raw");
+        std::map<std::string, std::vector<int64_t>> feeds{{"input_ids", {}}, {"attention_mask", {}},
+                                                          {"token_type_ids", {}}};
+        int64_t b = 0, s = 0;
+        for (const auto& n : inputs) {
+          const json& t = c.at("inputs").at(n);
+          const auto shape = t.at("shape").get<std::vector<int64_t>>();
+          if (t.at("dtype").get<std::string>() != "int64" || shape.size() != 2 || shape[0] < 1 || shape[1] < 1)
+            bad(mpath, "probe input \"" + n + "\" must be int64 [batch, seq]");
+          b = shape[0], s = shape[1];
+          feeds[n] = read_raw<int64_t>(raw.at(n), static_cast<size_t>(b * s));
+        }
+        for (auto& [n, v] : feeds)
+          if (v.empty()) v.assign(static_cast<size_t>(b * s), n == "attention_mask" ? 1 : 0);  // not a graph input
+        const json& o = c.at("outputs").at(kHidden);
+        if (o.at("dtype").get<std::string>() != "float32" ||
+            o.at("shape").get<std::vector<int64_t>>() != std::vector<int64_t>{b, s, dim})
+          bad(mpath, "probe output last_hidden_state must be float32 [batch, seq, d]");
+        const auto ref = read_raw<float>(raw.at(kHidden), static_cast<size_t>(b * s * dim));
+        const auto got = run_hidden(feeds["input_ids"], feeds["attention_mask"], feeds["token_type_ids"], b, s);
+        size_t nonfinite = 0, n = 0, within = 0;
+        double dot = 0, nr = 0, nc = 0;
+        for (int64_t i = 0; i < b * s * dim; ++i) {
+          const double x = got[i], r = ref[i];
+          if (!std::isfinite(x)) {  // counted everywhere: even padded positions must stay finite
+            ++nonfinite;
+            continue;
+          }
+          if (!feeds["attention_mask"][i / dim] || !std::isfinite(r) || std::fabs(r) >= 1e30) continue;
+          ++n;
+          within += std::fabs(x - r) <= atol + rtol * std::fabs(r);
+          dot += x * r, nr += r * r, nc += x * x;
+        }
+        const double cos = (nr == 0 && nc == 0) ? 1.0 : (nr == 0 || nc == 0) ? 0.0 : dot / std::sqrt(nr * nc);
+        if (nonfinite || (within != n && cos < min_cos)) {
+          char num[64];
+          std::snprintf(num, sizeof num, "%.6f", cos);
+          std::ostringstream why;
+          why << "artifact " << dir.string() << " fails its golden probes here: graph 'model' output '" << kHidden
+              << "': cosine " << num << " (needs >= " << min_cos << " or |d| <= " << atol << " + " << rtol
+              << "*|ref|; " << nonfinite << " NaN/Inf; case " << c.at("name").get<std::string>() << ") on onnxruntime "
+              << provider << " at " << precision << " tolerance; machine: " << cpu_model()
+              << "; pass --no-verify (Options::verify = false) to run it anyway";
+          throw ProbeFailure(why.str());
+        }
+        ++checked;
+      }
+    } catch (const json::exception& e) {
+      bad(mpath, std::string("probes: missing or mistyped field (") + first_line(e.what()) + ")");
+    }
+    if (!checked)
+      probe_note = "artifact " + dir.string() + " has no golden probes this runtime reads (raw cases of graph "
+                   "\"model\"): running it unverified";
   }
 
   // ---------------------------------------------------------------------------------------- tokenizer graph ----
@@ -569,6 +702,7 @@ Embedder::Embedder(const std::string& artifact_dir, const Options& options) : im
   if (options.threads < 0) throw Error("threads must be >= 0");
   impl_->read_manifest();
   impl_->open_session();
+  impl_->check_probes();
 }
 
 Embedder::~Embedder() = default;
@@ -617,5 +751,6 @@ int Embedder::max_length() const { return impl_->max_length; }
 const Pooling& Embedder::pooling() const { return impl_->pooling; }
 const std::string& Embedder::provider() const { return impl_->provider; }
 const std::string& Embedder::provider_note() const { return impl_->provider_note; }
+const std::string& Embedder::probe_note() const { return impl_->probe_note; }
 
 }  // namespace xdeploy

@@ -1,7 +1,7 @@
 // xdeploy-embed: sentences (--text) or token ids on stdin -> embeddings on stdout, through xdeploy::Embedder.
 //
 //   xdeploy-embed ARTIFACT --text [--print-ids] [--provider auto|cpu|cuda|tensorrt] [--threads N] [--batch N]
-//   xdeploy-embed ARTIFACT [--provider ...] [--threads N] [--batch N] [--pad-to N]       (token ids)
+//   xdeploy-embed ARTIFACT [--provider ...] [--threads N] [--batch N] [--pad-to N] [--no-verify]   (token ids)
 //   xdeploy-embed --providers            (print the library's version and execution providers)
 //
 // stdin with --text: one sentence per line, UTF-8 (a final newline ends the last line; a trailing "\r" is
@@ -10,6 +10,7 @@
 // seconds of each embed() call on stderr (studies/text_embed_bench.py). Without --text: one sentence per line as token ids
 // (special tokens included) separated by spaces or commas; a JSON array per line ("[101, 7592, 102]") also works.
 // stdout: one line per sentence, dim() floats printed with 9 significant digits (float32 round-trips exactly).
+// --no-verify skips the artifact's golden probes (checked at load; a failing one refuses the artifact: exit 1).
 // Errors: one line on stderr, exit 2.
 #include <cerrno>
 #include <chrono>
@@ -81,7 +82,7 @@ int run(int argc, char** argv) {
   if (args.empty() || args[0] == "-h" || args[0] == "--help") {
     std::cerr << "usage: xdeploy-embed ARTIFACT --text [--print-ids] [options] < sentences.txt > vectors.txt\n"
                  "       xdeploy-embed ARTIFACT [--provider auto|cpu|cuda|tensorrt] [--threads N] [--batch N] "
-                 "[--pad-to N] < ids.txt > vectors.txt\n       xdeploy-embed --providers\n";
+                 "[--pad-to N] [--no-verify] < ids.txt > vectors.txt\n       xdeploy-embed --providers\n";
     return args.empty() ? 2 : 0;
   }
   if (args[0] == "--providers") {
@@ -105,6 +106,10 @@ int run(int argc, char** argv) {
       print_ids = true;
       continue;
     }
+    if (a == "--no-verify") {
+      opt.verify = false;
+      continue;
+    }
     if (i + 1 >= args.size()) throw xdeploy::Error("unknown or incomplete option \"" + a + "\"");
     const char* v = args[++i].c_str();
     if (a == "--provider") opt.provider = v;
@@ -113,10 +118,12 @@ int run(int argc, char** argv) {
     else if (a == "--pad-to") opt.pad_to = to_int(a, v);
     else if (a == "--time") time_reps = to_int(a, v);
     else throw xdeploy::Error("unknown option \"" + a + "\"; expected --text, --print-ids, --provider, --threads, "
-                              "--batch, --pad-to");
+                              "--batch, --pad-to, --no-verify");
   }
   if (print_ids && !text) throw xdeploy::Error("--print-ids needs --text");
   xdeploy::Embedder emb(artifact, opt);
+  if (!emb.probe_note().empty())
+    std::cerr << "xdeploy-embed: " << (opt.verify ? "notice: " : "warning: ") << emb.probe_note() << "\n";
   std::vector<std::vector<float>> vecs;
   std::string out;
   if (text) {
@@ -178,6 +185,9 @@ int run(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return run(argc, argv);
+  } catch (const xdeploy::ProbeFailure& e) {  // a verdict, not a usage error: exit 1 like `xdeploy verify`
+    std::cerr << "xdeploy-embed: error: " << e.what() << "\n";
+    return 1;
   } catch (const xdeploy::Error& e) {
     std::cerr << "xdeploy-embed: error: " << e.what() << "\n";
     return 2;

@@ -12,6 +12,12 @@
 // Token ids may also come from the caller, special tokens included and truncated to max_length(). Pooling (mean / cls / max) and L2 normalization follow
 // the manifest's "pooling" record exactly like the Python Embedder; artifacts without one use CLS, unnormalized.
 // Batches are length-sorted and padded as in Python (same defaults), so both run the same shapes.
+//
+// Golden probes: at load the artifact's probes for graph "model" (probes/raw/*.bin: inputs and the PyTorch fp32
+// last_hidden_state, written by `xdeploy export`; deploy/probes.py is the Python side) are run and judged like
+// parity does (|d| <= atol + rtol*|ref| everywhere, or cosine >= the artifact's tolerance, over the real tokens; no
+// NaN/Inf). A failure throws ProbeFailure (one line); Options::verify = false skips the check; an artifact made
+// before probes existed loads with probe_note() saying it was not checked. Nothing is cached: two tiny runs.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +33,12 @@ namespace xdeploy {
 class Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+// The artifact's golden probes fail on this machine and provider: refused (the CLI exits 1, like `xdeploy verify`).
+class ProbeFailure : public Error {
+ public:
+  using Error::Error;
 };
 
 // Text input i is not valid UTF-8; `byte` is the offset of the first invalid sequence in it.
@@ -48,6 +60,7 @@ struct Options {
   // onnxruntime-extensions shared library for text input; "" = $XDEPLOY_ORTX_LIBRARY, else the one CMake found
   // in the Python environment's onnxruntime-extensions wheel at build time
   std::string extensions_library;
+  bool verify = true;  // run the artifact's golden probes at load (a failure throws ProbeFailure)
 };
 
 struct Pooling {
@@ -93,6 +106,9 @@ class Embedder {
   const Pooling& pooling() const;
   const std::string& provider() const;  // the execution provider actually used
   const std::string& provider_note() const;  // why "auto" fell back past TensorRT / CUDA ("" if it did not)
+  // "" when the golden probes ran and passed; otherwise why they did not run (verify off, an artifact without
+  // probes). A failing probe never gets here: the constructor throws ProbeFailure.
+  const std::string& probe_note() const;
 
  private:
   struct Impl;

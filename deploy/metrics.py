@@ -1,7 +1,9 @@
 """Parity metrics: the verdict for one candidate tensor against its reference.
 
 Kept apart from the backends: everything here takes numpy arrays, so the CLI, the layerwise divergence
-finder (verify/layerwise.py) and the fp16 mixed-precision step share one definition of "close enough".
+finder (verify/layerwise.py), the fp16 mixed-precision step and the golden probes the runtimes check where they
+run (deploy/probes.py) share one definition of "close enough". It lives in deploy/, below verify/, because the
+runtimes (the Embedder, the Generator: deploy/) judge their own outputs; it needs only numpy and `Tolerance`.
 
 The verdict follows `Tolerance` (models/spec.py): a tensor passes when every compared element is within
 atol + rtol*|ref|, OR its cosine similarity to the reference is >= tol.cosine. On top of that, a candidate

@@ -1,0 +1,40 @@
+"""xdeploy verify: run an artifact's golden probes on this machine and runner, without PyTorch (deploy/probes.py).
+
+Exit 0: every probe passes (remembered, so the runtimes' next open here runs nothing); 1: a probe fails (one
+line per failing output: graph, output, cosine, machine class); 2: a usage or input error, e.g. an artifact
+exported before probes existed."""
+
+from __future__ import annotations
+
+import argparse
+
+from xdeploy.commands import THREADS_HELP, add_json_option, write_json
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("artifact", help="an artifact directory (xdeploy export / convert)")
+    p.add_argument("--runner", default="ort", help="runner spec: ort, ov, ov:bf16, ... (default ort)")
+    p.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
+    add_json_option(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from xdeploy.deploy.probes import verify_artifact
+    from xdeploy.deploy.registry import check_spec
+    from xdeploy.export.artifact import load_artifact
+    from xdeploy.verify.parity import ParityReport
+
+    check_spec(args.runner)  # a typo is a usage error (exit 2), before the artifact is read
+    art = load_artifact(args.artifact)
+    rep = verify_artifact(art, args.runner, threads=args.threads)
+    cases = len({(c.graph, c.case) for c in rep.checks})
+    if rep.passed:
+        print(f"{art.path}: {cases} golden probe case(s), {len(rep.covered)} output(s) pass on {rep.runner} "
+              f"({rep.precision} tolerance); machine class: {rep.machine}")
+    else:
+        for c in rep.failures:
+            print(f"{art.path}: FAIL {rep.failure_line(c)}")
+    write_json(args.json, {"artifact": str(art.path), "runner": rep.runner, "precision": rep.precision,
+                           "machine": rep.machine, "covered": list(rep.covered)}
+               | ParityReport(rep.checks).to_json())  # the checks as `xdeploy parity --json` writes them
+    return 0 if rep.passed else 1
