@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from xdeploy.core.errors import XDeployError
+from xdeploy.core.errors import ParityError, XDeployError
 
 from .base import Runner, RunnerInfo, validate_feeds
 from .sessions import CPU_PROVIDERS, ort_session
@@ -113,7 +113,7 @@ def refuse_saturating_int8(artifact: Any, graph: str, fp: dict[str, Any] | None 
 
     bound = weight_bound(onnx.load(str(artifact.onnx_path(graph))))
     if not bound["portable"]:
-        raise XDeployError(
+        raise ParityError(  # exit 1: a verdict (this artifact computes wrongly here), not a usage error
             f"graph {graph!r} of {artifact.path} has 8-bit int8 weights (a pair of products reaches "
             f"{bound['worst_pair_bound']} > {bound['limit']} at {bound['worst_node']}), which onnxruntime on this CPU "
             f"({machine_class(fp)}: no VNNI or AMX) saturates into wrong outputs; expected an artifact exported with "
