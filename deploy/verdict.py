@@ -20,7 +20,8 @@ from xdeploy.models.spec import InputCase, Tolerance
 from .metrics import Comparison, compare
 
 PRECISION_ORDER = ("fp32", "fp16", "bf16", "int8", "int8-dynamic")  # tightest to loosest default tolerance
-# Minimum fraction of meaningful positions whose logits argmax (top-1) agrees with the reference.
+# Minimum fraction of meaningful positions whose logits argmax (top-1) agrees with the reference (`top1_agrees`:
+# a token within the tolerance of the reference's best ties with it).
 TOP1_MIN = {"fp32": 1.0, "fp16": 0.99, "bf16": 0.95, "int8": 0.9, "int8-dynamic": 0.9}
 
 
@@ -49,6 +50,20 @@ def meaningful(graph: Any, output: Any, feeds: dict[str, np.ndarray], shape: tup
             mm = m if b_ax < x_ax else m.T
             keep = keep & np.expand_dims(mm, [a for a in range(len(shape)) if a not in (b_ax, x_ax)])
     return keep if any_mask else None
+
+
+def top1_agrees(ref: np.ndarray, cand: np.ndarray, tol: Tolerance) -> np.ndarray:
+    """Per position (all axes but the last): does the candidate's top-1 token agree with the reference's?
+
+    A token whose reference logit is within the precision's elementwise tolerance (atol + rtol * |max|) of the
+    reference maximum ties with it at that precision, so picking it is agreement; a disagreement is a pick the
+    reference ranks lower by more than the tolerance allows. Without this, near-tied positions (a trained model
+    fed random ids it never saw in training: half of the tiny GPT's parity ids) failed fp16 on a one-in-a-hundred
+    flip between two logits 0.01 apart, a verdict about the input, not the deployment."""
+    r = ref.astype(np.float64)
+    best = r.max(axis=-1)
+    picked = np.take_along_axis(r, np.argmax(cand, axis=-1)[..., None], axis=-1)[..., 0]
+    return picked >= best - (tol.atol + tol.rtol * np.abs(best))
 
 
 @dataclass(frozen=True)
@@ -124,7 +139,7 @@ def check_outputs(ref: dict[str, np.ndarray], cand: dict[str, np.ndarray], case:
         ref_bad = int(np.count_nonzero(~np.isfinite(r)))
         top1 = None
         if t.name.endswith("logits") and r.ndim >= 2:
-            agree = np.argmax(r, axis=-1) == np.argmax(c, axis=-1)  # shape[:-1]
+            agree = top1_agrees(r, c, otol)  # shape[:-1]
             m = None if mask is None else np.broadcast_to(mask, r.shape)[..., 0]
             sel = agree if m is None else agree[m]
             top1 = float(sel.mean()) if sel.size else 1.0

@@ -200,3 +200,15 @@ def test_ort_refuses_saturating_int8_only_where_it_saturates(old_and_new):
         open_runner("ort", old).close()
     open_runner("ort", old, allow_saturation=True).close()
     open_runner("ort", new).close()
+
+
+def test_top1_counts_flips_beyond_the_tolerance_only():
+    """Top-1 agreement of logits judges real margins: a pick within the precision's tolerance of the reference's
+    best is a tie (trained tiny GPT on random ids it never saw), a pick the reference ranks lower by more fails."""
+    from xdeploy.deploy.verdict import top1_agrees
+    from xdeploy.models.spec import DEFAULT_TOLERANCES
+
+    tol = DEFAULT_TOLERANCES["fp16"]  # atol 1e-2, rtol 1e-2
+    ref = np.array([[[5.0, 4.995, 1.0], [5.0, 4.0, 1.0], [2.0, 3.0, 1.0]]])
+    cand = np.array([[[4.99, 5.0, 1.0], [4.9, 5.0, 1.0], [2.0, 3.0, 1.0]]])
+    assert top1_agrees(ref, cand, tol).tolist() == [[True, False, True]]
