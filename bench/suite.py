@@ -271,8 +271,8 @@ def latency_record(art: Any, job: BenchJob, result: dict[str, Any], mem: MemoryS
 def check_parity(art: Any, job: BenchJob, outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray],
                  precision: str) -> tuple[bool, str]:
     """Every output within the tolerance of its precision (verify/parity.py's verdict) vs PyTorch fp32."""
-    from xdeploy.models.spec import make_feeds
-    from xdeploy.verify.parity import InputCase, check_outputs, tolerance_precision
+    from xdeploy.deploy.verdict import check_outputs, tolerance_precision
+    from xdeploy.models.spec import InputCase, make_feeds
 
     g = art.graph(job.graph)
     feeds = make_feeds(g, dict(job.sizes), seed=job.seed)

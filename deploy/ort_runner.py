@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -107,17 +108,27 @@ def refuse_saturating_int8(artifact: Any, graph: str, fp: dict[str, Any] | None 
     fp = fp if fp is not None else fingerprint()
     if int8_dot(fp) != "avx2":
         return
-    import onnx
-
-    from xdeploy.export.saturation import weight_bound
-
-    bound = weight_bound(onnx.load(str(artifact.onnx_path(graph))))
+    path = artifact.onnx_path(graph)
+    st = path.stat()
+    bound = _weight_bound(str(path), st.st_size, st.st_mtime_ns)
     if not bound["portable"]:
         raise ParityError(  # exit 1: a verdict (this artifact computes wrongly here), not a usage error
             f"graph {graph!r} of {artifact.path} has 8-bit int8 weights (a pair of products reaches "
             f"{bound['worst_pair_bound']} > {bound['limit']} at {bound['worst_node']}), which onnxruntime on this CPU "
             f"({machine_class(fp)}: no VNNI or AMX) saturates into wrong outputs; expected an artifact exported with "
             "--int8-weight-bits 7 (the default), or run it on OpenVINO (ov), or pass allow_saturation=True")
+
+
+@functools.lru_cache(maxsize=32)
+def _weight_bound(path: str, size: int, mtime_ns: int) -> dict[str, Any]:
+    """export/saturation.weight_bound of the graph file at `path`, once per file version (size, mtime): the
+    Embedder and the benchmarks open several runners on one graph, and loading a base model's graph costs
+    seconds."""
+    import onnx
+
+    from xdeploy.export.saturation import weight_bound
+
+    return weight_bound(onnx.load(path))
 
 
 def _cores() -> int:

@@ -17,12 +17,13 @@ can saturate it: the artifact is portable *by construction*. That is xdeploy's d
 
 This module reads the quantized graph, no runtime needed:
     weight_bound(q)          the largest pair any input could make, from the int8 weights alone (the proof)
-    simulate(q, activations) the AVX2 arithmetic on real activations, exactly: which pairs saturate and how far
+    simulate(nodes, acts)    the AVX2 arithmetic on real activations, exactly: which pairs saturate and how far
                              each node's integer accumulator moves, beside the exact (VNNI/AMX) result
 so a VNNI or AMX machine proves what an AVX2 machine would compute (tests/test_saturation.py checks the model
 against onnxruntime itself on whatever machine runs it: bit-identical to the AVX2 kernel there, or to the
-exact product on VNNI/AMX). Covered: MatMul and Gemm (Q/DQ), MatMulInteger; Conv and ConvInteger are covered by
-the bound and simulated with the im2col order (c, kh, kw).
+exact product on VNNI/AMX). Covered: MatMul and Gemm (Q/DQ), MatMulInteger, checked against onnxruntime; Conv and
+ConvInteger are covered by the bound (which holds for any order of K) and simulated with the im2col order
+(c, kh, kw), which was not checked against onnxruntime's convolution kernels.
 """
 
 from __future__ import annotations
@@ -131,17 +132,21 @@ def int8_nodes(q: onnx.ModelProto) -> list[Int8Node]:
     return out
 
 
-def weight_bound(q: onnx.ModelProto) -> dict[str, Any]:
+def _even_k(w: np.ndarray) -> np.ndarray:
+    """w (K, N) with a zero row appended when K is odd: the kernel zero-pads K to pairs."""
+    return np.vstack([w, np.zeros((1, w.shape[1]), w.dtype)]) if w.shape[0] % 2 else w
+
+
+def weight_bound(q: onnx.ModelProto, nodes: list[Int8Node] | None = None) -> dict[str, Any]:
     """The proof: the largest |a0*w0 + a1*w1| any uint8 input could make with these int8 weights (adjacent
     pairs along K as the kernel takes them), against the int16 limit. `portable` True means no input can
-    saturate the AVX2 kernel, so every x86 class computes this graph exactly."""
+    saturate the AVX2 kernel, so every x86 class computes this graph exactly. `nodes`: `int8_nodes(q)` when the
+    caller has them already (reading the weights is the costly part)."""
     worst, worst_node, max_w = 0, None, 0
-    nodes = int8_nodes(q)
+    nodes = int8_nodes(q) if nodes is None else nodes
     for n in nodes:
-        w = np.abs(n.weight)
+        w = _even_k(np.abs(n.weight))
         max_w = max(max_w, int(w.max(initial=0)))
-        if w.shape[0] % 2:
-            w = np.vstack([w, np.zeros((1, w.shape[1]), w.dtype)])
         pair = int((w[0::2] + w[1::2]).max(initial=0)) * U8_MAX
         if pair > worst:
             worst, worst_node = pair, n.node
@@ -193,10 +198,7 @@ def pairwise_product(a: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, int, int
     """a (M, K) uint8 values @ w (K, N) int8 values as the AVX2 kernel computes it: adjacent products along K
     added in saturating int16, then summed in int32. Returns (the (M, N) int64 result, how many pairs
     saturated, the largest |pair| before saturation)."""
-    a, w = np.asarray(a, np.int32), np.asarray(w, np.int32)
-    if w.shape[0] % 2:  # the kernel zero-pads K to even
-        a = np.hstack([a, np.zeros((len(a), 1), a.dtype)])
-        w = np.vstack([w, np.zeros((1, w.shape[1]), w.dtype)])
+    a, w = _even_k(np.asarray(a, np.int32).T).T, _even_k(np.asarray(w, np.int32))
     a0, a1, w0, w1 = a[:, 0::2], a[:, 1::2], w[0::2], w[1::2]
     out = np.zeros((a.shape[0], w.shape[1]), np.int64)
     saturating = worst = 0
@@ -229,12 +231,13 @@ def simulate_node(n: Int8Node, x: np.ndarray, max_rows: int = MAX_ROWS) -> dict[
             / scale}
 
 
-def simulate(q: onnx.ModelProto, activations: Mapping[str, list[np.ndarray]], max_rows: int = MAX_ROWS
+def simulate(nodes: list[Int8Node], activations: Mapping[str, list[np.ndarray]], max_rows: int = MAX_ROWS
              ) -> list[dict[str, Any]]:
-    """`simulate_node` for every int8 node whose activation tensor is in `activations` (tensor name -> its values
-    over the calibration samples), each sample quantized on its own (a dynamic range is per run), pooled."""
+    """`simulate_node` for every one of `nodes` (`int8_nodes`) whose activation tensor is in `activations` (tensor
+    name -> its values over the calibration samples), each sample quantized on its own (a dynamic range is per
+    run), pooled."""
     out = []
-    for n in int8_nodes(q):
+    for n in nodes:
         xs = activations.get(n.activation)
         if not xs:
             continue
@@ -249,21 +252,23 @@ def simulate(q: onnx.ModelProto, activations: Mapping[str, list[np.ndarray]], ma
 
 
 def record(q: onnx.ModelProto, activations: Mapping[str, list[np.ndarray]] | None, *, weight_bits: int,
-           samples: int = 0, top: int = 5) -> dict[str, Any]:
+           samples: int = 0, top: int = 5, nodes: list[Int8Node] | None = None) -> dict[str, Any]:
     """The manifest's verdict for one graph (`conversion.<graph>.saturation`): the bound, the simulation on the
-    calibration activations (when given), and the classes the graph is proven for."""
-    bound = weight_bound(q)
+    calibration activations (when given), and the classes the graph is proven for. `nodes`: `int8_nodes(q)`
+    when the caller has them already."""
+    int8 = int8_nodes(q) if nodes is None else nodes
+    bound = weight_bound(q, int8)
     rec: dict[str, Any] = {"kernel_model": KERNEL_MODEL, "weight_bits": weight_bits, **bound}
     if activations is not None:
-        nodes = simulate(q, activations)
-        worst = sorted(nodes, key=lambda r: (r["saturating_pairs"], r["accumulator_rel_error"]), reverse=True)
+        sims = simulate(int8, activations)
+        worst = sorted(sims, key=lambda r: (r["saturating_pairs"], r["accumulator_rel_error"]), reverse=True)
         rec["simulated"] = {
-            "samples": samples, "nodes": len(nodes),
-            "saturating_nodes": sum(1 for r in nodes if r["saturating_pairs"]),
-            "saturating_pairs": sum(r["saturating_pairs"] for r in nodes),
-            "pairs": sum(r["pairs"] for r in nodes),
-            "worst_pair": max((r["worst_pair"] for r in nodes), default=0),
-            "worst_accumulator_rel_error": max((r["accumulator_rel_error"] for r in nodes), default=0.0),
+            "samples": samples, "nodes": len(sims),
+            "saturating_nodes": sum(1 for r in sims if r["saturating_pairs"]),
+            "saturating_pairs": sum(r["saturating_pairs"] for r in sims),
+            "pairs": sum(r["pairs"] for r in sims),
+            "worst_pair": max((r["worst_pair"] for r in sims), default=0),
+            "worst_accumulator_rel_error": max((r["accumulator_rel_error"] for r in sims), default=0.0),
             "worst_nodes": [r for r in worst[:top] if r["saturating_pairs"]]}
     rec["proven_for"] = proven_for(bound["portable"])
     return rec

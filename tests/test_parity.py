@@ -17,19 +17,18 @@ from xdeploy.api import export  # with the measured refinement (fp16 AMP, int8 s
 from xdeploy.cli import main
 from xdeploy.core.errors import XDeployError
 from xdeploy.core.fsutil import atomic_write_json
+from xdeploy.deploy.metrics import compare
+from xdeploy.deploy.verdict import meaningful, tolerance_precision
 from xdeploy.export.artifact import MANIFEST, load_artifact, write_manifest_files
 from xdeploy.export.precision import EXPORT_PRECISIONS
 from xdeploy.models.registry import MODELS
 from xdeploy.models.spec import DEFAULT_TOLERANCES, Tolerance
 from xdeploy.verify.parity import (
     check_artifact,
-    compare,
     drop_empty_rows,
     input_cases,
-    meaningful,
     parse_shapes,
     parse_tolerance_overrides,
-    tolerance_precision,
 )
 
 FP32, FP16 = DEFAULT_TOLERANCES["fp32"], DEFAULT_TOLERANCES["fp16"]

@@ -228,10 +228,11 @@ def test_outputs_that_could_not_be_compared_are_null_not_zero(tmp_path):
     """A runner that failed gives a parity record with null metrics (it used to read max_abs 0.0, cosine 0.0: a
     perfect-looking error next to a failed verdict); the report shows "–" and plots no error for it."""
     from xdeploy.deploy.metrics import Comparison
+    from xdeploy.deploy.verdict import OutputCheck
     from xdeploy.models.spec import DEFAULT_TOLERANCES
     from xdeploy.pipeline import parity_records
     from xdeploy.reports.render import render_report
-    from xdeploy.verify.parity import OutputCheck, ParityReport
+    from xdeploy.verify.parity import ParityReport
 
     tol = DEFAULT_TOLERANCES["fp32"]
     ok = Comparison(max_abs=1e-6, max_rel=1e-5, mean_abs=1e-7, cosine=0.9999999, within=1.0, nonfinite=0,

@@ -45,10 +45,10 @@ import numpy as np
 import onnx
 
 from xdeploy.core.errors import XDeployError
+from xdeploy.deploy.verdict import check_outputs, meaningful, tolerance_precision
 from xdeploy.export import precision as prec
-from xdeploy.models.spec import ExportSpec, Graph, Tolerance, make_feeds
+from xdeploy.models.spec import ExportSpec, Graph, InputCase, Tolerance, make_feeds
 from xdeploy.verify.layerwise import find_divergence, tensor_values, tensor_values_many
-from xdeploy.verify.parity import InputCase, check_outputs, tolerance_precision
 
 SHORTLIST = 6  # nodes per round whose float version is tried on the failing case
 REQUANTIZE_EVERY = 4  # rounds between re-quantizations with the exclusions (the edits are equivalent)
@@ -74,11 +74,12 @@ def refine(proto: onnx.ModelProto, precision: str, *, graph: Graph, spec: Export
     if precision == "int8":
         q, info = int8_sensitivity(proto, graph=graph, spec=spec, options=options,
                                    runtimes=tuple(runtimes or default_runtimes()))
+    elif precision == "int8-dynamic":  # the transform alone: convert() would record a bound-only check first
+        q, info = prec.to_int8_dynamic(proto, options)
     else:
-        q, info = prec.convert(proto, precision, graph=graph, spec=spec, options=options)
-    if precision in prec.INT8_PRECISIONS:
-        info["saturation"] = saturation_check(q, prec.calibration_feeds(graph, spec, options)[0],
-                                              weight_bits=options.int8_weight_bits)
+        return prec.convert(proto, precision, graph=graph, spec=spec, options=options)
+    info["saturation"] = saturation_check(q, prec.calibration_feeds(graph, spec, options)[0],
+                                          weight_bits=options.int8_weight_bits)
     return q, info
 
 
@@ -89,12 +90,14 @@ def saturation_check(q: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarr
     onnxruntime, so they are the activations the int8 graph really quantizes)."""
     from xdeploy.export import saturation
 
-    names = sorted({n.activation for n in saturation.int8_nodes(q)})
+    nodes = saturation.int8_nodes(q)
+    names = sorted({n.activation for n in nodes})
     graph_inputs = {i.name for i in q.graph.input}
     feeds = [{k: v for k, v in s.items() if k in graph_inputs} for s in list(samples)[:most]]
     values = tensor_values_many(q, feeds, names) if names and feeds else []
     acts = {k: [v[k] for v in values] for k in names}
-    return saturation.record(q, acts if values else None, weight_bits=weight_bits, samples=len(values))
+    return saturation.record(q, acts if values else None, weight_bits=weight_bits, samples=len(values),
+                             nodes=nodes)
 
 
 # ---------------------------------------------------------------------------------------------- fp16 ----
@@ -300,8 +303,6 @@ def _score(reference_out: dict[str, np.ndarray], candidate: onnx.ModelProto, cas
            tol: Tolerance) -> float:
     """The worst output cosine of `candidate` on one case in onnxruntime (what the search maximizes)."""
     from xdeploy.deploy.metrics import compare
-    from xdeploy.verify.parity import meaningful
-
     got = tensor_values(candidate, case.feeds, [t.name for t in graph.outputs])
     worst = 1.0
     for t in graph.outputs:
