@@ -47,7 +47,7 @@ import onnx
 from xdeploy.core.errors import XDeployError
 from xdeploy.deploy.verdict import check_outputs, meaningful, tolerance_precision
 from xdeploy.export import precision as prec
-from xdeploy.models.spec import ExportSpec, Graph, InputCase, Tolerance, make_feeds
+from xdeploy.models.spec import ExportSpec, Graph, InputCase, Tolerance, case_sizes, shape_cases
 from xdeploy.verify.layerwise import find_divergence, tensor_values, tensor_values_many
 
 SHORTLIST = 6  # nodes per round whose float version is tried on the failing case
@@ -156,21 +156,14 @@ def eval_cases(graph: Graph, spec: ExportSpec, calibration: Sequence[Mapping[str
                ) -> list[InputCase]:
     """Parity-like cases (EVAL_CASES): padded rows at batch 2, the maximum length at batch 3 with an empty row
     (batch 1 when the outputs would be huge), and for text graphs the longest calibration sample (real text)."""
-    axes = {d for t in graph.inputs for d in t.dims if isinstance(d, str)}
     cases = []
-    for b, s, seed in EVAL_CASES:
-        sizes = {a: int(min(max(b if a == "batch" else (spec.axes[a].max if s is None else s),
-                                spec.axes[a].min), spec.axes[a].max)) for a in sorted(axes)}
+    for b, s, seed in EVAL_CASES:  # parity's shape cases (models/spec.py shape_cases), each with its own seed
+        sizes = case_sizes(spec, graph, b, s)
         elems = sum(math.prod(d if isinstance(d, int) else sizes.get(d, 1) for d in t.dims) for t in graph.outputs)
         if elems > MAX_OUTPUT_ELEMENTS and "batch" in sizes:
-            sizes["batch"] = 1
-        empty = sizes.get("batch", 1) >= 3 and any(t.kind == "mask" for t in graph.inputs)
-        feeds = make_feeds(graph, sizes, seed=seed, empty_row=empty)
-        for t in graph.inputs:  # as parity: a full cache holds at most max - 1 past positions
-            if t.kind == "positions" and "cache" in spec.axes:
-                feeds[t.name] = np.minimum(feeds[t.name], spec.axes["cache"].max - 1).astype(t.dtype)
-        label = "x".join(str(sizes[a]) for a in sizes) + (" empty-row" if empty else "") + f" seed {seed}"
-        cases.append(InputCase(label, graph.name, sizes, feeds))
+            b = 1
+        (case,) = shape_cases(spec, graph, [(b, s)], seed=seed)
+        cases.append(dataclasses.replace(case, name=f"{case.name} seed {seed}"))
     if calibration and any(t.kind == "ids" for t in graph.inputs):  # real text (synthetic images add nothing)
         longest = max(calibration, key=lambda f: sum(a.size for a in f.values()))
         cases.append(InputCase("calibration sample", graph.name, {}, dict(longest)))
