@@ -18,15 +18,25 @@ of the rounds moves the paired median by at most the spread of the f/2 quantiles
     cmp = compare({"torch": torch_call, "ort": ort_call}, baseline="torch", max_seconds=5.0)
     cmp.speedups["ort"].median, cmp.speedups["ort"].low, cmp.speedups["ort"].high, cmp.stable
 
-Stability (every figure records its dispersion and the machine's load while it was taken):
+Sequential rounds (MLPerf Inference's early stopping and pyperf's "more values until stable", applied to paired
+ratios): after `min_rounds`, the rounds stop as soon as every speed-up's 95% interval is within the target
+(`Thresholds.target`, +-10% of its median: (high - low) / 2 <= 10% of the median); while some are wider at
+`max_seconds`, rounds go on for at most `extra_s` more seconds with only the baseline and the candidates still
+wide (a narrow candidate stops, so the time goes where the intervals are widest; pairs stay paired by round
+index). `Budget` shares one run's extra seconds among its comparisons.
+
+Verdicts (every figure records its dispersion and the machine's load while it was taken):
   * per series: IQR / median of the round times, max / min of the round times;
-  * per speed-up: the width of its 95% interval relative to its median;
+  * per speed-up: its paired ratios' IQR / median, and its 95% interval's half-width relative to its median;
   * the machine: 1-minute load average, and the CPU time *other* processes used during the measurement
     (psutil: system-wide busy CPU time minus this process's own), as a number of cores.
-A comparison is *unstable* when any series' IQR / median exceeds `Thresholds.series_rel_iqr` or a speed-up's
-interval is wider than `Thresholds.ratio_rel_ci` of its median; it is then re-measured (fresh rounds) up to
-`attempts` times and the steadiest attempt is kept. The reason says "load" when other processes used more
-than `Thresholds.other_cores` cores meanwhile (a busy machine), else "noise". The thresholds follow
+A candidate is *unstable* when its round times or its paired ratios are dispersed (IQR / median over
+`Thresholds.series_rel_iqr`), when the CPU was oversubscribed by other processes, or when its interval is wider
+than the target while other processes used more than `Thresholds.other_cores` cores (a busy machine: never a
+silently skewed figure); the comparison is then re-measured (fresh rounds) up to `attempts` times and the
+steadiest attempt is kept. The cause is "load" when other processes used more than `other_cores` meanwhile, else
+"noise". A steady candidate on a quiet machine whose interval is still wider than the target when the time is
+spent is *wide*: its figure is printed with its interval and the word "wide". The thresholds follow
 torch.utils.benchmark (IQR > 10% of the median: a warning, > 25%: "gross") and pyperf's `check` (spread
 relative to the centre); see docs/benchmarks.md.
 """
@@ -53,8 +63,8 @@ from .latency import LatencyStats, summarize
 class Thresholds:
     """When a comparison is called unstable (documented in docs/benchmarks.md)."""
 
-    series_rel_iqr: float = 0.25  # a series' round times: IQR / median (torch.utils.benchmark's "gross" level)
-    ratio_rel_ci: float = 0.30  # a speed-up's 95% interval: (high - low) / median
+    series_rel_iqr: float = 0.25  # round times or paired ratios: IQR / median (torch.utils.benchmark's "gross" level)
+    target: float = 0.10  # a speed-up's 95% interval within +-target of its median: (high - low) / 2 <= target * median
     other_cores: float = 0.5  # other processes' CPU use (cores, averaged) above which the cause is "load"
     # tasks waited for a CPU this share of the time while other processes used > other_cores: oversubscribed.
     # Steady but contended rounds are not a quiet machine's figure (a busy loop on one of 2 cores made an
@@ -116,9 +126,16 @@ class SpeedUp:
     high: float
     rounds: int
 
+    rel_iqr: float = 0.0  # IQR / median of the paired ratios (their dispersion, not the interval's width)
+
     @property
     def rel_ci(self) -> float:
         return (self.high - self.low) / self.median if self.median > 0 else math.inf
+
+    @property
+    def half_width(self) -> float:
+        """Half the 95% interval relative to the median: 0.10 = the figure is known to +-10%."""
+        return self.rel_ci / 2.0
 
 
 def paired_speedup(baseline: Sequence[float], candidate: Sequence[float]) -> SpeedUp:
@@ -129,7 +146,19 @@ def paired_speedup(baseline: Sequence[float], candidate: Sequence[float]) -> Spe
     if np.any(b <= 0) or np.any(c <= 0):
         raise XDeployError("round times must be positive")
     med, lo, hi = median_ci(b / c)
-    return SpeedUp(median=med, low=lo, high=hi, rounds=int(b.size))
+    return SpeedUp(median=med, low=lo, high=hi, rounds=int(b.size), rel_iqr=rel_iqr(b / c))
+
+
+def paired(rounds: Mapping[str, Sequence[float]], ids: Mapping[str, Sequence[int]], baseline: str,
+           candidate: str) -> SpeedUp:
+    """`paired_speedup` over the rounds both took part in (`ids`: each one's round indices; a name without ids
+    took part in every round of its list)."""
+    def indexed(n: str) -> dict[int, float]:
+        return dict(zip(ids.get(n) or range(len(rounds[n])), rounds[n]))
+
+    b, c = indexed(baseline), indexed(candidate)
+    common = sorted(b.keys() & c.keys())
+    return paired_speedup([b[i] for i in common], [c[i] for i in common])
 
 
 def series_stats(rounds: Sequence[float], calls: int) -> SeriesStats:
@@ -224,10 +253,40 @@ def free_cores(sample_s: float = 0.5) -> int:
 class Attempt:
     """One interleaved measurement of every candidate."""
 
-    rounds: dict[str, list[float]]  # name -> per-round mean call time (s), rounds in order
+    rounds: dict[str, list[float]]  # name -> per-round call time (s), rounds in order
     calls: dict[str, list[float]]  # name -> every timed call (s), for per-call percentiles
     calls_per_round: dict[str, int]
     load: Load
+    # name -> the indices of the rounds it took part in (sequential rounds leave narrow candidates out);
+    # a name missing here took part in every round of its list
+    round_ids: dict[str, list[int]] = field(default_factory=dict)
+    extra_s: float = 0.0  # seconds spent in sequential rounds after `max_seconds`
+
+
+class Budget:
+    """Extra seconds for sequential rounds, shared by the comparisons of one run: each comparison may take a
+    share of what is left (`allowance`) and gives back what it did not use (`spend` the seconds it took), so
+    comparisons that are narrow early leave the time to the wide ones."""
+
+    def __init__(self, total_s: float, comparisons: int = 1) -> None:
+        if total_s < 0 or comparisons < 1:
+            raise XDeployError(f"a budget needs total_s >= 0 and comparisons >= 1; got {total_s}, {comparisons}")
+        self.total_s, self.comparisons = float(total_s), int(comparisons)
+        self.used_s, self.done = 0.0, 0
+
+    @property
+    def left_s(self) -> float:
+        return max(self.total_s - self.used_s, 0.0)
+
+    def allowance(self) -> float:
+        """What the next comparison may spend: three times an even share of what is left (most comparisons
+        need none), never more than is left."""
+        share = self.left_s / max(self.comparisons - self.done, 1)
+        return min(self.left_s, 3.0 * share)
+
+    def spend(self, seconds: float) -> None:
+        self.used_s += max(float(seconds), 0.0)
+        self.done += 1
 
 
 @dataclass(frozen=True)
@@ -245,6 +304,19 @@ class Comparison:
     attempts: int
     thresholds: Thresholds = field(default=DEFAULT_THRESHOLDS)
     rounds: dict[str, list[float]] = field(default_factory=dict)  # the kept attempt's round times (s per call)
+    round_ids: dict[str, list[int]] = field(default_factory=dict)  # Attempt.round_ids
+    wide: tuple[str, ...] = ()  # steady candidates whose interval is wider than the target (quiet machine)
+    extra_s: float = 0.0  # seconds of sequential rounds, over every attempt
+
+    def paired(self, baseline: str, candidate: str) -> SpeedUp:
+        """Paired speed-up of any two candidates over the rounds both took part in."""
+        return paired(self.rounds, self.round_ids, baseline, candidate)
+
+    def verdict(self, name: str) -> str:
+        """"ok" (within the target), "wide" (steady, interval wider than the target) or "unstable"."""
+        if any(who in (name, self.baseline) for who, _ in self.reasons):
+            return "unstable"
+        return "wide" if name in self.wide else "ok"
 
     def stability(self, name: str) -> dict[str, Any]:
         """JSON-ready stability block for one candidate's record: its own verdict (its series, its speed-up
@@ -252,9 +324,12 @@ class Comparison:
         s, sp = self.series[name], self.speedups.get(name)
         mine = [why for who, why in self.reasons if who in (name, self.baseline)]
         return {"stable": not mine, "cause": self.cause if mine else None, "reasons": mine,
-                "attempts": self.attempts, "rounds": s.rounds, "calls_per_round": s.calls_per_round,
+                "verdict": self.verdict(name), "wide": name in self.wide and not mine,
+                "target": self.thresholds.target, "attempts": self.attempts, "rounds": s.rounds,
+                "calls_per_round": s.calls_per_round, "extra_s": self.extra_s,
                 "rel_iqr": s.rel_iqr, "max_over_min": s.max_over_min,
-                "speedup": None if sp is None else {"median": sp.median, "low": sp.low, "high": sp.high},
+                "speedup": None if sp is None else {"median": sp.median, "low": sp.low, "high": sp.high,
+                                                    "rounds": sp.rounds, "rel_iqr": sp.rel_iqr},
                 "baseline": self.baseline, "load": asdict(self.load), "thresholds": asdict(self.thresholds)}
 
 
@@ -267,46 +342,78 @@ def _block(fn: Callable[[], Any], n: int, clock: Callable[[], int] = time.perf_c
     return out
 
 
+def _still_wide(rounds: Mapping[str, list[float]], ids: Mapping[str, list[int]], baseline: str,
+                target: float) -> list[str]:
+    """Candidates whose paired speed-up interval is wider than +-target of its median so far."""
+    return [n for n in rounds if n != baseline and paired(rounds, ids, baseline, n).half_width > target]
+
+
 def run_rounds(calls: Mapping[str, Callable[[], Any]], *, min_rounds: int = 8, max_rounds: int = 40,
                max_seconds: float = 5.0, min_block_s: float = 0.02, warmup: int = 2,
-               settle_s: float = 0.002) -> Attempt:
-    """Warm up every candidate, size its block, then time rotated rounds until `max_seconds` (at least
-    `min_rounds`, at most `max_rounds`). A round's value for a candidate is the median of its block's calls;
-    `settle_s` of untimed sleep precede each block. The collector is paused while timing (as in
-    latency.measure)."""
+               settle_s: float = 0.002, baseline: str | None = None, target: float | None = None,
+               extra_s: float = 0.0, clock: Callable[[], int] = time.perf_counter_ns) -> Attempt:
+    """Warm up every candidate, size its block, then time rotated rounds: at least `min_rounds`, at most
+    `max_rounds`, until `max_seconds`. With a `baseline` and a `target`, rounds are sequential: they stop once
+    every candidate's paired speed-up interval is within +-target of its median (after `min_rounds`), and where
+    some are still wider at `max_seconds` they go on for at most `extra_s` seconds more with only the baseline
+    and those candidates. A round's value for a candidate is the median of its block's calls; `settle_s` of
+    untimed sleep precede each block. The collector is paused while timing (as in latency.measure). `clock`
+    (nanoseconds) times the calls and the span."""
     names = list(calls)
     if not names:
         raise XDeployError("nothing to compare")
-    if min_rounds < 1 or max_rounds < min_rounds or not max_seconds > 0:
-        raise XDeployError(f"need 1 <= min_rounds <= max_rounds and max_seconds > 0; got {min_rounds}, "
-                           f"{max_rounds}, {max_seconds}")
+    if min_rounds < 1 or max_rounds < min_rounds or not max_seconds > 0 or extra_s < 0:
+        raise XDeployError(f"need 1 <= min_rounds <= max_rounds, max_seconds > 0 and extra_s >= 0; got "
+                           f"{min_rounds}, {max_rounds}, {max_seconds}, {extra_s}")
+    sequential = baseline is not None and target is not None and len(names) > 1
+    if baseline is not None and baseline not in calls:
+        raise XDeployError(f"baseline {baseline!r} is not among the compared: {', '.join(names)}")
     per: dict[str, int] = {}
     for name in names:  # warm-up doubles as calibration: the fastest warm-up call sizes the block
-        ts = _block(calls[name], max(warmup, 1))
+        ts = _block(calls[name], max(warmup, 1), clock)
         per[name] = max(1, math.ceil(min_block_s / max(min(ts), 1e-9)))
     rounds: dict[str, list[float]] = {n: [] for n in names}
+    ids: dict[str, list[int]] = {n: [] for n in names}
     samples: dict[str, list[float]] = {n: [] for n in names}
     meter = LoadMeter().start()
-    t_start = time.perf_counter()
+    t_start = clock()
+    t_extra: int | None = None  # when the sequential rounds began
+    active = names
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         r = 0
-        while r < max_rounds and (r < min_rounds or time.perf_counter() - t_start < max_seconds):
-            k = r % len(names)
-            for name in names[k:] + names[:k]:  # rotate: each candidate leads equally often
+        while r < max_rounds:
+            elapsed = (clock() - t_start) * 1e-9
+            if r >= min_rounds:
+                if not sequential:
+                    if elapsed >= max_seconds:
+                        break
+                else:
+                    assert baseline is not None and target is not None
+                    wide = _still_wide(rounds, ids, baseline, target)
+                    if not wide or elapsed >= max_seconds + extra_s:
+                        break  # every interval within the target, or the time (and its extension) spent
+                    if elapsed >= max_seconds:  # sequential rounds: the baseline and the wide ones only
+                        t_extra = t_extra if t_extra is not None else clock()
+                        active = [baseline] + wide
+            k = r % len(active)
+            for name in active[k:] + active[:k]:  # rotate: each candidate leads equally often
                 # a short untimed pause first: the previous runtime's idle threads (onnxruntime's pool spins
                 # after a call by default; TBB workers too) would otherwise still hold a core when this
                 # block starts, a cost the previous candidate's code leaves on this one's first calls
                 time.sleep(settle_s)
-                ts = _block(calls[name], per[name])
+                ts = _block(calls[name], per[name], clock)
                 rounds[name].append(statistics.median(ts))  # robust to a disturbed call within the block
+                ids[name].append(r)
                 samples[name].extend(ts)
             r += 1
     finally:
         if was_enabled:
             gc.enable()
-    return Attempt(rounds=rounds, calls=samples, calls_per_round=per, load=meter.stop())
+    extra = 0.0 if t_extra is None else (clock() - t_extra) * 1e-9
+    return Attempt(rounds=rounds, calls=samples, calls_per_round=per, load=meter.stop(), round_ids=ids,
+                   extra_s=extra)
 
 
 def run_timed_rounds(timers: Mapping[str, Callable[[], Sequence[float]]], *, rounds: int = 7) -> Attempt:
@@ -334,50 +441,61 @@ def run_timed_rounds(timers: Mapping[str, Callable[[], Sequence[float]]], *, rou
 
 
 def judge(attempt: Attempt, baseline: str | None, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> Comparison:
-    """Statistics and the stability verdict of one attempt."""
+    """Statistics and the verdict of one attempt (module docstring: unstable, wide, or within the target)."""
+    t = thresholds
     series = {n: series_stats(r, attempt.calls_per_round[n]) for n, r in attempt.rounds.items()}
-    speedups = {n: paired_speedup(attempt.rounds[baseline], r) for n, r in attempt.rounds.items()
+    speedups = {n: paired(attempt.rounds, attempt.round_ids, baseline, n) for n in attempt.rounds
                 if baseline is not None and n != baseline}
-    reasons = [(n, f"{n}: round times IQR {s.rel_iqr:.0%} of median > {thresholds.series_rel_iqr:.0%}")
-               for n, s in series.items() if s.rel_iqr > thresholds.series_rel_iqr]
-    reasons += [(n, f"{n}: speed-up 95% interval {sp.low:.2f}-{sp.high:.2f} is {sp.rel_ci:.0%} of its median "
-                    f"> {thresholds.ratio_rel_ci:.0%}") for n, sp in speedups.items()
-                if sp.rel_ci > thresholds.ratio_rel_ci]
+    reasons = [(n, f"{n}: round times IQR {s.rel_iqr:.0%} of median > {t.series_rel_iqr:.0%}")
+               for n, s in series.items() if s.rel_iqr > t.series_rel_iqr]
+    reasons += [(n, f"{n}: paired ratios IQR {sp.rel_iqr:.0%} of median > {t.series_rel_iqr:.0%}")
+                for n, sp in speedups.items() if sp.rel_iqr > t.series_rel_iqr]
     other, pressure = attempt.load.other_cores, attempt.load.cpu_pressure
-    if pressure is not None and other is not None and pressure > thresholds.cpu_pressure \
-            and other > thresholds.other_cores:  # steady rounds, but not a quiet machine's figure
-        why = (f"CPU oversubscribed {pressure:.0%} of the time > {thresholds.cpu_pressure:.0%} while other processes "
+    loaded = other is not None and other > t.other_cores
+    wide = [n for n, sp in speedups.items() if sp.half_width > t.target]
+    if loaded:  # a wide interval on a busy machine is not a quiet machine's figure: no figure
+        reasons += [(n, f"{n}: speed-up 95% interval {speedups[n].low:.2f}-{speedups[n].high:.2f} is wider than "
+                        f"+-{t.target:.0%} of its median while other processes used {other:.1f} cores")
+                    for n in wide]
+    if pressure is not None and loaded and pressure > t.cpu_pressure:  # steady rounds, but not a quiet machine's
+        why = (f"CPU oversubscribed {pressure:.0%} of the time > {t.cpu_pressure:.0%} while other processes "
                f"used {other:.1f} cores")
         reasons += [(n, why) for n in ([baseline] if baseline is not None else list(attempt.rounds))]
-    cause = None if not reasons else ("load" if other is not None and other > thresholds.other_cores else "noise")
+    cause = None if not reasons else ("load" if loaded else "noise")
+    flagged = {who for who, _ in reasons}
     return Comparison(baseline=baseline, series=series,
                       latency={n: summarize(c) for n, c in attempt.calls.items()}, speedups=speedups,
                       load=attempt.load, stable=not reasons, reasons=tuple(reasons), cause=cause,
-                      attempts=1, thresholds=thresholds, rounds=attempt.rounds)
+                      attempts=1, thresholds=thresholds, rounds=attempt.rounds, round_ids=attempt.round_ids,
+                      wide=tuple(n for n in wide if n not in flagged), extra_s=attempt.extra_s)
 
 
 def _badness(c: Comparison) -> float:
     """How far past the thresholds the steadiest attempt is (lower is steadier)."""
     t = c.thresholds
     worst = [s.rel_iqr / t.series_rel_iqr for s in c.series.values()]
-    worst += [sp.rel_ci / t.ratio_rel_ci for sp in c.speedups.values()]
+    worst += [max(sp.rel_iqr / t.series_rel_iqr, sp.half_width / t.target) for sp in c.speedups.values()]
     return max(worst)
 
 
 def compare(calls: Mapping[str, Callable[[], Any]], *, baseline: str | None = None, attempts: int = 2,
             thresholds: Thresholds = DEFAULT_THRESHOLDS, log: Callable[[str], None] | None = None,
-            **rounds_kw: Any) -> Comparison:
+            sequential: bool = True, extra_s: float = 0.0, **rounds_kw: Any) -> Comparison:
     """Interleaved comparison of prepared zero-argument calls; re-measured while unstable, at most `attempts`
-    times in all (the steadiest attempt is kept, and the verdict says whether it is stable)."""
+    times in all (the steadiest attempt is kept, and the verdict says whether it is stable). With a baseline,
+    rounds are sequential (`run_rounds`: they stop once every interval is within the target, or go on for up to
+    `extra_s` seconds past `max_seconds` where some are not); `sequential=False` times a fixed span."""
     if baseline is not None and baseline not in calls:
         raise XDeployError(f"baseline {baseline!r} is not among the compared: {', '.join(calls)}")
     if attempts < 1:
         raise XDeployError(f"attempts must be >= 1, got {attempts}")
     best: Comparison | None = None
-    done = 0
+    done, extra = 0, 0.0
+    seq = {"baseline": baseline, "target": thresholds.target} if sequential and baseline is not None else {}
     while done < attempts:
         done += 1
-        c = judge(run_rounds(calls, **rounds_kw), baseline, thresholds)
+        c = judge(run_rounds(calls, **seq, extra_s=max(extra_s - extra, 0.0), **rounds_kw), baseline, thresholds)
+        extra += c.extra_s
         if c.stable or best is None or _badness(c) < _badness(best):
             best = c
         if c.stable:
@@ -386,14 +504,16 @@ def compare(calls: Mapping[str, Callable[[], Any]], *, baseline: str | None = No
             log(f"unstable ({c.cause}): {'; '.join(w for _, w in c.reasons)}; measuring again "
                 f"({done + 1}/{attempts})")
     assert best is not None
-    return replace(best, attempts=done)
+    return replace(best, attempts=done, extra_s=extra)
 
 
 def speedup_text(stability: Mapping[str, Any] | None, *, digits: int = 2) -> str:
-    """'3.41x (3.30-3.52)', or 'unstable (load)' when the comparison was unstable; '-' without a figure."""
+    """'3.41x (3.30-3.52)', '1.07x (1.02-1.47) wide' when the interval stayed wider than the target, or
+    'unstable (load)' when the comparison was unstable; '-' without a figure."""
     if not stability or not stability.get("speedup"):
         return "-"
     if not stability["stable"]:
         return f"unstable ({stability['cause']})"
     sp = stability["speedup"]
-    return f"{sp['median']:.{digits}f}x ({sp['low']:.{digits}f}-{sp['high']:.{digits}f})"
+    text = f"{sp['median']:.{digits}f}x ({sp['low']:.{digits}f}-{sp['high']:.{digits}f})"
+    return text + (" wide" if stability.get("wide") else "")

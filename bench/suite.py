@@ -34,10 +34,11 @@ import numpy as np
 
 from xdeploy.core.errors import XDeployError
 from xdeploy.core.fingerprint import fingerprint
-from xdeploy.core.records import best, identity, make_record, speedup_interval, speedups, unstable
+from xdeploy.core.records import best, identity, make_record, speedup_interval, speedup_wide, speedups, unstable
 from xdeploy.core.targets import TARGETS
 from xdeploy.export.cache import cached_artifact
 
+from .interleave import Budget
 from .memory import MemoryStats, Probe, run_isolated
 from .roofline import pct_text
 
@@ -124,6 +125,7 @@ class CompareJob:
     min_block_s: float = 0.02
     attempts: int = 2
     return_outputs: bool = False
+    extra_seconds: float = 0.0  # sequential rounds past max_seconds while some interval is wider than the target
 
 
 def compare_child(probe: Probe, job: CompareJob) -> dict[str, Any]:
@@ -147,7 +149,8 @@ def compare_child(probe: Probe, job: CompareJob) -> dict[str, Any]:
     calls: dict[str, Any] = {}
     feeds: dict[str, Any] = {}
     failures: dict[str, str] = {}
-    out: dict[str, Any] = {"results": {}, "failures": failures, "fingerprint": fingerprint(), "groups": 0}
+    out: dict[str, Any] = {"results": {}, "failures": failures, "fingerprint": fingerprint(), "groups": 0,
+                           "extra_s": 0.0}
     # the baseline first: it is in every group
     cands = sorted(job.candidates, key=lambda c: c[0] != job.baseline)
 
@@ -156,7 +159,9 @@ def compare_child(probe: Probe, job: CompareJob) -> dict[str, Any]:
             probe.mark("loaded")
         base = job.baseline if job.baseline in calls else None
         cmp = compare(calls, baseline=base, attempts=job.attempts, warmup=job.warmup, min_rounds=job.min_rounds,
-                      max_rounds=job.max_rounds, max_seconds=job.max_seconds, min_block_s=job.min_block_s)
+                      max_rounds=job.max_rounds, max_seconds=job.max_seconds, min_block_s=job.min_block_s,
+                      extra_s=max(job.extra_seconds - out["extra_s"], 0.0))
+        out["extra_s"] += cmp.extra_s
         for name, runner in runners.items():
             if name in out["results"]:  # the baseline: its figures come from the first group's rounds
                 continue
@@ -324,6 +329,7 @@ def bench_artifacts(arts: Sequence[Any], *, runners: Sequence[str], batches: Seq
                     max_iters: int = 40, max_seconds: float = 5.0, isolate: bool = True, parity: bool = False,
                     peaks: Mapping[str, float] | None = None, baseline: str = "torch", attempts: int = 2,
                     log: Callable[[str], None] | None = None, failures: list[str] | None = None,
+                    budget: Budget | None = None,
                     measured: Callable[[Mapping[str, int]], list[dict[str, Any]] | None] | None = None,
                     compared: Callable[[Mapping[str, int], list[dict[str, Any]], list[str]], None] | None = None
                     ) -> list[dict[str, Any]]:
@@ -342,7 +348,11 @@ def bench_artifacts(arts: Sequence[Any], *, runners: Sequence[str], batches: Seq
 
     Per comparison (its axis sizes): `measured(sizes)` may return the records of that comparison already
     measured (a resumed run: they are used as they are), and `compared(sizes, records, failures)` is told what
-    each comparison measured and which of its parts failed (a journal records it as one unit)."""
+    each comparison measured and which of its parts failed (a journal records it as one unit).
+
+    Rounds are sequential (bench/interleave.py): a comparison stops once every interval is within the target;
+    one still wider at `max_seconds` may go on for what `budget` allows it (the run's shared extra seconds;
+    none without a budget)."""
     from .interleave import free_cores
     from .roofline import load_peaks
 
@@ -391,7 +401,8 @@ def bench_artifacts(arts: Sequence[Any], *, runners: Sequence[str], batches: Seq
         cjob = CompareJob(candidates=tuple((n, spec, str(art.path)) for n, (spec, art) in zip(names, cands)),
                           sizes=tuple(sizes.items()), baseline=base, threads=threads, warmup=warmup,
                           min_rounds=min_iters, max_rounds=max(max_iters, min_iters), max_seconds=max_seconds,
-                          attempts=attempts, return_outputs=parity)
+                          attempts=attempts, return_outputs=parity,
+                          extra_seconds=budget.allowance() if budget is not None else 0.0)
         try:
             cres = run_isolated(compare_child, cjob)[0] if isolate else compare_child(Probe(), cjob)
         except (XDeployError, RuntimeError) as e:
@@ -399,6 +410,8 @@ def bench_artifacts(arts: Sequence[Any], *, runners: Sequence[str], batches: Seq
             if compared:
                 compared(sizes, [], failures[n_fail:])
             continue
+        if budget is not None:
+            budget.spend(cres.get("extra_s", 0.0))
         for name, (spec, art) in zip(names, cands):
             what = f"{spec} on {art.precision} {sizes}"
             if name in cres["failures"]:
@@ -479,19 +492,21 @@ def latency_table(records: Sequence[Mapping[str, Any]], *, baseline: str | None 
             f"{lat['p50'] * 1e3:.2f}", f"{lat['p99'] * 1e3:.2f}", f"{lat['std'] * 1e3:.2f}", str(r["iterations"]),
             f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else f"{r['items_per_s']:.1f}/s",
             f"{r['achieved_flops'] / 1e9:.1f}", pct_text(r["pct_of_peak"]),
-            _speedup_text(sp.get(ident), speedup_interval(r), unst.get(ident)),
+            _speedup_text(sp.get(ident), speedup_interval(r), unst.get(ident), speedup_wide(r)),
             _mib(m["weights_bytes"]), _mib(m["activations_bytes"]),
             {True: "pass", False: "FAIL", None: "-"}[r["parity_passed"]])
     return t
 
 
-def _speedup_text(x: float | None, interval: tuple[float, float] | None, unstable: str | None) -> str:
-    """'3.41x (3.30-3.52)' (paired, 95% interval), '3.41x' (p50 ratio), 'unstable (load)', or '-'."""
+def _speedup_text(x: float | None, interval: tuple[float, float] | None, unstable: str | None,
+                  wide: bool = False) -> str:
+    """'3.41x (3.30-3.52)' (paired, 95% interval; 'wide' after it when the interval stayed wider than the
+    target), '3.41x' (p50 ratio), 'unstable (load)', or '-'."""
     if unstable:
         return f"unstable ({unstable})"
     if x is None:
         return "-"
-    return f"{x:.2f}x" + (f" ({interval[0]:.2f}-{interval[1]:.2f})" if interval else "")
+    return f"{x:.2f}x" + (f" ({interval[0]:.2f}-{interval[1]:.2f})" if interval else "") + (" wide" if wide else "")
 
 
 def best_vs_baseline(records: Sequence[Mapping[str, Any]], baseline: str = "torch") -> list[dict[str, Any]]:

@@ -368,6 +368,13 @@ def unstable(records: Iterable[Mapping[str, Any]]) -> dict[tuple[Any, ...], str]
             and (st := _stability(r)) is not None and not st["stable"]}
 
 
+def speedup_wide(rec: Mapping[str, Any]) -> bool:
+    """A steady paired speed-up whose 95% interval stayed wider than the comparison's target (bench/interleave.py:
+    "wide"): a figure, printed with its interval and the word."""
+    st = _stability(rec)
+    return bool(st is not None and st["stable"] and st.get("wide") and st.get("speedup"))
+
+
 def speedup_interval(rec: Mapping[str, Any]) -> tuple[float, float] | None:
     """The 95% interval of a stable paired speed-up; None for p50-ratio records and unstable ones."""
     st = _stability(rec)

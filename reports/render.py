@@ -45,6 +45,7 @@ from xdeploy.core.records import (
     identity,
     is_baseline,
     speedup_interval,
+    speedup_wide,
     speedups,
     unstable,
     upgrade_legacy,
@@ -86,18 +87,21 @@ def _stability(r: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 def speedup_cell(r: Mapping[str, Any], sp: Mapping[tuple[Any, ...], float],
                  unst: Mapping[tuple[Any, ...], str]) -> str:
-    """'3.41× (3.30–3.52)' (paired median, 95% interval), 'unstable (load)', or '–'."""
+    """'3.41× (3.30–3.52)' (paired median, 95% interval), '1.07× (1.02–1.47) wide' (the interval stayed wider
+    than the target), 'unstable (load)', or '–'."""
     ident = identity(r)
     if ident in unst:
         return f"unstable ({unst[ident]})"
     if ident not in sp:
         return "–"
     ci = speedup_interval(r)
-    return f"{sp[ident]:.2f}×" + (f" ({ci[0]:.2f}–{ci[1]:.2f})" if ci else "")
+    return f"{sp[ident]:.2f}×" + (f" ({ci[0]:.2f}–{ci[1]:.2f})" if ci else "") + (" wide" if speedup_wide(r) else "")
 
 
 def stability_summary(records: Sequence[Mapping[str, Any]]) -> str | None:
-    """One line for the top of the summary: how many configurations' speed-ups were unstable, and why."""
+    """One line for the top of the summary: how many paired speed-ups reached the target width (their 95%
+    interval within +-target of the median), how many stayed wide, and how many configurations were unstable
+    and why."""
     lat = [r for r in records if r.get("kind") == "latency" and _stability(r) is not None]
     dec = [r for r in records if r.get("kind") == "decode" and _stability(r) is not None]
     if not lat and not dec:
@@ -105,14 +109,20 @@ def stability_summary(records: Sequence[Mapping[str, Any]]) -> str | None:
     configs = _by(lat, "model", "graph", "batch", "seq") | {("decode",) + k: v for k, v in
                                                             _by(dec, "model").items()}
     bad = {k: v for k, v in configs.items() if any(not _stability(r)["stable"] for r in v)}
+    figures = [r for r in lat + dec if _stability(r).get("speedup")]  # every paired comparison (not the baseline)
+    wide = [r for r in figures if speedup_wide(r)]
+    within = [r for r in figures if _stability(r)["stable"] and not speedup_wide(r)]
+    target = max((float(_stability(r).get("target") or 0.10) for r in figures), default=0.10)
     loads = [(_stability(r)["load"] or {}) for r in lat + dec]
     other = max((ld.get("other_cores") or 0.0 for ld in loads), default=0.0)
     la = max((ld.get("loadavg_1m") or 0.0 for ld in loads), default=0.0)
     machine = (f"other processes used up to {other:.1f} cores during a measurement, 1-min load average up to "
                f"{la:.1f}")
+    reached = (f"{len(within)} of {len(figures)} comparisons within ±{target:.0%} of their median"
+               + (f", {len(wide)} wide (printed with their interval and \"wide\")" if wide else ""))
     if not bad:
-        return (f"**Speed-ups: all {len(configs)} configurations stable** (interleaved rounds, paired ratios; "
-                f"{machine}).")
+        return (f"**Speed-ups: {reached}**; all {len(configs)} configurations stable (interleaved sequential rounds, "
+                f"paired ratios; {machine}).")
     causes: dict[str, int] = {}
     for v in bad.values():
         c = next(_stability(r)["cause"] for r in v if not _stability(r)["stable"])
@@ -121,8 +131,9 @@ def stability_summary(records: Sequence[Mapping[str, Any]]) -> str | None:
     names = "; ".join(" ".join(str(x) for x in k if x is not None) for k in list(bad)[:6])
     return (f"**Speed-ups: {len(bad)} of {len(configs)} configurations unstable ({why})** — shown as "
             f"\"unstable (cause)\" instead of a figure after re-measuring ({names}{'; …' if len(bad) > 6 else ''}); "
-            f"{machine}. \"load\": other processes used more than the threshold while the dispersion was too "
-            "high; \"noise\": the dispersion was too high on an otherwise idle machine (docs/benchmarks.md).")
+            f"{reached}; {machine}. \"load\": other processes used more than the threshold while the rounds were "
+            "dispersed, an interval stayed wide or the CPU was oversubscribed; \"noise\": the rounds were "
+            "dispersed on an otherwise idle machine (docs/benchmarks.md).")
 
 
 # -------------------------------------------------------------------------------------- formatting ----
@@ -444,9 +455,10 @@ def _latency_section(lat: list[Mapping[str, Any]], sp: Mapping[int, float], pick
            "Per-call latency over `iterations` timed calls after warm-up (seconds rendered as ms/µs); throughput "
            "= items (sequences/images) per second at the median. PyTorch eager fp32 and every runner × precision of "
            "one (model, batch, seq) are timed interleaved, in rounds with the order rotated; speedup = median of the "
-           "paired ratios PyTorch round time / runner round time, with its 95% interval; \"unstable (load)\" "
-           "replaces a speed-up whose rounds stayed too dispersed after re-measuring (bench/interleave.py, "
-           "docs/benchmarks.md). Achieved FLOP/s from the model's analytic FLOPs; % of peak = achieved / the "
+           "paired ratios PyTorch round time / runner round time, with its 95% interval (rounds go on until it is "
+           "within ±10% of the median or the run's time for it is spent; \"wide\" after a figure whose interval "
+           "stayed wider); \"unstable (load)\" replaces a speed-up whose rounds stayed too dispersed after "
+           "re-measuring (bench/interleave.py, docs/benchmarks.md). Achieved FLOP/s from the model's analytic FLOPs; % of peak = achieved / the "
            "measured GEMM roofline for that compute precision and thread count (never above 100%: a peak a record "
            "beats is measured again; \"–\" where it still does).", "",
            markdown_table(["model", "graph", "runner", "artifact", "compute", "batch", "seq", "p50", "p90", "p99",
@@ -552,7 +564,7 @@ def _decode_speedup(r: Mapping[str, Any]) -> str:
     if not st["stable"]:
         return f"unstable ({st.get('cause') or 'noise'})"
     sp = st["speedup"]
-    return f"{sp['median']:.2f}× ({sp['low']:.2f}–{sp['high']:.2f})"
+    return f"{sp['median']:.2f}× ({sp['low']:.2f}–{sp['high']:.2f})" + (" wide" if speedup_wide(r) else "")
 
 
 def _vs_peer_cell(r: Mapping[str, Any]) -> str:
@@ -563,7 +575,7 @@ def _vs_peer_cell(r: Mapping[str, Any]) -> str:
         return "–"
     if not v["stable"]:
         return f"unstable ({r['stability'].get('cause') or 'noise'}) vs {v['peer']}"
-    cell = f"{v['median']:.2f}x ({v['low']:.2f}-{v['high']:.2f}) vs {v['peer']}"
+    cell = f"{v['median']:.2f}x ({v['low']:.2f}-{v['high']:.2f}){' wide' if v.get('wide') else ''} vs {v['peer']}"
     if v.get("verdict"):  # the instance spread of the two rows widens the tie band (studies/peers.run_workload)
         cell += f": **{v['verdict']}** (instance spread ±{v['instance_spread']:.1%})"
     same = v.get("same_engine")

@@ -28,7 +28,7 @@ def op_counts(runner: Any) -> dict[str, int]:
 
 
 def run(models: Sequence[str], *, artifacts: Path, threads: int, max_seconds: float) -> list[dict[str, Any]]:
-    from xdeploy.bench.interleave import compare, paired_speedup
+    from xdeploy.bench.interleave import compare
     from xdeploy.bench.suite import apply_thread_env
     from xdeploy.deploy.registry import open_runner
     from xdeploy.export.artifact import load_artifact
@@ -50,9 +50,9 @@ def run(models: Sequence[str], *, artifacts: Path, threads: int, max_seconds: fl
                    for hint in ("f32", "bf16") for fmt in ("onnx", "ir")}
         cmp = compare({n: r.prepare(feeds) for n, r in runners.items()}, attempts=2, max_seconds=max_seconds)
         for hint in ("f32", "bf16"):
-            sp = paired_speedup(cmp.rounds[f"onnx {hint}"], cmp.rounds[f"ir {hint}"])
+            sp = cmp.paired(f"onnx {hint}", f"ir {hint}")
             t = cmp.thresholds  # the pair's own verdict: both series steady and a narrow paired interval
-            stable = sp.rel_ci <= t.ratio_rel_ci and all(
+            stable = sp.half_width <= t.target and sp.rel_iqr <= t.series_rel_iqr and all(
                 cmp.series[f"{fmt} {hint}"].rel_iqr <= t.series_rel_iqr for fmt in ("onnx", "ir"))
             rows.append({"model": spec, "hint": hint, "onnx_s": cmp.series[f"onnx {hint}"].median_s,
                          "ir_s": cmp.series[f"ir {hint}"].median_s, "ratio": sp.median, "low": sp.low,

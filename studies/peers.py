@@ -406,8 +406,9 @@ def run_workload(w: Workload, *, root: Path, threads: int, wanted: Sequence[str]
         calls = {n + (f" #{k + 1}" if k else ""): s.call for k, set_ in enumerate(sets)
                  for n, s in zip(names, set_)}
         base = f"{REFERENCE[0]} {REFERENCE[1]}"
+        # fixed span (not sequential): a row's round is the mean over its instances, which needs every round
         cmp = compare(calls, baseline=base, attempts=attempts, max_seconds=max_seconds, min_rounds=min_rounds,
-                      log=log)
+                      log=log, sequential=False)
     finally:
         for s in systems:
             s.close()
@@ -428,10 +429,12 @@ def run_workload(w: Workload, *, root: Path, threads: int, wanted: Sequence[str]
         if s.system == "xdeploy" and peers:
             def versus(peer: str, n: str = n) -> dict[str, Any]:
                 sp = paired_speedup(rounds[peer], rounds[n])
-                stable = steady[n] and steady[peer] and sp.rel_ci <= cmp.thresholds.ratio_rel_ci
+                t = cmp.thresholds  # dispersed paired ratios: no figure; an interval wider than the target: "wide"
+                stable = steady[n] and steady[peer] and sp.rel_iqr <= t.series_rel_iqr
                 band = float(np.exp(max(spread[n], spread[peer])))  # >= 1
                 verdict = "ahead" if sp.low > band else "behind" if sp.high < 1 / band else "tie"
                 return {"peer": peer, "median": sp.median, "low": sp.low, "high": sp.high, "stable": stable,
+                        "wide": sp.half_width > t.target,
                         "instance_spread": band - 1.0, "verdict": verdict}
 
             vs = versus(min(peers, key=lambda m: float(np.median(rounds[m]))))

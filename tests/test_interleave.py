@@ -231,6 +231,16 @@ def test_report_shows_unstable_instead_of_a_figure_and_counts_them_at_the_top() 
     assert "unstable (load)" in md.split("## Latency")[1]
     lo, hi = c_ok.speedups["ort fp32"].low, c_ok.speedups["ort fp32"].high
     assert f"{sp[identity(recs[1])]:.2f}× ({lo:.2f}–{hi:.2f})" in md
+    # a steady candidate whose interval stayed wider than +-10% on a quiet machine: a figure with "wide", counted
+    wide_ratio = np.tile([2.5, 1.67, 2.0, 2.0, 2.0, 2.0], 2)[:8]
+    c_wide = il.judge(_attempt({"torch fp32": steady[:8] * 3, "ort fp32": steady[:8] * 3 / wide_ratio}, QUIET),
+                      baseline="torch fp32")
+    assert c_wide.stable and c_wide.wide == ("ort fp32",)
+    recs2 = [rec("torch", 1, c_ok), rec("ort", 1, c_ok), rec("torch", 8, c_wide), rec("ort", 8, c_wide)]
+    md2 = render_summary(recs2, {"title": "t"}, [])
+    assert "**Speed-ups: 1 of 2 comparisons within ±10% of their median, 1 wide" in md2
+    assert "unstable (load)" not in md2.split("## Latency")[1].split("\n\n|")[1]  # the table: no refused figure
+    assert f"{c_wide.speedups['ort fp32'].median:.2f}× (" in md2 and "wide" in md2.split("## Latency")[1]
 
 
 def test_percent_of_peak_is_never_shown_above_100() -> None:
@@ -262,3 +272,87 @@ def test_timed_rounds_of_self_timing_candidates_are_rotated_and_paired():
     assert cmp.speedups["fast"].median == pytest.approx(4.0) and cmp.speedups["fast"].rel_ci == pytest.approx(0.0)
     with pytest.raises(XDeployError, match="positive call times"):
         run_timed_rounds({"x": lambda: []}, rounds=1)
+
+
+class _Clock:
+    """A fake nanosecond clock: each compared call advances it by its own duration (no sleeping, no jitter)."""
+
+    def __init__(self) -> None:
+        self.ns = 0
+
+    def __call__(self) -> int:
+        return self.ns
+
+    def call(self, durations_ms: list[float]) -> object:
+        it = {"i": 0}
+
+        def fn() -> None:
+            self.ns += int(durations_ms[it["i"] % len(durations_ms)] * 1e6)
+            it["i"] += 1
+        return fn
+
+
+def test_sequential_rounds_stop_once_every_interval_is_narrow() -> None:
+    """Steady candidates: the rounds stop at min_rounds, long before max_seconds (the time is left to others)."""
+    clk = _Clock()
+    calls = {"base": clk.call([8.0]), "fast": clk.call([4.0, 4.1, 3.9]), "slow": clk.call([16.0, 16.2])}
+    att = il.run_rounds(calls, min_rounds=6, max_rounds=40, max_seconds=100.0, min_block_s=0.0, warmup=1,
+                        settle_s=0.0, baseline="base", target=0.10, extra_s=10.0, clock=clk)
+    assert all(len(v) == 6 for v in att.rounds.values()) and att.extra_s == 0.0
+    c = il.judge(att, "base")
+    assert c.stable and c.wide == () and c.verdict("fast") == "ok" and c.speedups["fast"].half_width <= 0.10
+    # without sequential rounds the same calls are timed until max_rounds / max_seconds
+    clk2 = _Clock()
+    calls2 = {"base": clk2.call([8.0]), "fast": clk2.call([4.0, 4.1, 3.9])}
+    att2 = il.run_rounds(calls2, min_rounds=6, max_rounds=20, max_seconds=100.0, min_block_s=0.0, warmup=1,
+                         settle_s=0.0, clock=clk2)
+    assert len(att2.rounds["base"]) == 20
+
+
+def test_sequential_rounds_go_on_only_for_the_wide_candidates_and_stay_paired() -> None:
+    """A candidate whose ratio interval is still wider than +-10% at max_seconds gets more rounds (with the
+    baseline); the narrow one stops. Its speed-up pairs only the rounds both took part in, and once the extra
+    time is spent a steady but still wide candidate is printed with its interval and "wide", not refused."""
+    clk = _Clock()
+    # (the warm-up takes the first call) ratios 2.5, 1.67, 2, 2, 2, 2, 2.5, 1.67: steady (IQR 10%), but min..max,
+    # the 95% interval at <= 8 rounds, is +-21%
+    calls = {"base": clk.call([8.0]), "narrow": clk.call([4.0]),
+             "jumpy": clk.call([4.0, 3.2, 4.8, 4.0, 4.0, 4.0])}
+    att = il.run_rounds(calls, min_rounds=6, max_rounds=8, max_seconds=0.05, min_block_s=0.0, warmup=1,
+                        settle_s=0.0, baseline="base", target=0.10, extra_s=10.0, clock=clk)
+    assert len(att.rounds["narrow"]) < len(att.rounds["jumpy"]) == len(att.rounds["base"]) == 8
+    assert att.round_ids["base"] == list(range(8)) and att.extra_s > 0
+    c = il.judge(att, "base")
+    assert c.speedups["narrow"].rounds == len(att.rounds["narrow"]) and c.speedups["jumpy"].rounds == 8
+    assert c.speedups["narrow"].median == pytest.approx(2.0) and c.paired("narrow", "base").median == pytest.approx(0.5)
+    assert c.stable and c.wide == ("jumpy",) and c.verdict("jumpy") == "wide" and c.verdict("narrow") == "ok"
+    text = il.speedup_text(c.stability("jumpy"))
+    assert text.endswith(" wide") and text.startswith(f"{c.speedups['jumpy'].median:.2f}x (")
+    assert c.stability("jumpy")["wide"] and not c.stability("narrow")["wide"]
+    # the same rounds on a busy machine: no figure ("load"), never a wide figure taken under load
+    busy = il.judge(dataclasses.replace(att, load=BUSY), "base")
+    assert il.speedup_text(busy.stability("jumpy")) == "unstable (load)" and busy.cause == "load"
+    # a narrow, steady pair keeps its figure (as before: load alone flags dispersion, width or oversubscription)
+    assert il.speedup_text(busy.stability("narrow")) == "2.00x (2.00-2.00)"
+
+
+def test_dispersed_paired_ratios_are_unstable_not_wide() -> None:
+    """Steady series whose rounds disagree on the ratio (the baseline slow exactly when the candidate is fast)
+    are dispersed: "unstable (noise)", not a figure."""
+    base = np.array([0.010, 0.014] * 10)
+    cand = np.array([0.004, 0.0035] * 10)
+    c = il.judge(_attempt({"a": base, "b": cand}), baseline="a")
+    assert c.speedups["b"].rel_iqr > 0.25 and not c.stable and il.speedup_text(c.stability("b")) == "unstable (noise)"
+
+
+def test_budget_shares_the_run_extra_time() -> None:
+    b = il.Budget(60.0, comparisons=6)
+    assert b.allowance() == pytest.approx(30.0)  # 3x an even share of 60 s over 6
+    b.spend(0.0)  # a narrow comparison takes nothing: the rest have more each
+    assert b.allowance() == pytest.approx(36.0)
+    b.spend(50.0)
+    assert b.left_s == pytest.approx(10.0) and b.allowance() <= 10.0
+    b.spend(20.0)
+    assert b.left_s == 0.0 and b.allowance() == 0.0
+    with pytest.raises(XDeployError):
+        il.Budget(-1.0)

@@ -25,11 +25,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from xdeploy.core.errors import XDeployError, one_of
+
+if TYPE_CHECKING:
+    from xdeploy.bench.interleave import Budget
 
 PRECISIONS = ("fp32", "fp16", "int8", "int8-dynamic")  # int8 = static Q/DQ, int8-dynamic = ORT dynamic
 RUNNERS = ("ort", "ov")  # candidates; "torch" is the fp32 reference everything is compared with
@@ -297,7 +300,8 @@ def parity_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progre
 
 
 def bench_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progress,
-              guard: _Guard | None = None, parts: _Parts | None = None) -> list[dict[str, Any]]:
+              guard: _Guard | None = None, parts: _Parts | None = None, budget: Budget | None = None
+              ) -> list[dict[str, Any]]:
     """Latency, throughput and peak memory via bench/suite.py: per (batch, seq), PyTorch eager (the fp32
     reference weights) and every candidate runner on every artifact precision timed interleaved in one child
     (paired speed-ups, stability verdicts), plus one isolated memory child per (runner, precision). With
@@ -322,14 +326,14 @@ def bench_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progres
     with prog.step("bench", f"{model} {preset}"):
         arts = [load_artifact(paths[p]) for p in cfg.precisions]  # fp32 first: torch runs with it
         recs = bench_artifacts(arts, runners=["torch", *cfg.runners], batches=batches, seqs=seqs,
-                               threads=cfg.threads, failures=failures, **timing,
+                               threads=cfg.threads, failures=failures, budget=budget, **timing,
                                measured=parts.measured if parts else None, compared=parts.compared if parts else None)
     prog.notes += [f"bench {model} {preset}: failed: {f}" for f in failures]
     return recs
 
 
 def decode_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progress,
-               max_group: int | None = None) -> list[dict[str, Any]]:
+               max_group: int | None = None, budget: Budget | None = None) -> list[dict[str, Any]]:
     """Greedy decoding with the KV cache on each runner and precision (and one recompute-everything run),
     against the PyTorch fp32 reference's tokens.
 
@@ -391,7 +395,10 @@ def decode_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progre
             calls = {base_key: lambda: base.generate(prompt, gc)} | \
                 {k: (lambda g=g: g.generate(prompt, gc)) for k, (_, g) in group.items()}
             cmp = compare(calls, baseline=base_key, attempts=2, warmup=0, min_block_s=0.0,
-                          min_rounds=3 if cfg.smoke else 5, max_rounds=12, max_seconds=2.0 if cfg.smoke else 8.0)
+                          min_rounds=3 if cfg.smoke else 5, max_rounds=24, max_seconds=2.0 if cfg.smoke else 8.0,
+                          extra_s=budget.allowance() if budget is not None else 0.0)
+            if budget is not None:
+                budget.spend(cmp.extra_s)
             if groups == 0:  # the baseline's own record comes from the first group's rounds
                 recs.append(record(base_key, ("torch", "fp32", True), base, cmp))
             recs.extend(record(k, run, g, cmp) for k, (run, g) in group.items())
@@ -755,9 +762,19 @@ def _command(cfg: RunConfig) -> str:
             + (" --resume" if cfg.resume else ""))
 
 
+def sequential_budget(cfg: RunConfig) -> Budget:
+    """The run's extra seconds for sequential rounds (bench/interleave.py), shared by its comparisons: one per
+    model and bench batch, one per decoding model. Sized so the default job stays within 10 minutes on 2 cores."""
+    from xdeploy.bench.interleave import Budget
+
+    n = 2 * len(cfg.models) + sum(1 for m in cfg.models if _family(m).capabilities.generates)
+    return Budget(10.0 if cfg.smoke else 300.0 if cfg.full else 90.0, comparisons=max(n, 1))
+
+
 def _run_steps(cfg: RunConfig, prog: _Progress, jr: _Journal, guard: _Guard,
                attempt: Callable[[str, Callable[[], list[dict[str, Any]]]], None]) -> None:
     """Every step of the plan, each through the journal (run, or reused by --resume) and the memory guard."""
+    budget = sequential_budget(cfg)
     if cfg.runs("roofline"):
         attempt("roofline", lambda: jr.unit("roofline", "machine peaks", jr.step_key("roofline", None),
                                             lambda: roofline_records(cfg, prog)))
@@ -775,7 +792,7 @@ def _run_steps(cfg: RunConfig, prog: _Progress, jr: _Journal, guard: _Guard,
             attempt(f"bench {model}", lambda: jr.unit(  # noqa: B023
                 "bench", f"{model} {preset}", bkey,  # noqa: B023
                 lambda: bench_all(cfg, model, paths, prog, guard,  # noqa: B023
-                                  jr.parts("bench", f"{model} {preset}", bkey))))  # noqa: B023
+                                  jr.parts("bench", f"{model} {preset}", bkey), budget)))  # noqa: B023
         if _family(model).capabilities.generates and cfg.runs("decode"):
             new = 16 if cfg.smoke else (128 if cfg.full else 64)
             prompt = 8 if cfg.smoke else 32
@@ -783,7 +800,7 @@ def _run_steps(cfg: RunConfig, prog: _Progress, jr: _Journal, guard: _Guard,
                 group = guard.decode_group(paths["fp32"], prompt, new)
                 attempt(f"decode {model}", lambda: jr.unit(  # noqa: B023
                     "decode", f"{model} {preset}", jr.step_key("decode", model, paths),  # noqa: B023
-                    lambda: decode_all(cfg, model, paths, prog, max_group=group)))  # noqa: B023
+                    lambda: decode_all(cfg, model, paths, prog, max_group=group, budget=budget)))  # noqa: B023
     for model in _scale_models(cfg) if cfg.runs("scale") else []:
         max_t = guard.scale_max_t(model)
         if max_t is not None:

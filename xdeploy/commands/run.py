@@ -130,6 +130,7 @@ def _print_summary(console: Console, result: RunResult) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from xdeploy.bench.interleave import speedup_text
     from xdeploy.core.fingerprint import fingerprint, machine_class
     from xdeploy.core.records import best, config_key, identity, speedups, unstable
     from xdeploy.reports.render import _fmt_s, speedup_cell, stability_summary
@@ -164,8 +165,7 @@ def _print_summary(console: Console, result: RunResult) -> None:
         console.print(t)
     for r in (r for r in recs if r["kind"] == "decode" and r["mode"] == "cache"):
         st = r.get("stability") or {}
-        vs = "" if not st.get("speedup") else (
-            f", {st['speedup']['median']:.2f}x torch (paired)" if st["stable"] else f", unstable ({st['cause']})")
+        vs = f", {speedup_text(st)} vs torch (paired)" if st.get("speedup") else ""
         console.print(f"decode {r['model']} {r['runner']} {r['artifact_precision']}: {r['tokens_per_s']:.1f} "
                       f"tokens/s{vs}, agreement {100 * r['agreement']:.0f}%")
     n_fail = len(result.parity_failures)
