@@ -54,12 +54,11 @@ def tiny_text_artifact(base: Path) -> Path:
 
 
 def minilm_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One export of the real MiniLM per test session, shared by test_embedder.py and test_cpp.py; with the
-    tokenizer graph (accepted differences, as in tiny_text_artifact)."""
-    from xdeploy.deploy.tokenizer_graph import tokenizer_graph_builder
+    """One export of the real MiniLM per test session, shared by test_embedder.py and test_cpp.py: the default
+    export (no flag), whose tokenizer/tokenizer.json is the text path of Python, C++ and Triton alike."""
     from xdeploy.export.onnx_export import export
 
     out = tmp_path_factory.getbasetemp() / "minilm-fp32"
     if not (out / "manifest.json").exists():
-        export("bert", checkpoint=MINILM, out=out, tokenizer_graph=tokenizer_graph_builder(accept_differences=True))
+        export("bert", checkpoint=MINILM, out=out)
     return out

@@ -1,5 +1,6 @@
 // Implementation of xdeploy::Embedder over the ONNX Runtime C++ API (see include/xdeploy/embedder.hpp).
 #include "xdeploy/embedder.hpp"
+#include "xdeploy/tokenizer.hpp"
 
 #include <algorithm>
 #include <array>
@@ -16,18 +17,8 @@
 #include <set>
 #include <sstream>
 
-#include <dlfcn.h>
-
 #include <nlohmann/json.hpp>
 #include <onnxruntime_cxx_api.h>
-
-// Set by CMake from the Python environment (deploy/cpp/CMakeLists.txt); empty when it found none.
-#ifndef XDEPLOY_ORTX_LIBRARY
-#define XDEPLOY_ORTX_LIBRARY ""
-#endif
-#ifndef XDEPLOY_PYTHON_LIBRARY
-#define XDEPLOY_PYTHON_LIBRARY ""
-#endif
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -73,31 +64,6 @@ bool has(const std::vector<std::string>& v, const std::string& s) {
 
 // ------------------------------------------------------------------------------------------------ text ----
 
-// Byte offset of the first invalid UTF-8 sequence in s, or npos. Strict like Python's decoder: no overlong
-// forms, no surrogates (U+D800..U+DFFF), nothing above U+10FFFF. *chars counts the code points.
-size_t invalid_utf8(const std::string& s, size_t* chars) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const size_t n = s.size();
-  size_t i = 0, count = 0;
-  while (i < n) {
-    const unsigned c = p[i];
-    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    if (len == 0 || i + len > n) return i;
-    unsigned cp = len == 1 ? c : len == 2 ? c & 0x1F : len == 3 ? c & 0x0F : c & 0x07;
-    for (size_t k = 1; k < len; ++k) {
-      if ((p[i + k] & 0xC0) != 0x80) return i;
-      cp = (cp << 6) | (p[i + k] & 0x3F);
-    }
-    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10FFFF ||
-        (cp >= 0xD800 && cp <= 0xDFFF))
-      return i;
-    i += len;
-    ++count;
-  }
-  if (chars) *chars = count;
-  return std::string::npos;
-}
-
 // The Python Embedder's cut of very long lines (deploy/embedder.py, tokenize): beyond `cap` characters (code
 // points), keep the prefix up to the last space or newline inside the first `cap` characters (the first `cap`
 // characters when there is none). The model sees max_length tokens only; this keeps tokenizing cost bounded.
@@ -115,36 +81,6 @@ std::string cut_line(const std::string& s, size_t chars, size_t cap) {
       break;
     }
   return (k != std::string::npos && k > 0) ? s.substr(0, k) : s.substr(0, bytes);
-}
-
-// The onnxruntime-extensions library for the tokenizer op. The PyPI wheel ships it as a Python extension module
-// (_extensions_pydll*.so) that references libpython's symbols for its Python-op bridge, which text tokenizing
-// never calls, without linking libpython: when loading it alone fails, libpython (the build's Python) is
-// loaded globally first so those symbols resolve. No interpreter is started. A library built from source
-// without Python (OCOS_ENABLE_PYTHON=OFF) loads directly.
-std::string load_extensions(const std::string& requested) {
-  std::string lib = requested;
-  if (lib.empty()) {
-    const char* env = std::getenv("XDEPLOY_ORTX_LIBRARY");
-    lib = env && *env ? env : XDEPLOY_ORTX_LIBRARY;
-  }
-  if (lib.empty())
-    throw Error("no onnxruntime-extensions library: this build found none (install onnxruntime-extensions into the "
-                ".venv and re-run cmake), and neither Options::extensions_library nor XDEPLOY_ORTX_LIBRARY is set");
-  if (!fs::is_regular_file(lib)) throw Error("onnxruntime-extensions library " + lib + " does not exist");
-  static std::mutex mu;
-  std::lock_guard<std::mutex> lock(mu);
-  void* h = dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!h) {
-    const std::string first = dlerror();
-    const std::string py = XDEPLOY_PYTHON_LIBRARY;
-    if (!py.empty() && dlopen(py.c_str(), RTLD_NOW | RTLD_GLOBAL)) h = dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!h)
-      throw Error("cannot load the onnxruntime-extensions library " + lib + ": " + first +
-                  (py.empty() ? " (no libpython was found at build time)" : " (also after loading " + py + ")"));
-  }
-  if (!dlsym(h, "RegisterCustomOps")) throw Error(lib + " has no RegisterCustomOps: not an onnxruntime-extensions library");
-  return lib;  // the handle stays open for the process (ONNX Runtime opens it again, refcounted)
 }
 
 }  // namespace
@@ -172,9 +108,8 @@ struct Embedder::Impl {
   json tolerance;                          // the manifest's tolerances[precision] (atol, rtol, cosine)
   std::string probe_note;                  // why the probes did not run ("" when they ran and passed)
   std::unique_ptr<Ort::Session> session;
-  std::string tokenizer_file;  // tokenizer/tokenizer.onnx (relative to dir), "" when the artifact has none
-  int tokenizer_max_length = 0;
-  std::unique_ptr<Ort::Session> tokenizer;  // opened on the first text call: the id API needs no extensions
+  std::string tokenizer_file;  // tokenizer/tokenizer.json (relative to dir), "" when the artifact has none
+  std::unique_ptr<Tokenizer> tokenizer;  // read on the first text call: the id API does not need it
   std::mutex tok_mu;
   std::mutex mu;  // Ort::Session::Run is thread-safe, but one embed() at a time keeps memory bounded
 
@@ -248,22 +183,17 @@ struct Embedder::Impl {
       if (pooling.mode != "mean" && pooling.mode != "cls" && pooling.mode != "max")
         bad(mpath, "pooling mode \"" + pooling.mode + "\" is not mean, cls or max");
       if (dim <= 0 || batch_max <= 0 || max_length < 2) bad(mpath, "non-positive dims or axes");
-      const json& tg = m.contains("tokenizer_graph") ? m.at("tokenizer_graph") : json();
-      if (tg.is_object()) {
-        const std::string f = tg.at("file").get<std::string>();
-        const fs::path tpath = fs::weakly_canonical(dir / f);
-        auto trel = tpath.lexically_relative(root);
-        if (f.empty() || fs::path(f).is_absolute() || trel.empty() || *trel.begin() == "..")
-          bad(mpath, "tokenizer graph \"" + f + "\" points outside the artifact directory");
-        if (!fs::is_regular_file(tpath)) bad(mpath, "tokenizer graph \"" + f + "\" is missing");
-        tokenizer_file = f;
-        tokenizer_max_length = tg.at("max_length").get<int>();
-        if (tokenizer_max_length < 2) bad(mpath, "tokenizer_graph max_length must be >= 2");
-        // the graph truncates: its length is the one every text input gets (the Python Embedder does the same)
-        max_length = std::min(seq_max, tokenizer_max_length);
-      } else if (!tg.is_null()) {
-        bad(mpath, "tokenizer_graph must be an object or null");
-      }
+      // the tokenizer (tokenizer.json, read by src/wordpiece.cpp); a tokenizer graph from `xdeploy export
+      // --tokenizer-graph` is a Python/Triton option and not used here
+      std::string tdir = "tokenizer";
+      if (m.contains("foreign") && m.at("foreign").is_object() && m.at("foreign").contains("tokenizer_dir") &&
+          m.at("foreign").at("tokenizer_dir").is_string())
+        tdir = m.at("foreign").at("tokenizer_dir").get<std::string>();
+      const std::string tf = (fs::path(tdir) / "tokenizer.json").string();
+      const fs::path tpath = fs::weakly_canonical(dir / tf);
+      const auto trel = tpath.lexically_relative(root);
+      if (!(fs::path(tdir).is_absolute() || trel.empty() || *trel.begin() == "..") && fs::is_regular_file(tpath))
+        tokenizer_file = tf;
     } catch (const json::exception& e) {
       bad(mpath, std::string("missing or mistyped field (") + first_line(e.what()) + ")");
     }
@@ -588,106 +518,46 @@ struct Embedder::Impl {
                    "\"model\"): running it unverified";
   }
 
-  // ---------------------------------------------------------------------------------------- tokenizer graph ----
+  // ------------------------------------------------------------------------------------------- tokenizer ----
   void open_tokenizer() {
     if (tokenizer) return;
     if (tokenizer_file.empty())
-      throw Error("artifact " + dir.string() + " has no tokenizer graph; export it with `xdeploy export ... "
-                  "--tokenizer-graph` for text input, or pass token ids");
-    const std::string lib = load_extensions(opt.extensions_library);
-    Ort::SessionOptions so;
-    so.RegisterCustomOpsLibrary(lib.c_str());
-    // basic optimizations only: ORT_ENABLE_ALL spends seconds copying the vocabulary attribute at load, for a
-    // graph with nothing to fuse; one thread: tokenizing is sequential inside the op
-    so.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_BASIC);
-    so.SetIntraOpNumThreads(1);
-    so.SetInterOpNumThreads(1);
-    so.SetLogSeverityLevel(3);
-    const fs::path f = dir / tokenizer_file;
-    try {
-      tokenizer = std::make_unique<Ort::Session>(env(), f.c_str(), so);
-    } catch (const Ort::Exception& e) {
-      throw Error("onnxruntime cannot load the tokenizer graph " + f.string() + ": " + first_line(e.what()));
-    }
+      throw Error("artifact " + dir.string() + " has no tokenizer/tokenizer.json; export it from a checkpoint "
+                  "with a tokenizer for text input, or pass token ids");
+    tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_file((dir / tokenizer_file).string()));
+    if (vocab > 0 && tokenizer->vocab_size() > static_cast<size_t>(vocab))
+      throw Error("tokenizer " + (dir / tokenizer_file).string() + " has ids up to " +
+                  std::to_string(tokenizer->vocab_size() - 1) + " but the model's vocabulary ends at " +
+                  std::to_string(vocab - 1));
   }
 
-  // texts -> (ids [b][k], tokens-before-truncation [b]) through the graph. Bytes are passed with their length
-  // (embedded NULs included), exactly as Python hands its strings to the same graph.
-  void run_tokenizer(const std::vector<const std::string*>& texts, std::vector<std::vector<int64_t>>& ids,
-                     std::vector<int64_t>& counts) {
-    const int64_t b = static_cast<int64_t>(texts.size());
-    ids.assign(texts.size(), {});
-    counts.assign(texts.size(), 0);
-    if (b == 0) return;
-    Ort::AllocatorWithDefaultOptions alloc;
-    const std::array<int64_t, 1> shape{b};
-    Ort::Value text = Ort::Value::CreateTensor(alloc, shape.data(), shape.size(), ONNX_TENSOR_ELEMENT_DATA_TYPE_STRING);
-    for (size_t i = 0; i < texts.size(); ++i) {
-      char* buf = text.GetResizedStringTensorElementBuffer(i, texts[i]->size());
-      if (!texts[i]->empty()) std::memcpy(buf, texts[i]->data(), texts[i]->size());
-    }
-    const char* in_name = "text";
-    const std::array<const char*, 3> out_names{"input_ids", "attention_mask", "tokens"};
-    std::vector<Ort::Value> res;
-    try {
-      res = tokenizer->Run(Ort::RunOptions{nullptr}, &in_name, &text, 1, out_names.data(), out_names.size());
-    } catch (const Ort::Exception& e) {
-      throw Error("the tokenizer graph failed on a batch of " + std::to_string(b) + " texts: " + first_line(e.what()));
-    }
-    const auto s = res[0].GetTensorTypeAndShapeInfo().GetShape();  // [b, s]
-    if (s.size() != 2 || s[0] != b) throw Error("the tokenizer graph returned input_ids of an unexpected shape");
-    const int64_t* pid = res[0].GetTensorData<int64_t>();
-    const int64_t* pm = res[1].GetTensorData<int64_t>();
-    const int64_t* pn = res[2].GetTensorData<int64_t>();
-    for (int64_t r = 0; r < b; ++r) {
-      int64_t k = 0;
-      while (k < s[1] && pm[r * s[1] + k]) ++k;
-      ids[r].assign(pid + r * s[1], pid + r * s[1] + k);
-      counts[r] = pn[r];
-    }
-  }
-
-  // The Python Embedder's tokenize(): validate, cut very long lines, tokenize through the graph (in chunks, so
-  // the padded [b, max_length] outputs stay small), re-tokenize a cut line whole when its prefix held fewer than
-  // max_length tokens (a whitespace-heavy line), and count the truncated inputs exactly.
+  // The Python Embedder's tokenize(): validate, cut very long lines, tokenize (HF tokenizers' behaviour, in C++),
+  // re-tokenize a cut line whole when its prefix held no more than max_length tokens (a whitespace-heavy line),
+  // and count the truncated inputs exactly.
   std::vector<std::vector<int64_t>> tokenize(const std::vector<std::string>& texts, std::vector<size_t>* truncated) {
     std::vector<size_t> chars(texts.size(), 0);
     for (size_t i = 0; i < texts.size(); ++i) {
       const size_t bad_at = invalid_utf8(texts[i], &chars[i]);
       if (bad_at != std::string::npos) throw InvalidUtf8(i, bad_at);
     }
-    std::lock_guard<std::mutex> lock(tok_mu);
-    open_tokenizer();
-    const size_t cap = static_cast<size_t>(std::max(4096, 64 * max_length));
-    std::vector<std::vector<int64_t>> ids(texts.size());
-    std::vector<int64_t> counts(texts.size(), 0);
-    const size_t chunk = 256;
-    for (size_t start = 0; start < texts.size(); start += chunk) {
-      const size_t end = std::min(texts.size(), start + chunk);
-      std::vector<std::string> cut;
-      std::vector<const std::string*> ptrs;
-      cut.reserve(end - start);
-      for (size_t i = start; i < end; ++i) cut.push_back(cut_line(texts[i], chars[i], cap));
-      for (const auto& c : cut) ptrs.push_back(&c);
-      std::vector<std::vector<int64_t>> part;
-      std::vector<int64_t> n;
-      run_tokenizer(ptrs, part, n);
-      for (size_t i = start; i < end; ++i) {
-        if (cut[i - start].size() != texts[i].size() && n[i - start] <= max_length) {
-          std::vector<std::vector<int64_t>> whole;
-          std::vector<int64_t> wn;
-          run_tokenizer({&texts[i]}, whole, wn);
-          part[i - start] = std::move(whole[0]);
-          n[i - start] = wn[0];
-        }
-        ids[i] = std::move(part[i - start]);
-        counts[i] = n[i - start];
-      }
+    {
+      std::lock_guard<std::mutex> lock(tok_mu);
+      open_tokenizer();
     }
-    if (truncated) {
-      truncated->clear();
-      for (size_t i = 0; i < counts.size(); ++i)
-        if (counts[i] > max_length) truncated->push_back(i);
+    const size_t cap = static_cast<size_t>(std::max(4096, 64 * max_length));
+    const size_t limit = static_cast<size_t>(max_length);
+    std::vector<std::vector<int64_t>> ids(texts.size());
+    if (truncated) truncated->clear();
+    for (size_t i = 0; i < texts.size(); ++i) {
+      Encoding e;
+      if (chars[i] > cap) {
+        e = tokenizer->encode(cut_line(texts[i], chars[i], cap), limit);
+        if (e.tokens <= limit) e = tokenizer->encode(texts[i], limit);
+      } else {
+        e = tokenizer->encode(texts[i], limit);
+      }
+      if (truncated && e.tokens > limit) truncated->push_back(i);
+      ids[i] = std::move(e.ids);
     }
     return ids;
   }

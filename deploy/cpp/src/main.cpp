@@ -5,7 +5,8 @@
 //   xdeploy-embed --providers            (print the library's version and execution providers)
 //
 // stdin with --text: one sentence per line, UTF-8 (a final newline ends the last line; a trailing "\r" is
-// dropped, as `xdeploy embed` does); the artifact's tokenizer graph tokenizes it (export --tokenizer-graph).
+// dropped, as `xdeploy embed` does); the C++ tokenizer tokenizes it from the artifact's tokenizer/tokenizer.json
+// exactly as Hugging Face tokenizers does (include/xdeploy/tokenizer.hpp).
 // --print-ids prints the token ids instead of vectors; --time N embeds the input N more times and prints the
 // seconds of each embed() call on stderr (studies/text_embed_bench.py). Without --text: one sentence per line as token ids
 // (special tokens included) separated by spaces or commas; a JSON array per line ("[101, 7592, 102]") also works.
@@ -128,8 +129,8 @@ int run(int argc, char** argv) {
   std::string out;
   if (text) {
     if (!emb.has_tokenizer())
-      throw xdeploy::Error("artifact " + artifact + " has no tokenizer graph; export it with --tokenizer-graph "
-                           "for --text, or pass token ids");
+      throw xdeploy::Error("artifact " + artifact + " has no tokenizer/tokenizer.json; export it from a checkpoint "
+                           "with a tokenizer for --text, or pass token ids");
     const auto lines = read_text_lines();
     try {
       if (print_ids) {

@@ -1,5 +1,5 @@
 // API checks of xdeploy::Embedder that the CLI cannot reach (run by tests/test_cpp.py):
-//   xdeploy-embed-check ARTIFACT      (an artifact with a tokenizer graph)
+//   xdeploy-embed-check ARTIFACT      (an artifact with tokenizer/tokenizer.json)
 // empty lists give empty results (text and ids), invalid UTF-8 throws InvalidUtf8 naming the input and byte,
 // a 1 MB line gives one unit vector, and tokenize() reports it as truncated. Prints "ok" or the first failure.
 #include <cmath>
@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
   }
   try {
     xdeploy::Embedder emb(argv[1]);
-    check(emb.has_tokenizer(), "the artifact has a tokenizer graph");
+    check(emb.has_tokenizer(), "the artifact has a tokenizer");
     check(emb.embed(std::vector<std::string>{}).empty(), "embed of an empty text list is empty");
     check(emb.embed(std::vector<std::vector<int64_t>>{}).empty(), "embed of an empty id list is empty");
     check(emb.tokenize({}).empty(), "tokenize of an empty list is empty");

@@ -5,10 +5,9 @@
 //   std::vector<std::vector<float>> v = emb.embed(texts);                          // [n][d], L2-normalized
 //   std::vector<std::vector<float>> w = emb.embed({{101, 7592, 2088, 102}});       // token ids
 //
-// Text (UTF-8) is tokenized by the artifact's tokenizer graph (tokenizer/tokenizer.onnx, written by
-// `xdeploy export --tokenizer-graph`): onnxruntime-extensions' BertTokenizer op, run by ONNX Runtime with the
-// extensions library registered, so C++, Python (Embedder(tokenizer="graph")) and Triton share one
-// tokenization. Long lines are cut at whitespace before tokenizing exactly as the Python Embedder does.
+// Text (UTF-8) is tokenized in C++ from the artifact's tokenizer/tokenizer.json (xdeploy/tokenizer.hpp: the
+// same ids as Hugging Face tokenizers, which the Python Embedder and the Triton ensemble run). Long lines are cut
+// at whitespace before tokenizing exactly as the Python Embedder does.
 // Token ids may also come from the caller, special tokens included and truncated to max_length(). Pooling (mean / cls / max) and L2 normalization follow
 // the manifest's "pooling" record exactly like the Python Embedder; artifacts without one use CLS, unnormalized.
 // Batches are length-sorted and padded as in Python (same defaults), so both run the same shapes.
@@ -23,33 +22,12 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "xdeploy/error.hpp"
+
 namespace xdeploy {
-
-// Every user-caused problem (bad artifact, bad ids, unavailable provider) is one of these, with a one-line message.
-class Error : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-// The artifact's golden probes fail on this machine and provider: refused (the CLI exits 1, like `xdeploy verify`).
-class ProbeFailure : public Error {
- public:
-  using Error::Error;
-};
-
-// Text input i is not valid UTF-8; `byte` is the offset of the first invalid sequence in it.
-class InvalidUtf8 : public Error {
- public:
-  InvalidUtf8(size_t input_index, size_t byte_offset)
-      : Error("input " + std::to_string(input_index) + " is not valid UTF-8 (byte " + std::to_string(byte_offset) + ")"),
-        input(input_index),
-        byte(byte_offset) {}
-  size_t input, byte;
-};
 
 struct Options {
   std::string provider = "auto";  // auto | cpu | cuda | tensorrt  (auto: the first of tensorrt > cuda > cpu that starts)
@@ -57,9 +35,6 @@ struct Options {
   int batch_size = 32;            // sentences per model call (capped by the artifact's batch axis)
   int pad_to = 1;                 // pad each batch's length to a multiple of this (1: to its longest, as Python)
   std::string trt_cache_dir;      // TensorRT engine/timing cache root ("": $XDG_CACHE_HOME/xdeploy/ort-trt-cpp)
-  // onnxruntime-extensions shared library for text input; "" = $XDEPLOY_ORTX_LIBRARY, else the one CMake found
-  // in the Python environment's onnxruntime-extensions wheel at build time
-  std::string extensions_library;
   bool verify = true;  // run the artifact's golden probes at load (a failure throws ProbeFailure)
 };
 
@@ -92,7 +67,7 @@ class Embedder {
   }
 
   // texts[i]: sentence i in UTF-8 (invalid UTF-8 is an Error naming the input). Returns [n][dim()]; an empty
-  // list gives an empty result. Needs an artifact with a tokenizer graph (has_tokenizer()).
+  // list gives an empty result. Needs an artifact with tokenizer/tokenizer.json (has_tokenizer()).
   std::vector<std::vector<float>> embed(const std::vector<std::string>& texts);
 
   // The token ids embed(texts) feeds the model ([CLS] ... [SEP], truncated to max_length()); indices of the
