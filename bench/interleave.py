@@ -351,14 +351,16 @@ def _still_wide(rounds: Mapping[str, list[float]], ids: Mapping[str, list[int]],
 def run_rounds(calls: Mapping[str, Callable[[], Any]], *, min_rounds: int = 8, max_rounds: int = 40,
                max_seconds: float = 5.0, min_block_s: float = 0.02, warmup: int = 2,
                settle_s: float = 0.002, baseline: str | None = None, target: float | None = None,
-               extra_s: float = 0.0, clock: Callable[[], int] = time.perf_counter_ns) -> Attempt:
+               extra_s: float = 0.0, burn_in: int = 0, clock: Callable[[], int] = time.perf_counter_ns
+               ) -> Attempt:
     """Warm up every candidate, size its block, then time rotated rounds: at least `min_rounds`, at most
     `max_rounds`, until `max_seconds`. With a `baseline` and a `target`, rounds are sequential: they stop once
     every candidate's paired speed-up interval is within +-target of its median (after `min_rounds`), and where
     some are still wider at `max_seconds` they go on for at most `extra_s` seconds more with only the baseline
     and those candidates. A round's value for a candidate is the median of its block's calls; `settle_s` of
-    untimed sleep precede each block. The collector is paused while timing (as in latency.measure). `clock`
-    (nanoseconds) times the calls and the span."""
+    untimed sleep precede each block; `burn_in` rotated rounds of blocks run untimed first (the engines' pools
+    then start the timed rounds in the state they keep between blocks). The collector is paused while timing
+    (as in latency.measure). `clock` (nanoseconds) times the calls and the span."""
     names = list(calls)
     if not names:
         raise XDeployError("nothing to compare")
@@ -372,6 +374,11 @@ def run_rounds(calls: Mapping[str, Callable[[], Any]], *, min_rounds: int = 8, m
     for name in names:  # warm-up doubles as calibration: the fastest warm-up call sizes the block
         ts = _block(calls[name], max(warmup, 1), clock)
         per[name] = max(1, math.ceil(min_block_s / max(min(ts), 1e-9)))
+    for r in range(burn_in):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            time.sleep(settle_s)
+            _block(calls[name], per[name], clock)
     rounds: dict[str, list[float]] = {n: [] for n in names}
     ids: dict[str, list[int]] = {n: [] for n in names}
     samples: dict[str, list[float]] = {n: [] for n in names}

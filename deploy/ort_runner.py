@@ -11,7 +11,7 @@ import numpy as np
 from xdeploy.core.errors import ParityError, XDeployError
 
 from .base import Runner, RunnerInfo, validate_feeds
-from .sessions import CPU_PROVIDERS, ort_session
+from .sessions import CPU_PROVIDERS, ort_session, ort_session_options
 
 
 class OrtRunner(Runner):
@@ -21,8 +21,12 @@ class OrtRunner(Runner):
     def _load(self) -> None:
         if self.name == "ort" and not self.options.pop("allow_saturation", False):
             refuse_saturating_int8(self.artifact, self.graph.name)
+        spinning = self.options.get("spinning")
+        opts = None if spinning is None else ort_session_options(self.threads, self.options.get("opt_level", "all"),
+                                                                 spinning=bool(spinning))
         self.session = ort_session(self.artifact.onnx_path(self.graph.name), threads=self.threads,
-                                   opt_level=self.options.get("opt_level", "all"), providers=self._providers())
+                                   opt_level=self.options.get("opt_level", "all"), providers=self._providers(),
+                                   options=opts)
 
     def _providers(self) -> tuple[Any, ...]:
         return self.providers

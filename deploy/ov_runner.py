@@ -42,14 +42,15 @@ class OvRunner(Runner):
         except ImportError:
             raise XDeployError("runner 'ov' needs the openvino package: pip install 'xdeploy[openvino]'") from None
         self._ov = ov
-        unknown = set(self.options) - {"hint", "cache_dir", "device", "format"}
+        unknown = set(self.options) - {"hint", "cache_dir", "device", "format", "pinning"}
         if unknown:
-            raise XDeployError(f"unknown ov option(s) {sorted(unknown)}; expected hint, cache_dir, device, format")
+            raise XDeployError(f"unknown ov option(s) {sorted(unknown)}; expected hint, cache_dir, device, format, "
+                               "pinning")
         fmt = self.options.get("format", "auto")
         if fmt not in GRAPH_FORMATS:
             raise one_of("ov graph format", fmt, GRAPH_FORMATS)
         config = ov_config(self.variant, hint=self.options.get("hint", "latency"), threads=self.threads,
-                           cache_dir=self.options.get("cache_dir"))
+                           cache_dir=self.options.get("cache_dir"), pinning=self.options.get("pinning"))
         self.device = str(self.options.get("device", "CPU"))
         # The artifact's OpenVINO IR (converted from the reference module: fewer layout ops once compiled,
         # export/openvino_ir.py) when it has one, else the ONNX graph; format="onnx" / "ir" forces one.

@@ -38,10 +38,11 @@ def intra_op_threads(threads: int) -> int:
 
 # ------------------------------------------------------------------------------------ onnxruntime ----
 
-def ort_session_options(threads: int = 0, opt_level: str = "all", *, profile_prefix: str | Path | None = None
-                        ) -> Any:
+def ort_session_options(threads: int = 0, opt_level: str = "all", *, profile_prefix: str | Path | None = None,
+                        spinning: bool | None = None) -> Any:
     """onnxruntime.SessionOptions: `threads` intra-op threads, one inter-op thread (sequential execution),
-    warnings off, graph optimizations at `opt_level`; `profile_prefix` turns the per-op profiler on."""
+    warnings off, graph optimizations at `opt_level`; `profile_prefix` turns the per-op profiler on;
+    `spinning` sets session.intra_op.allow_spinning (None: onnxruntime's default, spinning on)."""
     import onnxruntime as ort
 
     if opt_level not in ORT_OPT_LEVELS:
@@ -51,6 +52,8 @@ def ort_session_options(threads: int = 0, opt_level: str = "all", *, profile_pre
     so.intra_op_num_threads = intra_op_threads(threads)
     so.inter_op_num_threads = 1
     so.log_severity_level = 3
+    if spinning is not None:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     if profile_prefix is not None:
         so.enable_profiling = True
         so.profile_file_prefix = str(profile_prefix)
@@ -75,11 +78,12 @@ def ort_session(model: str | Path | bytes, *, threads: int = 0, opt_level: str =
 # --------------------------------------------------------------------------------------- OpenVINO ----
 
 def ov_config(variant: str = "", *, hint: str = "latency", threads: int = 0, cache_dir: str | Path | None = None,
-              streams: int | None = None) -> dict[str, Any]:
+              streams: int | None = None, pinning: bool | None = None) -> dict[str, Any]:
     """The compile_model properties for an ov variant and options (pure: no openvino import).
 
     INFERENCE_PRECISION_HINT is the precision the CPU plugin computes in ("" / "f32" -> f32, "bf16");
-    `streams` pins NUM_STREAMS (the roofline's one-stream GEMM); `cache_dir` reuses compiled blobs."""
+    `streams` pins NUM_STREAMS (the roofline's one-stream GEMM); `cache_dir` reuses compiled blobs; `pinning`
+    sets ENABLE_CPU_PINNING (None: the plugin's default)."""
     if variant not in OV_PRECISION_HINTS:
         raise one_of("ov variant", variant, [v for v in OV_PRECISION_HINTS if v])
     if hint not in OV_PERFORMANCE_HINTS:
@@ -93,6 +97,8 @@ def ov_config(variant: str = "", *, hint: str = "latency", threads: int = 0, cac
         config["NUM_STREAMS"] = streams
     if cache_dir is not None:
         config["CACHE_DIR"] = str(Path(cache_dir).expanduser())
+    if pinning is not None:
+        config["ENABLE_CPU_PINNING"] = bool(pinning)
     return config
 
 

@@ -1,0 +1,141 @@
+"""Where slow rounds come from, and which engine settings remove them (issue #32).
+
+The comparison `xdeploy run` makes per (model, batch): PyTorch eager fp32 beside ONNX Runtime and OpenVINO at
+fp32 and int8-dynamic on BERT MiniLM (seq 128), timed in rotated rounds (bench/interleave.py `run_rounds`, a
+fixed number of rounds, not sequential). Per setting it reports:
+
+  * slow rounds: rounds more than 10% above their candidate's median, in all and by the engine timed just
+    before (torch / ort / ov): a pool that is still spinning or waking up shows as slow rounds after its engine;
+  * the paired speed-ups' 95% interval half-width at that number of rounds (median over the candidates), and
+    how many are within +-10% (the run's target).
+
+Settings (each opened afresh; the settings alternate, A B C D A B C D, so drift hits all alike):
+
+  default     onnxruntime spins after a call (its default), OpenVINO's defaults, 2 ms untimed pause per block
+  no-spin     session.intra_op.allow_spinning = 0 for every onnxruntime session
+  settle-20   a 20 ms pause before each block instead of 2 ms
+  no-pin      OpenVINO ENABLE_CPU_PINNING = false
+  burn-in     one untimed rotated round of blocks before the timed rounds
+
+    .venv/bin/python -m xdeploy.studies.round_noise [--rounds 16] [--batches 1,8] [--repeats 2]
+
+Take figures on a quiet machine (nothing else running); docs/benchmarks.md has them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    settle_s: float = 0.002
+    burn_in: int = 0
+    ort: dict[str, Any] = field(default_factory=dict)
+    ov: dict[str, Any] = field(default_factory=dict)
+
+
+SETTINGS = {s.name: s for s in (
+    Setting("default"),
+    Setting("no-spin", ort={"spinning": False}),
+    Setting("settle-20", settle_s=0.020),
+    Setting("no-pin", ov={"pinning": False}),
+    Setting("burn-in", burn_in=1),
+)}
+CANDIDATES = (("torch", "fp32"), ("ort", "fp32"), ("ov", "fp32"), ("ort", "int8-dynamic"), ("ov", "int8-dynamic"))
+BASELINE = "torch fp32"
+
+
+def predecessors(names: list[str], rounds: int) -> dict[str, list[str | None]]:
+    """The candidate timed just before each candidate's block in each round (run_rounds' rotation)."""
+    order = [n for r in range(rounds) for n in names[r % len(names):] + names[:r % len(names)]]
+    out: dict[str, list[str | None]] = {n: [] for n in names}
+    for i, n in enumerate(order):
+        out[n].append(order[i - 1] if i else None)
+    return out
+
+
+def analyse(rounds: dict[str, list[float]], rounds_n: int, target: float = 0.10) -> dict[str, Any]:
+    """Slow-round shares (overall and by the engine timed before) and the paired intervals' half-widths."""
+    from xdeploy.bench.interleave import paired_speedup
+
+    names = list(rounds)
+    pred = predecessors(names, rounds_n)
+    slow: dict[str, list[bool]] = {}
+    for n, vals in rounds.items():
+        med = statistics.median(vals)
+        for v, p in zip(vals, pred[n]):
+            engine = "start" if p is None else p.split()[0]
+            slow.setdefault(engine, []).append(v > 1.10 * med)
+    halves = {n: paired_speedup(rounds[BASELINE], rounds[n]).half_width for n in names if n != BASELINE}
+    return {"slow_share": float(np.mean([x for v in slow.values() for x in v])),
+            "slow_after": {k: float(np.mean(v)) for k, v in sorted(slow.items())},
+            "half_width": halves, "median_half_width": float(np.median(list(halves.values()))),
+            "within": sum(h <= target for h in halves.values()), "compared": len(halves)}
+
+
+def measure(setting: Setting, arts: dict[str, Any], batch: int, rounds: int, threads: int) -> dict[str, Any]:
+    from xdeploy.bench.interleave import run_rounds
+    from xdeploy.deploy.registry import open_runner
+    from xdeploy.models.spec import make_feeds
+
+    runners: dict[str, Any] = {}
+    try:
+        calls = {}
+        for runner, prec in CANDIDATES:
+            art = arts[prec]
+            opts = setting.ort if runner == "ort" else setting.ov if runner == "ov" else {}
+            r = runners[f"{runner} {prec}"] = open_runner(runner, art, "model", threads=threads, **opts)
+            calls[f"{runner} {prec}"] = r.prepare(make_feeds(art.graph("model"), {"batch": batch, "seq": 128},
+                                                             seed=0))
+        att = run_rounds(calls, min_rounds=rounds, max_rounds=rounds, max_seconds=1e-3, settle_s=setting.settle_s,
+                         burn_in=setting.burn_in)
+    finally:
+        for r in runners.values():
+            r.close()
+    return analyse(att.rounds, rounds) | {"other_cores": att.load.other_cores, "loadavg": att.load.loadavg_1m}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=16)
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--settings", default=",".join(SETTINGS))
+    ap.add_argument("--json", default=None, help="write every result here")
+    args = ap.parse_args(argv)
+    from xdeploy.bench.interleave import free_cores
+    from xdeploy.bench.suite import apply_thread_env, resolve_artifacts
+
+    apply_thread_env()
+    arts = {a.precision: a for a in resolve_artifacts("bert", preset="minilm", precisions=("fp32", "int8-dynamic"),
+                                                      opset=None, attn_impl=None, fresh=False, log=None)}
+    threads = free_cores()
+    settings = [SETTINGS[s] for s in args.settings.split(",")]
+    results: list[dict[str, Any]] = []
+    for batch in (int(b) for b in args.batches.split(",")):
+        for rep in range(args.repeats):
+            for s in settings:
+                res = measure(s, arts, batch, args.rounds, threads) | {"setting": s.name, "batch": batch,
+                                                                        "repeat": rep}
+                results.append(res)
+                after = ", ".join(f"{k} {v:.0%}" for k, v in res["slow_after"].items())
+                print(f"b{batch} #{rep} {s.name:>9s}: slow rounds {res['slow_share']:.0%} (after {after}); "
+                      f"interval half-width median ±{res['median_half_width']:.1%}, within ±10% "
+                      f"{res['within']}/{res['compared']}; other processes {res['other_cores']:.2f} cores",
+                      flush=True)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
