@@ -8,8 +8,8 @@ being timed. Here every compared thing is prepared once and timed in alternating
 
 A round times a block of `calls` consecutive calls per candidate (a block lasts >= `min_block_s`, like
 torch.utils.benchmark's blocked_autorange, so the timer's resolution and one-off stalls weigh little); the
-round time is the block's mean call time. A speed-up is the median of the *paired* ratios
-baseline round time / candidate round time (same round, seconds apart), with a distribution-free 95%
+round time is the block's median call time (one disturbed call does not move it). A speed-up is the median of
+the *paired* ratios baseline round time / candidate round time (same round, seconds apart), with a distribution-free 95%
 interval of that median (order statistics of the binomial(n, 1/2) distribution). A burst that hits a share f
 of the rounds moves the paired median by at most the spread of the f/2 quantiles around it; it cannot turn a
 2x into a 10x.
@@ -108,7 +108,7 @@ def rel_iqr(values: Sequence[float]) -> float:
 
 @dataclass(frozen=True)
 class SeriesStats:
-    """One candidate's round times (seconds per call, mean over the round's block)."""
+    """One candidate's round times (seconds per call, the median of the round's block)."""
 
     median_s: float
     rel_iqr: float  # IQR / median of the round times
@@ -426,8 +426,9 @@ def run_rounds(calls: Mapping[str, Callable[[], Any]], *, min_rounds: int = 8, m
 def run_timed_rounds(timers: Mapping[str, Callable[[], Sequence[float]]], *, rounds: int = 7) -> Attempt:
     """Rotated rounds of candidates that time themselves: each call of `timers[name]` is one round of that
     candidate and returns the seconds of each of its timed calls (e.g. a child process that loads a model once,
-    warms up and reports its own per-call times, so its start-up is not timed). The round time is their mean,
-    as in `run_rounds`; `judge` gives the paired speed-ups and the stability verdict."""
+    warms up and reports its own per-call times, so its start-up is not timed). The round time is their mean
+    (unlike `run_rounds`' median of a block: a child's round is a whole timed run); `judge` gives the paired
+    speed-ups and the stability verdict."""
     names = list(timers)
     if not names or rounds < 1:
         raise XDeployError(f"need candidates and rounds >= 1; got {names}, {rounds}")
