@@ -7,8 +7,8 @@
 // stdin with --text: one sentence per line, UTF-8 (a final newline ends the last line; a trailing "\r" is
 // dropped, as `xdeploy embed` does); the C++ tokenizer tokenizes it from the artifact's tokenizer/tokenizer.json
 // exactly as Hugging Face tokenizers does (include/xdeploy/tokenizer.hpp).
-// --print-ids prints the token ids instead of vectors; --time N embeds the input N more times and prints the
-// seconds of each embed() call on stderr (studies/text_embed_bench.py). Without --text: one sentence per line as token ids
+// --print-ids prints the token ids instead of vectors; --time N embeds (with --print-ids: tokenizes) the input N
+// more times and prints the seconds of each call on stderr (studies/text_embed_bench.py). Without --text: one sentence per line as token ids
 // (special tokens included) separated by spaces or commas; a JSON array per line ("[101, 7592, 102]") also works.
 // stdout: one line per sentence, dim() floats printed with 9 significant digits (float32 round-trips exactly).
 // --no-verify skips the artifact's golden probes (checked at load; a failing one refuses the artifact: exit 1).
@@ -135,6 +135,17 @@ int run(int argc, char** argv) {
     try {
       if (print_ids) {
         std::vector<size_t> truncated;
+        if (time_reps > 0) {  // steady-state tokenize() time (studies/text_embed_bench.py), after one warm-up call
+          emb.tokenize(lines);
+          std::string times;
+          for (int r = 0; r < time_reps; ++r) {
+            const auto t0 = std::chrono::steady_clock::now();
+            emb.tokenize(lines);
+            const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            times += (r ? " " : "") + std::to_string(dt);
+          }
+          std::cerr << "xdeploy-embed: seconds per tokenize() call: " << times << "\n";
+        }
         for (const auto& row : emb.tokenize(lines, &truncated)) {
           for (size_t k = 0; k < row.size(); ++k) out += (k ? " " : "") + std::to_string(row[k]);
           out += '\n';
