@@ -233,7 +233,7 @@ def tokens_per_call(art: Any, sizes: Mapping[str, int]) -> float | None:
     seq = sum(sizes[a] for a in SEQ_AXES if a in sizes)
     if seq:
         return float(sizes["batch"] * seq)
-    n = getattr(art.config, "n_tokens", None)
+    n = getattr(art.config, "n_tokens", None) if art.foreign is None else None
     return float(sizes["batch"] * n) if n else None
 
 
@@ -251,13 +251,18 @@ def _mem_dict(mem: MemoryStats | None) -> dict[str, float | None]:
 def latency_record(art: Any, job: BenchJob, result: dict[str, Any], mem: MemoryStats | None,
                    peaks: Mapping[str, float], parity: bool | None = None, note: str | None = None,
                    stability: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    from xdeploy.models.registry import get_family
-
     from .roofline import peak_for
 
     sizes = dict(job.sizes)
     st, info = result["stats"], result["info"]
-    flops = float(get_family(art.model).flops(art.config, sizes))
+    if art.foreign is not None:  # another exporter's graph: 2 x dense weights x tokens (export/foreign.py)
+        from xdeploy.export.foreign import dense_flops
+
+        flops = dense_flops(art, sizes)
+    else:
+        from xdeploy.models.registry import get_family
+
+        flops = float(get_family(art.model).flops(art.config, sizes))
     achieved = flops / st["p50"] if st["p50"] > 0 else 0.0
     peak = peak_for(dict(peaks), info["precision"], int(info["threads"]))
     tokens = tokens_per_call(art, sizes)
@@ -290,25 +295,36 @@ def check_parity(art: Any, job: BenchJob, outputs: Mapping[str, np.ndarray], ref
 
 
 def resolve_artifacts(target: str, *, preset: str | None, precisions: Sequence[str], opset: int | None,
-                      attn_impl: str | None, fresh: bool, log: Callable[[str], None] | None) -> list[Any]:
+                      attn_impl: str | None, fresh: bool, log: Callable[[str], None] | None,
+                      shapes: Mapping[str, Sequence[int]] | None = None) -> list[Any]:
     from xdeploy.export.artifact import load_artifact
 
     p = Path(target)
-    if p.is_dir() or "/" in target or target.startswith("."):
+    if p.exists() or "/" in target or target.startswith(".") or target.endswith(".onnx"):
         if preset or opset or attn_impl:
-            raise XDeployError("--preset/--opset/--attn-impl apply to a MODEL name, not to an artifact directory")
-        return [load_artifact(p)]
+            raise XDeployError("--preset/--opset/--attn-impl apply to a MODEL name, not to an artifact or ONNX file")
+        art = load_artifact(p)
+        if art.foreign is not None:  # another exporter's graph: its dims bound by name or --shapes
+            from xdeploy.export.foreign import bind, describe, require_bound
+
+            art = require_bound(bind(art, {k: v for k, v in (shapes or {}).items()
+                                           if k in {t.name for t in art.graph("model").inputs}}))
+            if log:
+                log(describe(art))
+        return [art]
     from xdeploy.verify.sensitivity import refine  # fp16 AMP / int8 sensitivity, as `xdeploy export` runs them
 
     return [load_artifact(cached_artifact(target, preset=preset, precision=prec, opset=opset, attn_impl=attn_impl,
                                           fresh=fresh, log=log, refine=refine)) for prec in precisions]
 
 
-def run_bench(target: str, *, runners: Sequence[str], preset: str | None = None,
+def run_bench(target: str | Sequence[str], *, runners: Sequence[str], preset: str | None = None,
               precisions: Sequence[str] = ("fp32",), batches: Sequence[int] = (1,), seqs: Sequence[int] = (128,),
               opset: int | None = None, attn_impl: str | None = None, fresh: bool = False,
-              log: Callable[[str], None] | None = None, **kw: Any) -> list[dict[str, Any]]:
-    """Benchmark every (artifact precision, runner, batch, seq) of a model name or artifact directory; see
+              log: Callable[[str], None] | None = None, shapes: Mapping[str, Sequence[int]] | None = None,
+              **kw: Any) -> list[dict[str, Any]]:
+    """Benchmark every (artifact precision, runner, batch, seq) of a model name, artifact directory or ONNX file
+    (export/foreign.py; `shapes`: its --shapes), or of several (timed in the same interleaved rounds); see
     `bench_artifacts` for the measurement and the keyword arguments."""
     from xdeploy.deploy.registry import check_spec
 
@@ -319,8 +335,13 @@ def run_bench(target: str, *, runners: Sequence[str], preset: str | None = None,
     for n, v in (("batch", batches), ("seq", seqs)):
         if not v or any(x < 1 for x in v):
             raise XDeployError(f"--{n} needs positive integers, got {list(v)}")
-    arts = resolve_artifacts(target, preset=preset, precisions=precisions, opset=opset, attn_impl=attn_impl,
-                             fresh=fresh, log=log)
+    arts = [a for t in ([target] if isinstance(target, str) else target)
+            for a in resolve_artifacts(t, preset=preset, precisions=precisions, opset=opset, attn_impl=attn_impl,
+                                       fresh=fresh, log=log, shapes=shapes)]
+    if shapes:  # --shapes fixes batch / seq where it names them: those are the configurations then
+        fixed = [a.spec.axes for a in arts if a.foreign is not None]
+        batches = sorted({ax["batch"].min for ax in fixed if ax["batch"].min == ax["batch"].max}) or batches
+        seqs = sorted({ax["seq"].min for ax in fixed if "seq" in ax and ax["seq"].min == ax["seq"].max}) or seqs
     return bench_artifacts(arts, runners=runners, batches=batches, seqs=seqs, log=log, **kw)
 
 
@@ -388,7 +409,9 @@ def bench_artifacts(arts: Sequence[Any], *, runners: Sequence[str], batches: Seq
         for i, art in enumerate(arts):
             if sizes not in bench_configs(art, batches, seqs)[0]:
                 continue
-            cands += [(spec, art) for spec in runners if not (spec.partition(":")[0] == "torch" and i > 0)]
+            # PyTorch runs the reference weights: once (first artifact), never for another exporter's graph
+            cands += [(spec, art) for spec in runners if not (spec.partition(":")[0] == "torch" and
+                                                               (i > 0 or art.foreign is not None))]
         if not cands:
             continue
         before = measured(sizes) if measured else None
@@ -397,8 +420,11 @@ def bench_artifacts(arts: Sequence[Any], *, runners: Sequence[str], batches: Seq
             continue
         n_rec, n_fail = len(records), len(failures)
         names = [f"{spec} {art.precision}" for spec, art in cands]
+        if len(set(names)) < len(names):  # several models (foreign graphs, or ours beside them): named apart
+            names = [f"{spec} {art.model} {art.precision}" for spec, art in cands]
+            names = names if len(set(names)) == len(names) else [f"{n} #{k}" for k, n in enumerate(names, 1)]
         base = next((n for n, (spec, _) in zip(names, cands) if spec == baseline), None)
-        cjob = CompareJob(candidates=tuple((n, spec, str(art.path)) for n, (spec, art) in zip(names, cands)),
+        cjob = CompareJob(candidates=tuple((n, spec, str(art.location)) for n, (spec, art) in zip(names, cands)),
                           sizes=tuple(sizes.items()), baseline=base, threads=threads, warmup=warmup,
                           min_rounds=min_iters, max_rounds=max(max_iters, min_iters), max_seconds=max_seconds,
                           attempts=attempts, return_outputs=parity,
@@ -418,7 +444,7 @@ def bench_artifacts(arts: Sequence[Any], *, runners: Sequence[str], batches: Seq
                 fail(what, cres["failures"][name])
                 continue
             res = cres["results"][name]
-            job = BenchJob(runner=spec, artifact=str(art.path), sizes=tuple(sizes.items()), threads=threads,
+            job = BenchJob(runner=spec, artifact=str(art.location), sizes=tuple(sizes.items()), threads=threads,
                            warmup=1, min_iters=2, max_iters=3, max_seconds=0.05)
             mem = None
             if isolate:
@@ -431,9 +457,14 @@ def bench_artifacts(arts: Sequence[Any], *, runners: Sequence[str], batches: Seq
             note = None
             if parity:
                 key = (art.model, art.manifest.get("source", {}).get("weights_sha256"), job.sizes)
+                ref_job = dataclasses.replace(job, runner="torch", warmup=0, min_iters=1, max_iters=1,
+                                              return_outputs=True)
+                if art.foreign is not None:  # onnxruntime fp32 on the foreign graph's fp32 source
+                    from xdeploy.export.foreign import reference_source
+
+                    src = str(reference_source(art).location)
+                    key, ref_job = (src, job.sizes), dataclasses.replace(ref_job, runner="ort", artifact=src)
                 if key not in refs:
-                    ref_job = dataclasses.replace(job, runner="torch", warmup=0, min_iters=1, max_iters=1,
-                                                  return_outputs=True)
                     refs[key] = run_job(ref_job, isolate=False)[0]["outputs"]  # outputs only: in-process
                 ok, why = check_parity(art, job, res["outputs"], refs[key], res["info"]["precision"])
                 note = None if ok else f"parity failed: {why}"[:300]
@@ -488,7 +519,8 @@ def latency_table(records: Sequence[Mapping[str, Any]], *, baseline: str | None 
             f"{r['artifact_precision']}>{r['precision']}"
         m = r["memory"]
         t.add_row(
-            r["runner"], prec, str(r["batch"]), str(r["seq"]) if r["seq"] is not None else "-",
+            f"{r['model']} {r['runner']}" if len(models) > 1 else r["runner"], prec, str(r["batch"]),
+            str(r["seq"]) if r["seq"] is not None else "-",
             f"{lat['p50'] * 1e3:.2f}", f"{lat['p99'] * 1e3:.2f}", f"{lat['std'] * 1e3:.2f}", str(r["iterations"]),
             f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else f"{r['items_per_s']:.1f}/s",
             f"{r['achieved_flops'] / 1e9:.1f}", pct_text(r["pct_of_peak"]),
@@ -523,7 +555,8 @@ def best_vs_baseline(records: Sequence[Mapping[str, Any]], baseline: str = "torc
                     "baseline_p50_s": b.baseline["latency_s"]["p50"] if b.baseline else None,
                     "speedup": b.speedup, "speedup_interval": b.interval, "unstable": b.unstable,
                     "pct_of_peak": r["pct_of_peak"], "parity_passed": r["parity_passed"],
-                    "meets_speedup": speedup.met(b.speedup), "meets_peak": peak.met(r["pct_of_peak"])})
+                    "meets_speedup": speedup.met(b.speedup), "meets_peak": peak.met(r["pct_of_peak"]),
+                    "baseline": "PyTorch eager fp32" if baseline == "torch" else f"{baseline} on the first target"})
     return out
 
 
@@ -532,10 +565,11 @@ def best_text(b: Mapping[str, Any]) -> str:
     parity = {True: "parity pass", None: "parity not checked"}.get(b["parity_passed"], "parity FAIL")
     speedup, peak = TARGETS["speedup_vs_eager"], TARGETS["pct_of_gemm_peak"]
     if b["speedup"] is None:
-        sp = f"speed-up unstable ({b['unstable']}) vs PyTorch eager fp32"
+        sp = f"speed-up unstable ({b['unstable']}) vs {b.get('baseline', 'PyTorch eager fp32')}"
     else:
         ci = f" (95% {b['speedup_interval'][0]:.2f}-{b['speedup_interval'][1]:.2f})" if b["speedup_interval"] else ""
-        sp = (f"{b['speedup']:.2f}x{ci} PyTorch eager fp32 ({'meets' if b['meets_speedup'] else 'misses'} "
+        sp = (f"{b['speedup']:.2f}x{ci} {b.get('baseline', 'PyTorch eager fp32')} "
+              f"({'meets' if b['meets_speedup'] else 'misses'} "
               f"{speedup.text()})")
     return (f"best for {b['model']} {b['preset'] or ''} b{b['batch']} s{b['seq'] or '-'}: {b['runner']} "
             f"({b['artifact_precision']} graph, {b['precision']} compute) p50 {b['p50_s'] * 1e3:.2f} ms = {sp}, "

@@ -243,6 +243,8 @@ def verify_artifact(artifact: Artifact | str | Path, runner: str = "ort", *, thr
     if not isinstance(artifact, Artifact):  # a path, like open_runner and the runtimes take
         artifact = load_artifact(artifact)
     probes = load_probes(artifact)
+    if probes is None and artifact.foreign is not None:  # another exporter's graph: probed against onnxruntime fp32
+        probes, remember = foreign_probes(artifact), False
     if probes is None:
         raise XDeployError(f"artifact {artifact.path} has no golden probes (exported before xdeploy wrote them); "
                            "re-export it (xdeploy export) to add them")
@@ -260,6 +262,19 @@ def verify_artifact(artifact: Artifact | str | Path, runner: str = "ort", *, thr
     return report
 
 
+def foreign_probes(artifact: Artifact) -> list[Probe]:
+    """Probes of a foreign graph that has none (export/foreign.py): the golden probes' cases (export/probes.py) with
+    references computed now by onnxruntime CPU fp32 on its fp32 graph (`xdeploy convert` stores them instead)."""
+    from xdeploy.export.foreign import require_bound
+    from xdeploy.export.probes import probe_cases
+
+    from .registry import reference_outputs
+
+    cases = probe_cases(require_bound(artifact).spec)
+    refs = reference_outputs(artifact, "model", [c.feeds for c in cases])
+    return [Probe(c, r) for c, r in zip(cases, refs)]
+
+
 def check_on_open(artifact: Artifact, runners: Sequence[Runner], *, verify: bool = True) -> ProbeReport | None:
     """The runtimes' check when they open an artifact (the Embedder, the Generator, `xdeploy serve`): the probes of
     the graphs and outputs `runners` serve, unless a pass on this machine class and runner is remembered. Raises
@@ -271,6 +286,10 @@ def check_on_open(artifact: Artifact, runners: Sequence[Runner], *, verify: bool
              "its outputs on this machine are unverified")
         return None
     sec = artifact.manifest.get(SECTION)
+    if sec is None and artifact.foreign is not None:  # another exporter's graph: nothing stored to check against
+        _say(f"xdeploy: notice: {artifact.location} is a foreign ONNX model without golden probes: running it "
+             f"unverified on {spec}; `xdeploy convert` writes an artifact that has them")
+        return None
     if sec is None:  # older artifacts are run, not refused
         _say(f"xdeploy: notice: {artifact.path} has no golden probes (exported before xdeploy wrote them): running "
              f"it unverified on {spec}; re-export it to have it checked where it runs")

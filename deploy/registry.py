@@ -56,3 +56,23 @@ def open_runner(spec: str, artifact: Artifact | str | Path, graph: str = "model"
         artifact = load_artifact(artifact)
     _, variant = parse_spec(spec)
     return runner_class(spec)(artifact, graph, variant=variant, **options)
+
+
+def open_reference(artifact: Artifact, graph: str = "model", **options: Any) -> Runner:
+    """The reference every check compares with: the torch runner (PyTorch fp32 on the artifact's reference
+    weights), or for a foreign ONNX model (export/foreign.py) onnxruntime CPU on its fp32 graph (Polygraphy-style)."""
+    from xdeploy.export.foreign import reference_source
+
+    src = reference_source(artifact)
+    return open_runner("torch" if src is None else "ort", artifact if src is None else src, graph, **options)
+
+
+def reference_name(artifact: Artifact) -> str:
+    """What `open_reference` runs, in words (parity tables, probe sections)."""
+    return "torch fp32" if artifact.foreign is None else "onnxruntime CPU fp32 (the foreign graph's fp32 source)"
+
+
+def reference_outputs(artifact: Artifact, graph: str, feeds: list[dict[str, Any]], **options: Any) -> list[Any]:
+    """The reference's outputs for each of `feeds` (export/convert.py's golden probes of a foreign graph)."""
+    with open_reference(artifact, graph, **options) as r:
+        return [r.infer(f) for f in feeds]

@@ -33,6 +33,8 @@ from xdeploy.models.spec import (
     Tolerance,
 )
 
+from .onnx_graph import check_external_data, read_onnx, view_manifest  # noqa: F401 - read_onnx: re-exported
+
 FORMAT = "xdeploy-artifact"
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -90,9 +92,22 @@ class Artifact:
             raise XDeployError(f"invalid manifest {mpath}: {e}") from None
 
     @property
+    def foreign(self) -> Mapping[str, Any] | None:
+        """The "foreign" section of a graph another exporter made (export/foreign.py), or None for ours."""
+        return self.manifest.get("foreign")
+
+    @property
+    def location(self) -> Path:
+        """What `load_artifact` re-opens this artifact from (a child process does): its directory, or the graph
+        file of a foreign view (whose directory may hold several)."""
+        view_of = (self.foreign or {}).get("view_of")
+        return Path(view_of) if isinstance(view_of, str) else self.path
+
+    @property
     def tokenizer_dir(self) -> Path | None:
-        d = self.path / "tokenizer"
-        return d if (d / "tokenizer.json").exists() else None
+        rel = (self.foreign or {}).get("tokenizer_dir", "tokenizer")
+        d = self.path / rel if isinstance(rel, str) else None
+        return d if d is not None and (d / "tokenizer.json").exists() else None
 
     @property
     def tokenizer_graph(self) -> Path | None:
@@ -184,44 +199,31 @@ def _parse_tensor(d: Any, mpath: Path) -> TensorSpec:
     return TensorSpec(d["name"], d["dtype"], tuple(dims), str(d.get("kind", "float")), high)
 
 
-def check_external_data(onnx_path: Path, root: Path) -> None:
-    """Refuse ONNX files whose external-data locations point outside the artifact (path traversal) or at
-    files that are not there, before any runtime follows them."""
-    import onnx
-    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors
-
-    try:
-        proto = onnx.load(str(onnx_path), load_external_data=False)
-    except Exception as e:  # protobuf DecodeError and friends
-        raise XDeployError(f"{onnx_path} is not a readable ONNX model: {str(e).splitlines()[0]}") from None
-    base = onnx_path.parent.resolve()
-    for t in _get_all_tensors(proto):
-        if t.data_location != onnx.TensorProto.EXTERNAL:
-            continue
-        loc = ExternalDataInfo(t).location
-        target = (base / loc).resolve()
-        if Path(loc).is_absolute() or not target.is_relative_to(root.resolve()):
-            raise XDeployError(f"{onnx_path.name}: external data {loc!r} of tensor {t.name!r} points outside "
-                               "the artifact directory")
-        if not target.is_file():
-            raise XDeployError(f"{onnx_path.name}: external data file {loc!r} of tensor {t.name!r} is missing")
-
-
 def load_artifact(path: str | Path, *, verify: bool = True) -> Artifact:
-    """Load and validate an artifact directory; `verify` also checks every file's sha256."""
+    """Load and validate an artifact directory; `verify` also checks every file's sha256. A plain ONNX file, or a
+    directory of another exporter's (no manifest.json: Optimum, sentence-transformers, torch.onnx.export), is
+    wrapped in an artifact view on the fly (export/foreign.py); nothing is written beside it."""
     root = Path(path)
     mpath = root / MANIFEST
-    if root.is_file():
-        raise XDeployError(f"{root} is a file, not an artifact directory; expected a directory written by xdeploy "
-                           "export or convert (plain ONNX files are not taken yet)")
-    if not root.is_dir():
-        raise XDeployError(f"artifact directory {root} does not exist")
+    if root.is_file() or (root.is_dir() and not mpath.exists()):
+        root, m = view_manifest(root, verify=verify)
+        return parse_manifest(root, {"format": FORMAT, "schema_version": SCHEMA_VERSION} | m, root / MANIFEST,
+                              verify=False)
+    if not root.exists():
+        raise XDeployError(f"{root} does not exist; expected an artifact directory, an ONNX file or a directory "
+                           "holding one")
     try:
         m = json.loads(mpath.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise XDeployError(f"{root} is not an xdeploy artifact: it has no {MANIFEST}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise XDeployError(f"invalid manifest {mpath}: not JSON ({e})") from None
+    return parse_manifest(root, m, mpath, verify=verify)
+
+
+def parse_manifest(root: Path, m: Any, mpath: Path, *, verify: bool = True) -> Artifact:
+    """Validate manifest `m` of the artifact at `root` (untrusted: from manifest.json, or built from a foreign
+    graph) and return the Artifact; `verify` also checks every file's sha256 and the graphs' external data."""
     _need(isinstance(m, dict), mpath, "not a JSON object")
     missing = [k for k in REQUIRED if k not in m]
     _need(not missing, mpath, f"missing field(s): {', '.join(missing)}")

@@ -24,6 +24,7 @@ import onnx
 from xdeploy.core.errors import XDeployError
 from xdeploy.models.spec import ExportSpec, Graph
 
+from . import foreign as foreign_graphs
 from . import openvino_ir
 from . import precision as prec
 from .artifact import load_artifact
@@ -58,15 +59,26 @@ IrCheck = Callable[..., dict[str, Any]]
 def convert_artifact(src: str | Path, out: str | Path, precision: str, *, optimize: bool = False,
                      opt_level: int = 1, options: prec.PrecisionOptions | None = None,
                      force: bool = False, refine: prec.Refiner | None = None,
-                     check_ir: IrCheck | None = None) -> Path:
+                     check_ir: IrCheck | None = None, shapes: Any = None,
+                     reference: Any = None) -> Path:
     """Write a new artifact at `precision` (optionally optimized) from an unoptimized fp32 artifact `src`.
     `refine`: the measured keep-float search (verify/sensitivity.refine; xdeploy.api passes it). `check_ir`: the
     measured check of an int8 OpenVINO IR (verify/sensitivity.check_int8_ir; xdeploy.api passes it): for static
     int8 from a source that carries an IR, an NNCF-quantized IR is shipped only when it passes (module docstring);
-    without `check_ir` none is made."""
+    without `check_ir` none is made.
+
+    `src` may also be another exporter's fp32 ONNX file or directory (export/foreign.py; `shapes`: its --shapes,
+    {input: dims}): the new artifact holds the converted graph as model.onnx, the tokenizer under tokenizer/, and
+    golden probes from `reference(graph, [feeds])` (onnxruntime CPU fp32 on the source graph: deploy/registry.py
+    `reference_outputs`, passed by xdeploy/api.py)."""
     prec.check_precision(precision)
     prec.check_options(options)
     art = load_artifact(src)
+    if art.foreign is not None:
+        art = foreign_graphs.require_bound(foreign_graphs.bind(art, shapes))
+        if reference is None and "probes" not in art.manifest:
+            raise XDeployError(f"converting the foreign graph {src} needs its reference for the golden probes "
+                               "(xdeploy.api.convert_artifact passes onnxruntime fp32)")
     if art.precision != "fp32" or art.manifest.get("optimized"):
         raise XDeployError(f"{src} is a {art.precision}{' optimized' if art.manifest.get('optimized') else ''} "
                            "artifact; convert needs an unoptimized fp32 artifact (xdeploy export --precision fp32)")
@@ -82,12 +94,18 @@ def convert_artifact(src: str | Path, out: str | Path, precision: str, *, optimi
     ir_files = {f for g in ir_graphs.values() for f in (g["xml"], g["bin"])}
     manifest |= {"precision": precision, "optimized": optimize, "conversion": {},
                  "derived_from": {"path": str(art.path.resolve()), "files": dict(art.manifest["files"])}}
+    carry: dict[str, str] | None = None  # foreign source: which of its files go where (else all but the graphs)
+    if art.foreign is not None:
+        manifest, carry = foreign_graphs.converted_manifest(art, manifest)
     optimizer = art.capabilities.optimizer if optimize else None
     with write_artifact(out, manifest, force=force) as w:
         # everything but the graphs carries over: reference weights, tokenizer, any extra section's files
         graph_files = {g["file"] for g in art.manifest["graphs"].values()}
         for rel in art.manifest["files"]:
-            if rel not in graph_files and rel.removesuffix(".data") not in graph_files and rel not in ir_files:
+            if carry is not None:
+                if rel in carry:
+                    w.add_file(carry[rel], art.path / rel)
+            elif rel not in graph_files and rel.removesuffix(".data") not in graph_files and rel not in ir_files:
                 w.add_file(rel, art.path / rel)
         ir_section = _int8_ir_section(art, check_ir) if precision == "int8" and ir_graphs else None
         for graph in art.spec.graphs:
@@ -104,6 +122,12 @@ def convert_artifact(src: str | Path, out: str | Path, precision: str, *, optimi
             if make_ir:
                 _add_int8_ir(w, ir_section, art, graph, fp32, q, info, options, check_ir)
         prec.check_requested_nodes(precision, options, w.manifest["conversion"])
+        if "probes" not in art.manifest and reference is not None:  # a foreign source: probes from its reference
+            from .probes import write_probes
+
+            write_probes(w, art.spec, None, raw=art.capabilities.text is not None,
+                         reference=lambda g, feeds: reference(art, g, feeds),
+                         reference_name=foreign_graphs.REFERENCE)
         if ir_section is not None:
             w.add_section(openvino_ir.SECTION, ir_section, versions=["openvino"] + (
                 ["nncf"] if "quantizer" in ir_section else []))

@@ -21,7 +21,7 @@ the files and the section unchanged: a derived fp16/int8 artifact is judged agai
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -72,12 +72,26 @@ def _shapes(arrays: dict[str, np.ndarray]) -> dict[str, dict[str, Any]]:
     return {n: {"dtype": str(a.dtype), "shape": list(a.shape)} for n, a in arrays.items()}
 
 
-def write_probes(w: Any, spec: ExportSpec, module: Any, *, raw: bool = False) -> dict[str, Any]:
-    """Compute the probes of every graph of `spec` from `module` (fp32, eval) and add them to the artifact being
-    written by `w` (export/writer.py's ArtifactWriter): the .npz, and with `raw` (a text encoder: the C++ runtime
-    runs it) graph "model"'s cases as raw files too. Returns the manifest section."""
+# reference(graph name, [feeds, ...]) -> [outputs, ...]: the outputs of a reference other than a torch module
+# (a foreign graph's: onnxruntime CPU fp32 on its fp32 graph, deploy/registry.py reference_outputs)
+Reference = Callable[[str, list[dict[str, np.ndarray]]], list[dict[str, np.ndarray]]]
+
+
+def write_probes(w: Any, spec: ExportSpec, module: Any, *, raw: bool = False, reference: Reference | None = None,
+                 reference_name: str = "torch fp32 (the module the graphs were exported from)") -> dict[str, Any]:
+    """Compute the probes of every graph of `spec` from `module` (fp32, eval), or with `module=None` from
+    `reference`, and add them to the artifact being written by `w` (export/writer.py's ArtifactWriter): the .npz,
+    and with `raw` (a text encoder: the C++ runtime runs it) graph "model"'s cases as raw files too. Returns the
+    manifest section."""
     cases = probe_cases(spec)
-    refs = reference_outputs(module, spec, cases)
+    if module is not None:
+        refs = reference_outputs(module, spec, cases)
+    else:
+        assert reference is not None, "write_probes needs a module or a reference"
+        refs = []
+        for g in spec.graphs:
+            mine = [c for c in cases if c.graph == g.name]
+            refs += reference(g.name, [c.feeds for c in mine]) if mine else []
     arrays: dict[str, np.ndarray] = {}
     records = []
     for i, (c, ref) in enumerate(zip(cases, refs)):
@@ -95,7 +109,7 @@ def write_probes(w: Any, spec: ExportSpec, module: Any, *, raw: bool = False) ->
     buf = io.BytesIO()
     np.savez_compressed(buf, **arrays)
     w.add_file(FILE, buf.getvalue())
-    section = {"file": FILE, "reference": "torch fp32 (the module the graphs were exported from)", "seed": SEED,
+    section = {"file": FILE, "reference": reference_name, "seed": SEED,
                "graphs": [g.name for g in spec.graphs], "cases": records}
     w.add_section(SECTION, section)
     return section

@@ -188,3 +188,14 @@ def write_artifact(out: str | Path, manifest: Mapping[str, Any], *, force: bool 
         w = ArtifactWriter(tmp, manifest, out=Path(out))
         yield w
         w.finish()
+
+
+def write_manifest_beside(root: Path, manifest: Mapping[str, Any]) -> Path:
+    """manifest.json for graph files that are already in `root` (a foreign graph's directory, export/foreign.py
+    `write_manifest`): the library versions and the sha256 of the files it lists stamped as `finish` does, written
+    atomically; nothing else in `root` is touched."""
+    m = dict(manifest)
+    m["versions"] = library_versions()
+    m["files"] = {rel: sha256_file(root / rel) for rel in m["files"]}
+    atomic_write_json(root / MANIFEST, m)
+    return root / MANIFEST

@@ -135,6 +135,7 @@ class ParityReport:
     checks: tuple[OutputCheck, ...]
     layerwise: tuple[LayerwiseFinding, ...] = ()
     runners: tuple[dict[str, Any], ...] = ()
+    reference: str = "torch fp32"  # deploy/registry.py reference_name: onnxruntime fp32 for a foreign graph
 
     @property
     def passed(self) -> bool:
@@ -157,7 +158,7 @@ class ParityReport:
         def rec(obj: Any) -> dict[str, Any]:
             return clean(dataclasses.asdict(obj))
 
-        return {"passed": self.passed, "checks": [clean(c.as_dict()) for c in self.checks],
+        return {"passed": self.passed, "reference": self.reference, "checks": [clean(c.as_dict()) for c in self.checks],
                 "layerwise": [rec(f) for f in self.layerwise], "runners": list(self.runners)}
 
 
@@ -199,11 +200,15 @@ def check_artifact(artifact: Any, runners: Sequence[str], *, shapes: Sequence[tu
     returns the fp32 ONNX to compare the artifact's graph with (path or ModelProto); default: re-exported
     from the artifact's reference weights."""
     from xdeploy.core.errors import XDeployError
-    from xdeploy.deploy.registry import check_spec, open_runner
+    from xdeploy.deploy.registry import check_spec, open_reference, open_runner, reference_name
     from xdeploy.export.artifact import Artifact, load_artifact
+    from xdeploy.export.foreign import reference_source, require_bound
 
     if not isinstance(artifact, Artifact):  # a path, like open_runner and Generator take
         artifact = load_artifact(artifact)
+    require_bound(artifact)  # a foreign graph's symbolic dims: recognized or given (--shapes)
+    if reference_onnx is None and artifact.foreign is not None:  # layerwise: the foreign graph's fp32 source
+        reference_onnx = lambda g: reference_source(artifact).onnx_path(g)  # noqa: E731
     if layerwise not in ("never", "on-failure", "always"):
         raise XDeployError(f"layerwise mode {layerwise!r}; expected never, on-failure or always")
     for spec in runners:  # a misspelt spec is a usage error, not a runner that fails parity
@@ -220,7 +225,7 @@ def check_artifact(artifact: Any, runners: Sequence[str], *, shapes: Sequence[tu
     for gname in graph_names:
         g = artifact.graph(gname)
         cases = input_cases(artifact, gname, shapes, seed=seed, texts=texts)
-        with open_runner("torch", artifact, gname, threads=threads) as ref_runner:
+        with open_reference(artifact, gname, threads=threads) as ref_runner:
             refs = [ref_runner.infer(c.feeds) for c in cases]
         failed_cases: list[tuple[InputCase, OutputCheck]] = []  # (case, its first failing check)
         for spec in runners:
@@ -249,7 +254,7 @@ def check_artifact(artifact: Any, runners: Sequence[str], *, shapes: Sequence[tu
                            for t in g.outputs]
         if layerwise == "always" or (layerwise == "on-failure" and failed_cases):
             findings.append(_layerwise(artifact, g, cases, failed_cases, reference_onnx, overrides))
-    return ParityReport(tuple(checks), tuple(findings), tuple(infos))
+    return ParityReport(tuple(checks), tuple(findings), tuple(infos), reference_name(artifact))
 
 
 def _layerwise(artifact: Any, g: Any, cases: list[InputCase], failed: list[tuple[InputCase, OutputCheck]],

@@ -19,7 +19,7 @@ from typing import Any
 from xdeploy.deploy.embedder import Embedder
 from xdeploy.deploy.generate import GenerationConfig, Generator
 from xdeploy.deploy.probes import ProbeFailure, verify_artifact
-from xdeploy.deploy.registry import open_runner
+from xdeploy.deploy.registry import open_runner, reference_outputs
 from xdeploy.deploy.tokenizer_graph import tokenizer_graph_builder
 from xdeploy.export import convert as _convert
 from xdeploy.export.artifact import Artifact, load_artifact
@@ -66,4 +66,5 @@ def convert_artifact(src: str | Path, out: str | Path, precision: str, *, measur
     NNCF int8 IR when it passes its measured check (verify/sensitivity.py `check_int8_ir`; `check_ir=` to pass
     another, e.g. with a different tolerance). `measured=False`: neither (no IR without its check)."""
     kwargs.setdefault("check_ir", _check_int8_ir if measured else None)
+    kwargs.setdefault("reference", reference_outputs)  # a foreign graph's golden probes: onnxruntime CPU fp32
     return _convert.convert_artifact(src, out, precision, refine=_refine if measured else None, **kwargs)

@@ -24,10 +24,14 @@ def _names(text: str) -> list[str]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("target", metavar="MODEL|ARTIFACT", help="registry name (exported to a cached artifact) or an "
-                   "artifact directory")
-    p.add_argument("--runners", type=_names, default=["torch", "ort"], help="comma-separated runner specs, e.g. "
-                   "torch,ort,ov,ov:bf16 (default torch,ort)")
+    p.add_argument("target", metavar="MODEL|ARTIFACT|ONNX", nargs="+", help="registry name (exported to a cached "
+                   "artifact), artifact directory, or ONNX file / export directory of another exporter; several "
+                   "are timed in the same interleaved rounds")
+    p.add_argument("--runners", type=_names, help="comma-separated runner specs, e.g. torch,ort,ov,ov:bf16 "
+                   "(default torch,ort; ort when every target is an ONNX file)")
+    p.add_argument("--shapes", metavar="INPUT:DxD,...", help="ONNX files: sizes of their inputs, trtexec style "
+                   "(e.g. input_ids:1x128,attention_mask:1x128); needed for symbolic dims xdeploy does not "
+                   "recognize (batch and sequence names take --batch / --seq)")
     p.add_argument("--preset", help="model preset (default: the first)")
     p.add_argument("--precision", type=_names, default=["fp32"], help="artifact precisions to export and run, "
                    "e.g. fp32,fp16,int8 (default fp32)")
@@ -44,8 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "--min-iters are done (default 5)")
     p.add_argument("--parity", action="store_true", help="also check each runner's outputs against PyTorch "
                    "fp32 with its precision's tolerance")
-    p.add_argument("--baseline", default="torch", help="runner whose p50 the speed-up column divides "
-                   "(default torch)")
+    p.add_argument("--baseline", help="runner whose p50 the speed-up column divides (default torch; without "
+                   "torch: the first runner on the first target)")
     p.add_argument("--no-isolate", action="store_true", help="run in this process: faster, but no memory figures")
     p.add_argument("--fresh", action="store_true", help="re-export cached artifacts")
     p.add_argument("--no-roofline", action="store_true", help="do not measure a quick roofline when none is "
@@ -61,6 +65,19 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads < 0:
         raise XDeployError(f"--threads must be >= 0, got {args.threads}")
+    from pathlib import Path
+
+    from xdeploy.export.foreign import parse_input_shapes
+
+    foreign = [t for t in args.target if Path(t).is_file() or (Path(t).is_dir() and not (Path(t) / "manifest.json")
+                                                                 .exists())]
+    runners = args.runners or (["ort"] if len(foreign) == len(args.target) else ["torch", "ort"])
+    baseline = args.baseline or ("torch" if "torch" in runners else runners[0])
+    shapes = parse_input_shapes(args.shapes)
+    if shapes and not foreign:
+        raise XDeployError("--shapes INPUT:DxD applies to ONNX files; no target is one")
+    if len(args.target) > 1 and (args.preset or args.opset or args.attn_impl):
+        raise XDeployError("--preset/--opset/--attn-impl apply to one MODEL name; several targets were given")
     console = make_console()
     log = step_log(console)
     peaks = load_peaks()
@@ -68,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
         log("no roofline cached for this machine: measuring a quick one (`xdeploy roofline` for the "
                       "full measurement)")
         peaks = {k: float(v["value"]) for k, v in get_roofline(quick=True)["gemm"].items()}
-    records = run_bench(args.target, runners=args.runners, preset=args.preset, precisions=args.precision,
+    records = run_bench(args.target, runners=runners, shapes=shapes, baseline=baseline, preset=args.preset,
+                        precisions=args.precision,
                         batches=args.batch, seqs=args.seq, opset=args.opset, attn_impl=args.attn_impl,
                         threads=args.threads, warmup=args.warmup, min_iters=args.min_iters,
                         max_iters=args.max_iters, max_seconds=args.max_seconds, isolate=not args.no_isolate,
@@ -77,8 +95,8 @@ def run(args: argparse.Namespace) -> int:
         from xdeploy.bench.roofline import reconcile
 
         records = reconcile(records, log=log)
-    console.print(latency_table(records, baseline=args.baseline))
-    best = best_vs_baseline(records, args.baseline)
+    console.print(latency_table(records, baseline=baseline))
+    best = best_vs_baseline(records, baseline)
     for b in best:
         console.print(best_text(b))
     if args.records:

@@ -12,16 +12,18 @@ from xdeploy.core.errors import ParityError, XDeployError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("target", metavar="MODEL|ARTIFACT",
-                   help="a registry model (exported to a temporary artifact per precision) or an artifact directory")
-    p.add_argument("--runners", default="torch,ort", help="comma-separated runner specs (default torch,ort), "
+    p.add_argument("target", metavar="MODEL|ARTIFACT|ONNX",
+                   help="a registry model (exported to a temporary artifact per precision), an artifact directory, "
+                   "or an ONNX file / export directory of another exporter (reference: onnxruntime CPU fp32)")
+    p.add_argument("--runners", help="comma-separated runner specs (default torch,ort; for an ONNX file ort,ov), "
                    "e.g. ort,ov,ov:bf16,torch:bf16")
     p.add_argument("--precision", help="MODEL only: comma-separated export precisions (default fp32)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--preset", help="MODEL only: named size (default: the first preset)")
     src.add_argument("--checkpoint", metavar="DIR", help="MODEL only: Hugging Face / sentence-transformers dir")
     p.add_argument("--shapes", help="comma-separated BATCHxSEQ, SEQ may be 'max' (default 1x1,2x17,3xmax); "
-                   "SEQ applies to every non-batch axis; batch >= 3 also gets a fully padded row")
+                   "SEQ applies to every non-batch axis; batch >= 3 also gets a fully padded row. For an ONNX file "
+                   "also INPUT:DxD... (trtexec style, e.g. input_ids:1x128,attention_mask:1x128): its symbolic dims")
     p.add_argument("--graphs", help="comma-separated graph names (default: all graphs of the artifact)")
     p.add_argument("--tolerance", action="append", default=[], metavar="[OUTPUT:]K=V,...",
                    help="override tolerances, e.g. logits:atol=1e-3,cosine=0.999 (repeatable; no OUTPUT = all)")
@@ -35,6 +37,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_json_option(p)
 
 
+def default_runners(foreign: bool) -> list[str]:
+    """torch,ort for our models; ort,ov for a foreign graph (no PyTorch model; ov where OpenVINO is installed)."""
+    if not foreign:
+        return ["torch", "ort"]
+    from xdeploy.deploy.registry import runner_class
+
+    try:
+        runner_class("ov")
+    except XDeployError:
+        return ["ort"]
+    return ["ort", "ov"]
+
+
+def bound_view(art: Any, shapes: str | None) -> Any:
+    """A foreign view with its dims bound (--shapes INPUT:DxD, else the recognized names), said on stderr."""
+    import sys
+
+    from xdeploy.export.foreign import bind, describe, parse_input_shapes, require_bound
+
+    art = require_bound(bind(art, parse_input_shapes(shapes)))
+    print(describe(art), file=sys.stderr)
+    return art
+
+
 def _split(text: str | None) -> list[str]:
     return [s.strip() for s in (text or "").split(",") if s.strip()]
 
@@ -43,26 +69,35 @@ def run(args: argparse.Namespace) -> int:
     from xdeploy.export.artifact import load_artifact
     from xdeploy.verify.parity import DEFAULT_SHAPES, check_artifact, parse_shapes, parse_tolerance_overrides
 
-    runners = _split(args.runners)
+    target = Path(args.target)
+    foreign = target.is_file() or (target.is_dir() and not (target / "manifest.json").exists())
+    runners = _split(args.runners) if args.runners is not None else default_runners(foreign)
     if not runners:
         raise XDeployError("--runners is empty; expected e.g. torch,ort,ov")
     from xdeploy.deploy.registry import check_spec
 
     for r in runners:
         check_spec(r)  # a typo (ov:fp16) is a usage error (exit 2), not a parity failure (exit 1)
-    shapes = parse_shapes(args.shapes) if args.shapes else list(DEFAULT_SHAPES)
+    named = ":" in (args.shapes or "")  # INPUT:DxD (a foreign graph's dims) or BATCHxSEQ
+    shapes = parse_shapes(args.shapes) if args.shapes and not named else list(DEFAULT_SHAPES)
     overrides = parse_tolerance_overrides(args.tolerance)
     mode = "always" if args.layerwise else "never" if args.no_layerwise else "on-failure"
     common: dict[str, Any] = dict(shapes=shapes, graphs=_split(args.graphs) or None, overrides=overrides,
                                   seed=args.seed, layerwise=mode, threads=args.threads)
 
-    target = Path(args.target)
     reports = []
-    if target.is_dir():
+    if target.is_dir() or target.is_file():
         if args.precision or args.preset or args.checkpoint:
-            raise XDeployError(f"{target} is an artifact directory: --precision/--preset/--checkpoint apply to a "
+            raise XDeployError(f"{target} is an artifact or ONNX model: --precision/--preset/--checkpoint apply to a "
                                f"MODEL name only")
         art = load_artifact(target)
+        if art.foreign is not None:
+            art = bound_view(art, args.shapes if named else None)
+            if named:  # the shapes given are the one case (batch and seq bound with them)
+                seq = art.spec.axes["seq"].opt if "seq" in art.spec.axes else None
+                common["shapes"] = [(art.spec.axes["batch"].opt, seq)]
+        elif named:
+            raise XDeployError(f"--shapes INPUT:DxD applies to an ONNX file; {target} is an artifact: give BATCHxSEQ")
         reports.append((str(target), check_artifact(art, runners, **common)))
     else:
         from xdeploy.export.onnx_export import export
@@ -108,7 +143,7 @@ def _print(reports: list[tuple[str, Any]]) -> None:
 
     console = make_console()
     for name, rep in reports:
-        table = Table(title=f"parity: {name} vs torch fp32", title_justify="left", box=None, pad_edge=False)
+        table = Table(title=f"parity: {name} vs {rep.reference}", title_justify="left", box=None, pad_edge=False)
         for col in ("runner", "tol", "graph/output", "cases", "max|d|", "max rel", "min cos", "NaN", "top-1",
                     "verdict"):
             table.add_column(col, no_wrap=True, justify="left" if col in ("runner", "tol", "graph/output",

@@ -12,7 +12,8 @@ from xdeploy.commands import THREADS_HELP, add_json_option, write_json
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("artifact", help="an artifact directory (xdeploy export / convert)")
+    p.add_argument("artifact", help="an artifact directory (xdeploy export / convert), or an ONNX file of another "
+                   "exporter (probed now against onnxruntime CPU fp32)")
     p.add_argument("--runner", default="ort", help="runner spec: ort, ov, ov:bf16, ... (default ort)")
     p.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
     add_json_option(p)
@@ -29,11 +30,11 @@ def run(args: argparse.Namespace) -> int:
     rep = verify_artifact(art, args.runner, threads=args.threads)
     cases = len({(c.graph, c.case) for c in rep.checks})
     if rep.passed:
-        print(f"{art.path}: {cases} golden probe case(s), {len(rep.covered)} output(s) pass on {rep.runner} "
+        print(f"{art.location}: {cases} golden probe case(s), {len(rep.covered)} output(s) pass on {rep.runner} "
               f"({rep.precision} tolerance); machine class: {rep.machine}")
     else:
         for c in rep.failures:
-            print(f"{art.path}: FAIL {rep.failure_line(c)}")
+            print(f"{art.location}: FAIL {rep.failure_line(c)}")
     write_json(args.json, {"artifact": str(art.path), "runner": rep.runner, "precision": rep.precision,
                            "machine": rep.machine, "covered": list(rep.covered)}
                | ParityReport(rep.checks).to_json())  # the checks as `xdeploy parity --json` writes them

@@ -1,0 +1,170 @@
+"""Any model, not only ours (issue #31): graphs made here by other means than xdeploy's exporter - a plain
+`torch.onnx.export` with its own input names, an Optimum-style directory (model.onnx + config.json +
+tokenizer.json), a graph with external data, one with symbolic dims no name explains - go through parity, bench,
+convert, verify, embed and triton as artifact views, and the user's files are never changed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from tiny_text import MINILM
+from xdeploy.cli import main
+from xdeploy.core.errors import XDeployError
+from xdeploy.export.artifact import load_artifact
+from xdeploy.export.foreign import bind, parse_input_shapes, require_bound
+
+VOCAB = 30522  # the MiniLM tokenizer's: the Optimum-style directory's graph takes its ids
+
+
+class TinyEncoder(torch.nn.Module):
+    """embedding + linear: a text encoder in 8 dims, with an optional segment embedding."""
+
+    def __init__(self, vocab: int, types: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(vocab, 8)
+        self.typ = torch.nn.Embedding(2, 8) if types else None
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, ids, mask, types=None):
+        h = self.emb(ids) + (self.typ(types) if types is not None else 0)
+        h = torch.tanh(self.lin(h)) * mask.unsqueeze(-1).to(h.dtype)
+        return h, h.sum(1) / mask.sum(1, keepdim=True).clamp(min=1).to(h.dtype)
+
+
+def _export(module, args, path: Path, names: list[str], outputs: list[str], axes: dict[int, str]) -> Path:
+    torch.onnx.export(module.eval(), args, str(path), input_names=names, output_names=outputs, dynamo=False,
+                      dynamic_axes={n: axes for n in names} | {outputs[0]: axes, outputs[1]: {0: axes[0]}})
+    return path
+
+
+def _listing(d: Path) -> dict[str, int]:
+    return {p.relative_to(d).as_posix(): p.stat().st_mtime_ns for p in d.rglob("*")}
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory) -> Path:
+    """torch.onnx.export of a small module with its own input names (ids, mask) and named dynamic axes."""
+    d = tmp_path_factory.mktemp("plain")
+    ids, mask = torch.zeros(2, 5, dtype=torch.int64), torch.ones(2, 5, dtype=torch.int64)
+    return _export(TinyEncoder(50), (ids, mask), d / "encoder.onnx", ["ids", "mask"], ["hidden", "pooled"],
+                   {0: "batch", 1: "sequence"})
+
+
+@pytest.fixture(scope="module")
+def optimum(tmp_path_factory) -> Path:
+    """An Optimum-style export directory: model.onnx (input_ids, attention_mask, token_type_ids ->
+    last_hidden_state), config.json and the real MiniLM tokenizer files."""
+    d = tmp_path_factory.mktemp("optimum-export")
+    ids, mask = torch.zeros(1, 4, dtype=torch.int64), torch.ones(1, 4, dtype=torch.int64)
+    _export(TinyEncoder(VOCAB, types=True), (ids, mask, torch.zeros_like(ids)), d / "model.onnx",
+            ["input_ids", "attention_mask", "token_type_ids"], ["last_hidden_state", "pooler_output"],
+            {0: "batch_size", 1: "sequence_length"})
+    (d / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": VOCAB,
+                                               "max_position_embeddings": 64}))
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        shutil.copyfile(MINILM / name, d / name)
+    return d
+
+
+def test_a_plain_export_is_an_artifact_view_read_from_the_graph(plain):
+    before = _listing(plain.parent)
+    art = load_artifact(plain)
+    g = art.graph()
+    assert [(t.name, t.dims, t.kind) for t in g.inputs] == [("ids", ("batch", "seq"), "ids"),
+                                                            ("mask", ("batch", "seq"), "mask")]
+    assert g.inputs[0].high == 50  # the embedding table's rows
+    assert art.precision == "fp32" and art.foreign["axis_names"] == {"batch": "batch", "seq": "sequence"}
+    assert art.capabilities.text.ids == "ids" and art.capabilities.text.hidden == "hidden"
+    assert _listing(plain.parent) == before  # nothing written beside it
+
+
+def test_parity_bench_convert_verify_on_a_plain_export(plain, tmp_path, capsys):
+    assert main(["parity", str(plain), "--runners", "ort,ov", "--layerwise", "--json", str(tmp_path / "p.json")]) == 0
+    rep = json.loads((tmp_path / "p.json").read_text())["artifacts"][0]
+    assert rep["reference"].startswith("onnxruntime CPU fp32") and rep["layerwise"]
+    assert {c["runner"] for c in rep["checks"]} == {"ort", "ov"} and rep["passed"]
+    out = tmp_path / "int8"
+    assert main(["convert", str(plain), "--precision", "int8", "--out", str(out)]) == 0
+    m = load_artifact(out).manifest
+    assert m["conversion"]["model"]["saturation"]["portable"] and m["probes"]["reference"].startswith("onnxruntime")
+    assert main(["verify", str(out)]) == 0 and main(["verify", str(plain), "--runner", "ov"]) == 0
+    assert main(["parity", str(out), "--runners", "ort", "--shapes", "2x9"]) == 0  # vs the fp32 source graph
+    capsys.readouterr()
+    js = tmp_path / "b.json"
+    assert main(["bench", str(plain), str(out), "--runners", "ort", "--seq", "8", "--min-iters", "2",
+                 "--max-iters", "3", "--max-seconds", "0.1", "--warmup", "1", "--no-roofline", "--no-isolate",
+                 "--parity", "--json", str(js)]) == 0
+    recs = json.loads(js.read_text())["records"]
+    assert [(r["artifact_precision"], r["parity_passed"]) for r in recs] == [("fp32", True), ("int8", True)]
+    assert all(r["flops"] > 0 and r["stability"]["baseline"] == "ort fp32" for r in recs)
+    assert "speedup" in recs[1]["stability"]  # paired against the first target
+
+
+def test_an_optimum_directory_with_tokenizer_and_config(optimum, tmp_path, capsys):
+    before = _listing(optimum)
+    art = load_artifact(optimum)
+    assert art.tokenizer_dir == optimum.resolve() and art.spec.axes["seq"].max == 64  # config.json
+    assert [t.kind for t in art.graph().inputs] == ["ids", "mask", "zeros"] and art.graph().inputs[0].high == VOCAB
+    assert main(["parity", str(optimum), "--runners", "ort", "--json", str(tmp_path / "p.json")]) == 0
+    cases = {c["case"] for c in json.loads((tmp_path / "p.json").read_text())["artifacts"][0]["checks"]}
+    assert any(c.startswith("text") for c in cases)  # real tokenized text from its tokenizer
+    src = tmp_path / "in.txt"
+    src.write_text("A man is playing a guitar.\nStocks fell.\n")
+    assert main(["embed", str(optimum), "--input", str(src), "--out", str(tmp_path / "e.npy")]) == 0
+    assert np.load(tmp_path / "e.npy").shape == (2, 8)
+    assert main(["triton", str(optimum), "--out", str(tmp_path / "repo")]) == 0
+    assert (tmp_path / "repo").is_dir()
+    fp16 = tmp_path / "fp16"
+    assert main(["convert", str(optimum), "--precision", "fp16", "--out", str(fp16)]) == 0
+    assert load_artifact(fp16).tokenizer_dir == fp16 / "tokenizer" and main(["verify", str(fp16)]) == 0
+    assert _listing(optimum) == before
+    assert main(["convert", str(optimum), "--write-manifest"]) == 0  # on request only
+    assert load_artifact(optimum).manifest["foreign"]["graph"] == "model.onnx"
+
+
+def test_external_data_is_followed_inside_the_directory_only(plain, tmp_path):
+    proto = onnx.load(str(plain))
+    ext = tmp_path / "ext" / "model.onnx"
+    ext.parent.mkdir()
+    onnx.save_model(proto, str(ext), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="weights.bin", size_threshold=0)
+    art = load_artifact(ext.parent)
+    assert "weights.bin" in art.manifest["files"]
+    assert main(["parity", str(ext), "--runners", "ort", "--no-layerwise"]) == 0
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    onnx.save_model(proto, str(evil / "model.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="w.bin", size_threshold=0)
+    m = onnx.load(str(evil / "model.onnx"), load_external_data=False)
+    for t in m.graph.initializer:
+        for e in t.external_data:
+            if e.key == "location":
+                e.value = "../ext/weights.bin"
+    onnx.save_model(m, str(evil / "model.onnx"))
+    with pytest.raises(XDeployError, match="points outside the artifact directory"):
+        load_artifact(evil / "model.onnx")
+
+
+def test_unbindable_dims_get_one_line_naming_the_inputs_and_the_flag(tmp_path, capsys):
+    ids, mask = torch.zeros(2, 5, dtype=torch.int64), torch.ones(2, 5, dtype=torch.int64)
+    f = _export(TinyEncoder(50), (ids, mask), tmp_path / "odd.onnx", ["ids", "mask"], ["hidden", "pooled"],
+                {0: "batch", 1: "foo"})
+    assert main(["parity", str(f), "--runners", "ort"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'foo'" in err[0] and "ids, mask" in err[0] and "--shapes ids:1xN,mask:1xN" in err[0]
+    art = require_bound(bind(load_artifact(f), parse_input_shapes("ids:2x7,mask:2x7")))
+    assert art.spec.axes["foo"].min == 7
+    assert main(["parity", str(f), "--runners", "ort", "--shapes", "ids:2x7,mask:2x7"]) == 0
+    for bad, msg in [("ids:2x7,mask:2x8", "axis 'foo' 8"), ("nope:1x2", "input 'nope'"), ("ids:2", "1 dim")]:
+        with pytest.raises(XDeployError, match=msg):
+            bind(load_artifact(f), parse_input_shapes(bad))
+    assert main(["bench", str(f), "--runners", "ort", "--no-roofline", "--no-isolate"]) == 2
+    assert "--shapes" in capsys.readouterr().err
