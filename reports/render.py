@@ -458,9 +458,9 @@ def _latency_section(lat: list[Mapping[str, Any]], sp: Mapping[int, float], pick
            "paired ratios PyTorch round time / runner round time, with its 95% interval (rounds go on until it is "
            "within ±10% of the median or the run's time for it is spent; \"wide\" after a figure whose interval "
            "stayed wider); \"unstable (load)\" replaces a speed-up whose rounds stayed too dispersed after "
-           "re-measuring (bench/interleave.py, docs/benchmarks.md). Achieved FLOP/s from the model's analytic FLOPs; % of peak = achieved / the "
-           "measured GEMM roofline for that compute precision and thread count (never above 100%: a peak a record "
-           "beats is measured again; \"–\" where it still does).", "",
+           "re-measuring (bench/interleave.py, docs/benchmarks.md). Achieved FLOP/s from the model's analytic "
+           "FLOPs; % of peak = achieved / the measured GEMM roofline for that compute precision and thread count "
+           "(never above 100%: a peak a record beats is measured again; \"–\" where it still does).", "",
            markdown_table(["model", "graph", "runner", "artifact", "compute", "batch", "seq", "p50", "p90", "p99",
                            "mean", "std", "iters", "items/s", "tokens/s", "speedup", "achieved", "% of peak"], rows),
            ""]

@@ -41,6 +41,7 @@ from xdeploy.models.spec import Graph, TensorSpec
 KINDS = ("cpu", "gpu")
 ACCELERATORS = ("none", "openvino", "tensorrt")
 GRAPH_BACKENDS = ("onnxruntime", "python")
+TOKENIZERS = ("hf", "graph")
 DTYPES = {"int64": "TYPE_INT64", "int32": "TYPE_INT32", "float32": "TYPE_FP32", "float16": "TYPE_FP16",
           "bool": "TYPE_BOOL"}
 TEMPLATES = Path(__file__).parent  # triton_tokenizer_model.py, triton_pooling_model.py
@@ -65,6 +66,10 @@ class TritonOptions:
     # onnxruntime-extensions library the server loads for the tokenizer graph (op_library_filename); None: the
     # one installed here (its path must exist on the server too)
     extensions_library: str | None = None
+    # the tokenizer step: "hf" = HF tokenizers on the artifact's tokenizer.json in a Python-backend model (exact,
+    # the Embedder's and the C++ runtime's ids); "graph" = the artifact's tokenizer graph on the onnxruntime
+    # backend (export --tokenizer-graph; not exact on every input, docs/embedding.md)
+    tokenizer: str = "hf"
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,13 @@ def _validate(art: Artifact, o: TritonOptions) -> None:
         raise XDeployError("--accelerator openvino is a CPU execution accelerator; pass --kind cpu")
     if o.graph_backend not in GRAPH_BACKENDS:
         raise one_of("graph backend", o.graph_backend, GRAPH_BACKENDS)
+    if o.tokenizer not in TOKENIZERS:
+        raise one_of("tokenizer", o.tokenizer, TOKENIZERS)
+    if o.tokenizer == "graph" and art.tokenizer_graph is None:
+        raise XDeployError(f"artifact {art.path} has no tokenizer graph; export it with --tokenizer-graph or use "
+                           "the exact HF tokenizer step (--tokenizer hf)")
+    if o.tokenizer == "graph" and o.graph_backend == "python":
+        raise XDeployError("--tokenizer graph runs on Triton's onnxruntime backend: not with --graph-backend python")
     if o.graph_backend == "python" and (o.accelerator != "none" or o.engine or o.kind != "cpu"):
         raise XDeployError("--graph-backend python runs onnxruntime on CPU: no --accelerator, --engine or --kind gpu")
     if o.engine is not None:
@@ -259,8 +271,9 @@ def _hidden(art: Artifact) -> TensorSpec:
 
 
 def _graph_tokenizer(art: Artifact, o: TritonOptions) -> bool:
-    """The tokenizer step is the artifact's tokenizer graph on the onnxruntime backend (no Python tokenizer)."""
-    return art.tokenizer_graph is not None and o.graph_backend == "onnxruntime"
+    """The tokenizer step is the artifact's tokenizer graph on the onnxruntime backend (asked for with
+    tokenizer="graph"), not the exact Python-backend HF tokenizer."""
+    return o.tokenizer == "graph" and art.tokenizer_graph is not None and o.graph_backend == "onnxruntime"
 
 
 def tokenizer_graph_config(art: Artifact, name: str, o: TritonOptions, ids: list[str]) -> Any:

@@ -13,8 +13,8 @@ import numpy as np
 import onnx
 import pytest
 import torch
-
 from tiny_text import MINILM
+
 from xdeploy.cli import main
 from xdeploy.core.errors import XDeployError
 from xdeploy.export.artifact import load_artifact

@@ -46,7 +46,8 @@ def cfg(repo: Path, model: str):
 def test_text_repository_fields_match_manifest(text_art, tmp_path):
     art = load_artifact(text_art)
     repo = tmp_path / "repo"
-    rec = write_repository(art, repo, TritonOptions(max_batch_size=16, instances=2, max_queue_delay_us=500))
+    rec = write_repository(art, repo, TritonOptions(max_batch_size=16, instances=2, max_queue_delay_us=500,
+                                                    tokenizer="graph"))
     assert rec.text and rec.name == "bert"
     assert sorted(p.name for p in repo.iterdir()) == ["bert", "bert_onnx", "bert_pooling", "bert_tokenizer",
                                                       "xdeploy-triton.json"]
@@ -64,7 +65,8 @@ def test_text_repository_fields_match_manifest(text_art, tmp_path):
     assert [(ig.count, ig.kind) for ig in onnx.instance_group] == [(2, pb.ModelInstanceGroup.KIND_CPU)]
     assert sha256_file(repo / "bert_onnx" / "1" / "model.onnx") == art.manifest["files"]["model.onnx"]
 
-    # the tokenizer step is the artifact's tokenizer graph on the onnxruntime backend, extensions as custom ops
+    # asked for: the tokenizer step is the artifact's tokenizer graph on the onnxruntime backend, extensions as
+    # custom ops
     tok = cfg(repo, "bert_tokenizer")
     assert tok.platform == "onnxruntime_onnx" and not tok.backend and tok.max_batch_size == 16
     assert [(i.name, i.data_type, list(i.dims), list(i.reshape.shape), i.HasField("reshape")) for i in tok.input] == [
@@ -77,6 +79,14 @@ def test_text_repository_fields_match_manifest(text_art, tmp_path):
     assert not (repo / "bert_tokenizer" / "1" / "model.py").exists()
     assert cfg(repo, "bert").ensemble_scheduling.step[0].input_map["text"] == "TEXT"
 
+    # by default the tokenizer step is HF tokenizers in a Python-backend model (exact: the Embedder's and the C++
+    # runtime's ids), even though this artifact carries a tokenizer graph
+    write_repository(art, tmp_path / "default", TritonOptions(max_batch_size=16))
+    tok = cfg(tmp_path / "default", "bert_tokenizer")
+    assert tok.backend == "python" and not tok.model_operations.op_library_filename
+    assert (tmp_path / "default" / "bert_tokenizer" / "1" / "tokenizer.json").read_bytes() == (
+        text_art / "tokenizer" / "tokenizer.json").read_bytes()
+    assert not (tmp_path / "default" / "bert_tokenizer" / "1" / "model.onnx").exists()
     # the Python-backend tokenizer (HF tokenizers) stays for --graph-backend python (PyTriton's tritonserver)
     write_repository(art, tmp_path / "py", TritonOptions(max_batch_size=16, graph_backend="python"))
     tok = cfg(tmp_path / "py", "bert_tokenizer")
@@ -168,7 +178,7 @@ def test_tokenizer_graph_step_gives_the_embedder_vectors(text_art, tmp_path):
     import onnxruntime as ort
 
     repo = tmp_path / "repo"
-    write_repository(text_art, repo, TritonOptions(name="emb"))
+    write_repository(text_art, repo, TritonOptions(name="emb", tokenizer="graph"))
     tcfg = cfg(repo, "emb_tokenizer")
     so = ort.SessionOptions()
     so.register_custom_ops_library(tcfg.model_operations.op_library_filename[0])
@@ -233,6 +243,8 @@ def test_plain_graph_accelerators_and_engine(tiny_bert, tmp_path):
     (TritonOptions(name="bad name!"), "model name"),
     (TritonOptions(graph_backend="python", accelerator="openvino"), "graph-backend python runs onnxruntime on CPU"),
     (TritonOptions(graph_backend="tf"), "unknown graph backend"),
+    (TritonOptions(tokenizer="spm"), "unknown tokenizer"),
+    (TritonOptions(tokenizer="graph"), "has no tokenizer graph; export it with --tokenizer-graph"),
 ])
 def test_bad_options_are_one_line_errors(tiny_bert, tmp_path, opts, msg):
     with pytest.raises(XDeployError, match=msg):

@@ -7,7 +7,7 @@ import dataclasses
 
 from xdeploy.commands import THREADS_HELP, add_json_option, deprecated_alias, write_json
 from xdeploy.core.errors import XDeployError
-from xdeploy.serve.triton import ACCELERATORS, GRAPH_BACKENDS, KINDS, TritonOptions
+from xdeploy.serve.triton import ACCELERATORS, GRAPH_BACKENDS, KINDS, TOKENIZERS, TritonOptions
 
 
 def _sizes(s: str) -> tuple[int, ...]:
@@ -37,6 +37,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--graph-backend", choices=GRAPH_BACKENDS, default="onnxruntime",
                    help="onnxruntime: platform onnxruntime_onnx (default); python: a Python-backend model running "
                         "onnxruntime, for Triton builds without the onnxruntime backend (e.g. PyTriton's)")
+    p.add_argument("--tokenizer", choices=TOKENIZERS, default="hf",
+                   help="text encoders' tokenizer step: hf = HF tokenizers on the artifact's tokenizer.json in a "
+                        "Python-backend model, the Embedder's and the C++ runtime's exact ids (default); graph = the "
+                        "artifact's tokenizer graph (export --tokenizer-graph) on the onnxruntime backend, not exact "
+                        "on every input (docs/embedding.md)")
     p.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
     p.add_argument("--extensions-library", metavar="SO",
                    help="onnxruntime-extensions library path on the server, for the tokenizer graph step "
@@ -52,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
                          accelerator=args.accelerator, max_queue_delay_us=args.max_queue_delay_us,
                          preferred_batch_sizes=_sizes(args.preferred_batch_sizes), name=args.name,
                          engine=args.engine, threads=args.threads, graph_backend=args.graph_backend,
-                         extensions_library=args.extensions_library)
+                         extensions_library=args.extensions_library, tokenizer=args.tokenizer)
     rec = write_repository(args.artifact, args.out, opts, force=args.force)
     print(f"wrote Triton model repository {rec.path}: models {', '.join(rec.models)}; "
           f"clients call {rec.name!r} ({'strings in, vectors out' if rec.text else rec.platform})")
