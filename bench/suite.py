@@ -137,7 +137,7 @@ def compare_child(probe: Probe, job: CompareJob) -> dict[str, Any]:
     candidates would take (the most one has taken so far, plus 1 GiB), the open group is compared, with the
     baseline, in its own rounds and closed. The baseline stays open throughout, so every speed-up is paired."""
     apply_thread_env()
-    from xdeploy.deploy.registry import open_runner
+    from xdeploy.deploy.registry import open_runner, runner_class
     from xdeploy.export.artifact import load_artifact
     from xdeploy.models.spec import make_feeds
 
@@ -148,6 +148,7 @@ def compare_child(probe: Probe, job: CompareJob) -> dict[str, Any]:
     runners: dict[str, Any] = {}
     calls: dict[str, Any] = {}
     feeds: dict[str, Any] = {}
+    options: dict[str, dict[str, Any]] = {}  # name -> the runner options it was opened with
     failures: dict[str, str] = {}
     out: dict[str, Any] = {"results": {}, "failures": failures, "fingerprint": fingerprint(), "groups": 0,
                            "extra_s": 0.0}
@@ -167,7 +168,7 @@ def compare_child(probe: Probe, job: CompareJob) -> dict[str, Any]:
                 continue
             out["results"][name] = {
                 "stats": cmp.latency[name].as_dict(), "info": dataclasses.asdict(runner.info()),
-                "stability": cmp.stability(name) | {"group": out["groups"] + 1},
+                "stability": cmp.stability(name) | {"group": out["groups"] + 1, "options": options[name]},
                 "outputs": runner.infer(feeds[name]) if job.return_outputs else None}
         out["groups"] += 1
         for name in [n for n in runners if n != base]:  # close the group; the baseline stays
@@ -183,7 +184,9 @@ def compare_child(probe: Probe, job: CompareJob) -> dict[str, Any]:
         try:
             art = arts.setdefault(path, load_artifact(path, verify=False))  # the parent verified it
             feeds[name] = make_feeds(art.graph(job.graph), dict(job.sizes), seed=job.seed)
-            runners[name] = open_runner(spec, art, job.graph, threads=job.threads)
+            # opened as it is timed beside the others (deploy/base.py Runner.interleaved_options)
+            options[name] = dict(runner_class(spec).interleaved_options)
+            runners[name] = open_runner(spec, art, job.graph, threads=job.threads, **options[name])
             calls[name] = runners[name].prepare(feeds[name])
         except Exception as e:  # one runner failing must not lose the others
             failures[name] = (str(e).strip().splitlines() or [type(e).__name__])[-1][:200]

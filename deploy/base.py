@@ -80,6 +80,9 @@ class Runner(abc.ABC):
     # compiles the OpenVINO IR an fp32 artifact may carry (export/openvino_ir.py): `xdeploy run` writes the IR
     # only when a selected runner reads it
     reads_openvino_ir: ClassVar[bool] = False
+    # options the runner is opened with when it is timed beside other engines in one process (bench/suite.py's
+    # comparisons, the run's decode groups): an engine's idle threads must not take the core the next one runs on
+    interleaved_options: ClassVar[Mapping[str, Any]] = {}
 
     def __init__(self, artifact: Artifact, graph: str = "model", *, variant: str = "", threads: int = 0,
                  **options: Any) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -17,6 +17,12 @@ from .sessions import CPU_PROVIDERS, ort_session, ort_session_options
 class OrtRunner(Runner):
     name = "ort"
     providers: tuple[Any, ...] = CPU_PROVIDERS
+    # Interleaved with other engines, onnxruntime's intra-op pool spinning after a call (its default) slows the
+    # block timed next: on 2 cores (MiniLM, 12 rotated rounds) 25-38% of the rounds after an ort block were >10%
+    # slow and the paired intervals of the batch-1 speed-ups were +-16-26% wide; with spinning off, 4-12% and
+    # +-2-5% (studies/round_noise.py, docs/benchmarks.md). Its cost to onnxruntime alone: 3-6% at batch 1, none
+    # at batch 8 - the figures of a comparison say so (the record's stability block names the options).
+    interleaved_options: ClassVar[Mapping[str, Any]] = {"spinning": False}
 
     def _load(self) -> None:
         if self.name == "ort" and not self.options.pop("allow_saturation", False):

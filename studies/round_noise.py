@@ -13,7 +13,7 @@ Settings (each opened afresh; the settings alternate, A B C D A B C D, so drift 
 
   default     onnxruntime spins after a call (its default), OpenVINO's defaults, 2 ms untimed pause per block
   no-spin     session.intra_op.allow_spinning = 0 for every onnxruntime session
-  settle-20   a 20 ms pause before each block instead of 2 ms
+  settle-20   a 20 ms pause before each block instead of 2 ms (settle-100: 100 ms)
   no-pin      OpenVINO ENABLE_CPU_PINNING = false
   burn-in     one untimed rotated round of blocks before the timed rounds
 
@@ -46,6 +46,7 @@ SETTINGS = {s.name: s for s in (
     Setting("default"),
     Setting("no-spin", ort={"spinning": False}),
     Setting("settle-20", settle_s=0.020),
+    Setting("settle-100", settle_s=0.100),
     Setting("no-pin", ov={"pinning": False}),
     Setting("burn-in", burn_in=1),
 )}
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                         "repeat": rep}
                 results.append(res)
                 after = ", ".join(f"{k} {v:.0%}" for k, v in res["slow_after"].items())
-                print(f"b{batch} #{rep} {s.name:>9s}: slow rounds {res['slow_share']:.0%} (after {after}); "
+                print(f"b{batch} #{rep} {s.name:>10s}: slow rounds {res['slow_share']:.0%} (after {after}); "
                       f"interval half-width median ±{res['median_half_width']:.1%}, within ±10% "
                       f"{res['within']}/{res['compared']}; other processes {res['other_cores']:.2f} cores",
                       flush=True)

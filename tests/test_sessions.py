@@ -105,3 +105,13 @@ def test_ov_config_and_compile(tmp_path: Path) -> None:
     with pytest.raises(XDeployError, match="OpenVINO cannot compile .*bad.onnx for CPU"):
         sessions.ov_compile(bad, sessions.ov_config())
     onnx.checker.check_model(onnx.load(str(path)))
+
+
+def test_ort_spinning_option_reaches_the_session_config() -> None:
+    """The interleaved comparisons' knob (deploy/ort_runner.py interleaved_options): allow_spinning = 0."""
+    from xdeploy.deploy.sessions import ort_session_options
+
+    assert ort_session_options(1, spinning=False).get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert ort_session_options(1, spinning=True).get_session_config_entry("session.intra_op.allow_spinning") == "1"
+    with pytest.raises(RuntimeError, match="does not have configuration"):  # unset: onnxruntime's default
+        ort_session_options(1).get_session_config_entry("session.intra_op.allow_spinning")

@@ -349,6 +349,7 @@ def decode_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progre
     from xdeploy.bench.memory import current_rss, room_for_two_more
     from xdeploy.core.records import make_record
     from xdeploy.deploy.generate import GenerationConfig, Generator, token_agreement
+    from xdeploy.deploy.registry import runner_class
     from xdeploy.export.artifact import load_artifact
 
     preset = cfg.preset(model)
@@ -365,7 +366,9 @@ def decode_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progre
         runs += [(cfg.runners[0], "fp32", False)]
 
         def opened(st: contextlib.ExitStack, runner: str, prec: str, cache: bool) -> Any:
-            g = st.enter_context(Generator(arts[prec], runner, use_cache=cache, threads=cfg.threads))
+            # opened as it is timed beside the others (deploy/base.py Runner.interleaved_options)
+            g = st.enter_context(Generator(arts[prec], runner, use_cache=cache, threads=cfg.threads,
+                                           **runner_class(runner).interleaved_options))
             g.generate(prompt, dataclasses.replace(gc, max_new_tokens=2))  # warm-up: first-call allocations
             return g
 
@@ -383,7 +386,8 @@ def decode_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progre
                 batch=1, prompt_len=prompt_len, new_tokens=out.new_tokens, ttft_s=out.time_to_first_token_s,
                 step_s=list(out.step_s), tokens_per_s=out.new_tokens / med, total_s=med,
                 agreement=agree.agreement, first_divergence=agree.first_divergence[0], threads=cfg.threads,
-                stability=cmp.stability(key) | {"group": groups + 1})
+                stability=cmp.stability(key) | {"group": groups + 1,
+                                                "options": dict(runner_class(runner).interleaved_options)})
 
         groups = 0
 
