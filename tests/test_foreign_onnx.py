@@ -6,6 +6,7 @@ convert, verify, embed and triton as artifact views, and the user's files are ne
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -168,3 +169,38 @@ def test_unbindable_dims_get_one_line_naming_the_inputs_and_the_flag(tmp_path, c
             bind(load_artifact(f), parse_input_shapes(bad))
     assert main(["bench", str(f), "--runners", "ort", "--no-roofline", "--no-isolate"]) == 2
     assert "--shapes" in capsys.readouterr().err
+
+
+def test_serve_an_optimum_directory_and_refuse_a_graph_without_tokenizer(optimum, plain):
+    """`xdeploy serve` on another exporter's directory: a real Triton server (PyTriton, .venv-serve) answers text
+    with the in-process Embedder's vectors and leaves the directory as it was; a plain graph with no tokenizer
+    is refused with one line before any process starts."""
+    import tritonclient.http as th
+
+    from xdeploy.deploy.embedder import Embedder
+    from xdeploy.serve.server import ServeOptions, ServerProcess, free_port, serve_python
+
+    with pytest.raises(XDeployError) as e:
+        ServerProcess(plain, ServeOptions(http_port=free_port(), grpc_port=free_port()))
+    assert len(str(e.value).splitlines()) == 1 and "tokenizer" in str(e.value)
+    try:
+        serve_python()
+    except XDeployError as err:
+        if os.environ.get("CI"):  # `make test` creates .venv-serve: in CI a missing env is a failure, not a skip
+            raise
+        pytest.skip(str(err))
+    before = _listing(optimum)
+    texts = ["A man is playing a guitar.", "Crème brûlée at the café"]
+    with Embedder(optimum) as emb:
+        want = emb.embed(texts)
+    srv = ServerProcess(optimum, ServeOptions(http_port=free_port(), grpc_port=free_port(), max_batch_size=4))
+    srv.start()
+    try:
+        with th.InferenceServerClient(srv.http_url) as c:
+            inp = th.InferInput("TEXT", [len(texts), 1], "BYTES")
+            inp.set_data_from_numpy(np.array([[t.encode()] for t in texts], dtype=object))
+            got = c.infer("embedder", [inp]).as_numpy("EMBEDDING")
+    finally:
+        srv.stop()
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert _listing(optimum) == before
