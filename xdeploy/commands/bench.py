@@ -45,7 +45,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-iters", type=int, default=10, help="interleaved rounds at least (default 10)")
     p.add_argument("--max-iters", type=int, default=200, help="interleaved rounds at most (default 200)")
     p.add_argument("--max-seconds", type=float, default=5.0, help="stop timing after this many seconds once "
-                   "--min-iters are done (default 5)")
+                   "--min-iters are done (default 5); rounds stop earlier once every speed-up is known to +-10%%")
+    p.add_argument("--extra-seconds", type=float, default=30.0, help="seconds the whole run may add past "
+                   "--max-seconds where a speed-up's interval is still wider than +-10%% (shared by its "
+                   "comparisons, default 30; 0: none)")
     p.add_argument("--parity", action="store_true", help="also check each runner's outputs against PyTorch "
                    "fp32 with its precision's tolerance")
     p.add_argument("--baseline", help="runner whose p50 the speed-up column divides (default torch; without "
@@ -59,6 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from xdeploy.bench.interleave import Budget
     from xdeploy.bench.roofline import get_roofline, load_peaks
     from xdeploy.bench.suite import best_text, best_vs_baseline, latency_table, run_bench
     from xdeploy.core.records import write_records
@@ -81,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
     console = make_console()
     log = step_log(console)
     peaks = load_peaks()
+    if args.extra_seconds < 0:
+        raise XDeployError(f"--extra-seconds must be >= 0, got {args.extra_seconds}")
     if not peaks and not args.no_roofline:
         log("no roofline cached for this machine: measuring a quick one (`xdeploy roofline` for the "
                       "full measurement)")
@@ -90,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
                         batches=args.batch, seqs=args.seq, opset=args.opset, attn_impl=args.attn_impl,
                         threads=args.threads, warmup=args.warmup, min_iters=args.min_iters,
                         max_iters=args.max_iters, max_seconds=args.max_seconds, isolate=not args.no_isolate,
-                        parity=args.parity, peaks=peaks, fresh=args.fresh, log=log)
+                        parity=args.parity, peaks=peaks, fresh=args.fresh, log=log,
+                        budget=Budget(args.extra_seconds, comparisons=len(args.batch) * len(args.seq)))
     if peaks:  # no record above 100% of its peak: a peak a record beats is measured again
         from xdeploy.bench.roofline import reconcile
 
