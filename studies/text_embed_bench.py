@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 SENTENCES = [
@@ -38,22 +39,13 @@ def cpp_times(binary: str, artifact: str, lines: list[str], reps: int, *, tokeni
     return [float(x) for x in line.split(":")[-1].split()]
 
 
-def py_times(emb: object, lines: list[str], reps: int) -> list[float]:
-    emb.embed(lines)  # warm-up, as the C++ side
+def py_times(fn: Callable[[list[str]], object], lines: list[str], reps: int) -> list[float]:
+    """Seconds of each of `reps` timed calls fn(lines) after one warm-up call, as the C++ side times them."""
+    fn(lines)
     out = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        emb.embed(lines)
-        out.append(time.perf_counter() - t0)
-    return out
-
-
-def py_tok_times(emb: object, lines: list[str], reps: int) -> list[float]:
-    emb.tokenize(lines)
-    out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        emb.tokenize(lines)
+        fn(lines)
         out.append(time.perf_counter() - t0)
     return out
 
@@ -74,7 +66,7 @@ def main() -> None:
         for batch in (1, 32):
             lines = [SENTENCES[i % len(SENTENCES)] + ("" if i < len(SENTENCES) else f" ({i})") for i in range(batch)]
             sides = {"cpp": lambda ln=lines: cpp_times(a.binary, a.artifact, ln, a.reps),
-                     "py-hf": lambda ln=lines: py_times(hf, ln, a.reps)}
+                     "py-hf": lambda ln=lines: py_times(hf.embed, ln, a.reps)}
             cmp = judge(run_timed_rounds(sides, rounds=a.rounds), baseline="py-hf")
             print(f"\nbatch {batch} ({a.rounds} rounds x {a.reps} calls; other processes used "
                   f"{cmp.load.other_cores or 0:.1f} cores):")
@@ -84,7 +76,7 @@ def main() -> None:
             print(f"  cpp vs py-hf (py-hf time / cpp time, paired rounds): {speedup_text(cmp.stability('cpp'))}")
             # tokenization alone: C++ tokenize() in process vs Embedder.tokenize (cut, tokenize, truncate)
             toks = {"cpp": lambda ln=lines: cpp_times(a.binary, a.artifact, ln, a.reps * 10, tokenize_only=True),
-                    "py-hf": lambda ln=lines: py_tok_times(hf, ln, a.reps * 10)}
+                    "py-hf": lambda ln=lines: py_times(hf.tokenize, ln, a.reps * 10)}
             tok = judge(run_timed_rounds(toks, rounds=a.rounds), baseline="py-hf")
             print(f"  tokenize only: cpp {tok.series['cpp'].median_s * 1e6:.1f} us, py-hf "
                   f"{tok.series['py-hf'].median_s * 1e6:.1f} us per call; cpp vs py-hf (py-hf time / cpp time): "
