@@ -169,7 +169,8 @@ def test_truncation_equals_hugging_face(tool, hf):
         got = cpp_ids(tool, texts, "--max-length", str(max_length))
         assert [g for _, g in got] == want, max_length
         assert [n for n, _ in got] == [len(f) for f in full]
-        assert sum(n > max_length for n, _ in got) > 100
+        # the cut is exercised at every length (of the 1000 texts 991 are longer than 2 tokens, 283 than 16, 56 than 64)
+        assert sum(n > max_length for n, _ in got) > 50
 
 
 def test_every_code_point_equals_hugging_face(tool, hf):
