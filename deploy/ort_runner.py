@@ -59,16 +59,12 @@ class OrtRunner(Runner):
         array, see IOBinding.bind_cpu_input), so in-place changes between calls are seen by the next run;
         outputs are bound by raw pointer (`buffer_ptr`) with their fixed shape and dtype, so the session writes
         straight into them. Arrays must be C-contiguous with the graph's dtype, otherwise binding would copy."""
-        checked = validate_feeds(self.graph, self.artifact.spec.axes, inputs)
+        checked = self.check_bound(inputs, outputs)  # outputs: among those this runner computes (outputs=)
         declared = {t.name: t for t in self.graph.outputs}
         binding = self.session.io_binding()
         for name, a in checked.items():
-            if a is not inputs[name]:
-                raise XDeployError(f"bound input {name!r} must be a C-contiguous array")
             binding.bind_cpu_input(name, a)
         for name, buf in outputs.items():
-            if name not in declared:
-                raise XDeployError(f"unknown output(s) [{name!r}]; graph {self.graph.name!r} has {self.output_names}")
             if not isinstance(buf, np.ndarray) or buf.dtype != np.dtype(declared[name].dtype) \
                     or not buf.flags.c_contiguous or not buf.flags.writeable:
                 raise XDeployError(f"bound output {name!r} must be a writeable C-contiguous "

@@ -114,15 +114,10 @@ class OvRunner(Runner):
         """Truly zero-copy: input and output ov.Tensors wrap the caller's numpy buffers (shared_memory=True),
         so each call reads the current input contents and the CPU plugin writes results straight into the
         output arrays. Output arrays must have the exact shape the inputs imply (dims from the manifest)."""
-        checked = validate_feeds(self.graph, self.artifact.spec.axes, inputs)
-        for name, a in checked.items():
-            if a is not inputs[name]:
-                raise XDeployError(f"bound input {name!r} must be a C-contiguous array")
+        checked = self.check_bound(inputs, outputs)  # outputs: among those this runner computes (outputs=)
         sizes = _axis_sizes(self.graph, checked)
         declared = {t.name: t for t in self.graph.outputs}
         for name, buf in outputs.items():
-            if name not in declared:
-                raise XDeployError(f"unknown output(s) [{name!r}]; graph {self.graph.name!r} has {self.output_names}")
             t = declared[name]
             if any(isinstance(d, str) and d not in sizes for d in t.dims):
                 raise XDeployError(f"output {name!r} has an axis no input binds; it cannot be bound")
@@ -152,8 +147,9 @@ class OvRunner(Runner):
                           versions={"openvino": self._ov.get_version()})
 
     def close(self) -> None:
-        for k in ("request", "compiled"):
-            self.__dict__.pop(k, None)
+        # the infer requests live in per-thread slots of `_local`: a fresh one drops every thread's request
+        self._local = threading.local()
+        self.__dict__.pop("compiled", None)
 
 
 def _axis_sizes(graph: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, int]:

@@ -1,6 +1,6 @@
 """GPT-2 (Radford et al. 2019): learned positions, pre-LN causal decoder, LM head tied to the embedding.
 
-Three graphs: `model` (the full forward, which is also the prefill: logits and the KV cache of the prompt)
+Two graphs: `model` (the full forward, which is also the prefill: logits and the KV cache of the prompt)
 and `decode` (one new token against a preallocated cache, returning only the new K/V so the runtime writes
 them in place instead of copying the whole cache every step).
 """

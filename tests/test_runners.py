@@ -184,6 +184,21 @@ def test_ov_prepare_and_bind_are_zero_copy(artifacts):
             r.bind(feeds, {"hidden": np.zeros(1, np.float32)})
 
 
+@pytest.mark.parametrize("spec", ["ort", "ov"])
+def test_bind_with_pruned_outputs_checks_the_requested_outputs(artifacts, spec):
+    """A runner opened with outputs= binds only those: a graph output it does not compute is refused in one line
+    (OpenVINO raised a bare KeyError from its output ports), a requested one binds and is written in place."""
+    art = artifacts("bert", "fp32")
+    feeds = make_feeds(art.graph(), {"batch": 1, "seq": 4})
+    with open_runner(spec, art, outputs=["last_hidden_state"]) as r:
+        want = r.infer(feeds)["last_hidden_state"]  # [1, 4, d]
+        with pytest.raises(XDeployError, match=r"unknown output\(s\) \['pooler_output'\]"):
+            r.bind(feeds, {"pooler_output": np.zeros((1, want.shape[-1]), np.float32)})
+        hidden = np.zeros_like(want)
+        r.bind(feeds, {"last_hidden_state": hidden})()
+        np.testing.assert_allclose(hidden, want, atol=1e-5)
+
+
 def test_ov_validates_feeds_like_every_runner(artifacts):
     art = artifacts("bert", "fp32")
     good = make_feeds(art.graph(), {"batch": 1, "seq": 4})
@@ -192,6 +207,27 @@ def test_ov_validates_feeds_like_every_runner(artifacts):
             r.infer(good | {"input_ids": good["input_ids"].astype(np.int32)})
         with pytest.raises(XDeployError, match="axis 'seq' is 129"):
             r.infer({k: np.zeros((1, 129), np.int64) for k in good})
+
+
+def test_ov_close_releases_every_threads_infer_request(artifacts):
+    """One OpenVINO infer request per thread lives in thread-local slots; close drops them all (it used to pop
+    an attribute that was never set and leave the requests alive)."""
+    import gc
+    import threading
+    import weakref
+
+    art = artifacts("bert", "fp32")
+    feeds = make_feeds(art.graph(), {"batch": 1, "seq": 4})
+    r = open_runner("ov", art)
+    r.infer(feeds)
+    t = threading.Thread(target=r.infer, args=(feeds,))
+    t.start()
+    t.join()
+    slots = weakref.ref(r._local)  # the thread-local object holding every thread's request
+    assert r._local.request is not None
+    r.close()
+    gc.collect()
+    assert slots() is None and getattr(r._local, "request", None) is None and "compiled" not in r.__dict__
 
 
 @pytest.mark.parametrize("spec,msg", [

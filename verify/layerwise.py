@@ -12,7 +12,7 @@ Algorithm (k-ary bisection over the reference's dependency graph):
      candidate node also produces, whose inferred type is floating point (or unknown), in reference order.
   2. One round exposes up to `batch` of them as extra graph outputs of *both* models (the same set, so both
      keep the same fusions around them), runs both on the same feeds and judges each exposed tensor with
-     `bench.parity.compare` (fp16/bf16 cast to fp32 first). Tensors whose shapes differ are skipped.
+     `deploy.metrics.compare` (fp16/bf16 cast to fp32 first). Tensors whose shapes differ are skipped.
   3. Suspects start as every comparable tensor. A passing probe clears itself and all its ancestors; the
      topologically first failing probe F restricts the suspects to F's ancestors. The first round probes
      `batch` evenly spaced tensors plus every graph output (if all pass the result is None); each later
@@ -222,7 +222,7 @@ def find_divergence(reference: onnx.ModelProto | str | Path, candidate: onnx.Mod
                     batch: int = 16, opt_level: str = "all", candidate_runtime: str = "ort") -> Divergence | None:
     """The first tensor (reference topological order) where `candidate` leaves `tol`, or None.
 
-    Per-tensor criterion: `bench.parity.compare` over all elements: within atol + rtol*|ref| everywhere or
+    Per-tensor criterion: `deploy.metrics.compare` over all elements: within atol + rtol*|ref| everywhere or
     cosine >= tol.cosine, and no NaN/Inf where the reference is finite. `batch` tensors are exposed per run.
     `candidate_runtime` "ov:bf16" runs the candidate in OpenVINO with bf16 compute (the `ov:bf16` runner), e.g.
     the fp32 graph itself as candidate; the reference always runs in onnxruntime."""

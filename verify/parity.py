@@ -125,7 +125,7 @@ class LayerwiseFinding:
     graph: str
     case: str
     precision: str  # tolerance used
-    divergence: Any  # bench.layerwise.Divergence | None
+    divergence: Any  # verify.layerwise.Divergence | None
     note: str = ""
     runtime: str = "ort"  # where the candidate ran: ort, ov, ov:bf16
 
