@@ -204,3 +204,42 @@ def test_serve_an_optimum_directory_and_refuse_a_graph_without_tokenizer(optimum
         srv.stop()
     np.testing.assert_allclose(got, want, atol=1e-5)
     assert _listing(optimum) == before
+
+
+def test_serve_a_plain_export_as_a_tensor_repository(plain, tmp_path):
+    """A plain graph (no tokenizer) is served as tensors: `xdeploy triton --graph-backend python` writes its
+    repository and `xdeploy serve REPO --repository` runs it on a real Triton server; the answers are onnxruntime's
+    on the same graph, and the user's file is unchanged."""
+    import tritonclient.http as th
+
+    from xdeploy.deploy.registry import open_runner
+    from xdeploy.serve.server import ServerProcess, serve_python
+
+    try:
+        serve_python()
+    except XDeployError as err:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(str(err))
+    before = _listing(plain.parent)
+    repo = tmp_path / "repo"
+    assert main(["triton", str(plain), "--graph-backend", "python", "--out", str(repo)]) == 0
+    ids = np.array([[3, 7, 11, 2, 0], [5, 1, 9, 0, 0]], np.int64)
+    mask = (ids > 0).astype(np.int64)
+    with open_runner("ort", load_artifact(plain)) as r:
+        want = r.infer({"ids": ids, "mask": mask})
+    srv = ServerProcess(repo, repository=True)
+    srv.start()
+    try:
+        with th.InferenceServerClient(srv.http_url) as c:
+            inputs = []
+            for name, a in (("ids", ids), ("mask", mask)):
+                inputs.append(th.InferInput(name, list(a.shape), "INT64"))
+                inputs[-1].set_data_from_numpy(a)
+            res = c.infer(srv.options.model_name, inputs)
+            got = {n: res.as_numpy(n) for n in want}
+    finally:
+        srv.stop()
+    for n in want:
+        np.testing.assert_allclose(got[n], want[n], atol=1e-5)
+    assert _listing(plain.parent) == before
