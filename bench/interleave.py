@@ -247,6 +247,14 @@ def free_cores(sample_s: float = 0.5) -> int:
     return max(1, min(load.cores, int(math.floor(load.cores - other + 0.5))))
 
 
+def resolve_threads(threads: int) -> int:
+    """The one meaning of a thread request in measurements: `threads` as given, or for 0 the cores free now
+    (`free_cores`: never more threads than cores other processes leave)."""
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0:
+        raise XDeployError(f"threads must be an integer >= 0 (0 = the cores free now); got {threads!r}")
+    return threads or free_cores()
+
+
 # ------------------------------------------------------------------------------------------ the comparison ----
 
 @dataclass(frozen=True)

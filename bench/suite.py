@@ -377,13 +377,13 @@ def bench_artifacts(arts: Sequence[Any], *, runners: Sequence[str], batches: Seq
     Rounds are sequential (bench/interleave.py): a comparison stops once every interval is within the target;
     one still wider at `max_seconds` may go on for what `budget` allows it (the run's shared extra seconds;
     none without a budget)."""
-    from .interleave import free_cores
+    from .interleave import resolve_threads
     from .roofline import load_peaks
 
     peaks = load_peaks() if peaks is None else peaks
     failures = [] if failures is None else failures  # (runner, config) that failed: logged, not raised
     if threads <= 0:
-        threads = free_cores()
+        threads = resolve_threads(0)
         if log:
             log(f"threads per runner: {threads} (cores free now; --threads overrides)")
     configs: list[dict[str, int]] = []

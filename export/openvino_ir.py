@@ -48,17 +48,17 @@ FOLDER = "openvino"
 
 def available() -> bool:
     """Whether openvino is installed: an fp32 export writes the IR by default where it can."""
-    import importlib.util
+    from xdeploy.core.deps import installed
 
-    return importlib.util.find_spec("openvino") is not None
+    return installed("openvino")
 
 
 def nncf_available() -> bool:
     """Whether nncf (OpenVINO's quantizer, the `openvino` extra) is installed: an int8 conversion quantizes the
     fp32 artifact's IR where it can."""
-    import importlib.util
+    from xdeploy.core.deps import installed
 
-    return importlib.util.find_spec("nncf") is not None
+    return installed("nncf")
 
 
 # nncf.quantize settings of the int8 IR: symmetric int8 activations (PERFORMANCE: zero point 0, the int8 x int8

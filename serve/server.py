@@ -90,9 +90,9 @@ def check_host(host: str, allow_remote: bool) -> None:
 def _can_serve_here() -> bool:
     if sys.version_info < (3, 12):  # the PyTriton stub problem above
         return False
-    import importlib.util
+    from xdeploy.core.deps import installed
 
-    return importlib.util.find_spec("pytriton") is not None
+    return installed("pytriton")
 
 
 def serve_python() -> str:

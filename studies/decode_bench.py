@@ -188,10 +188,10 @@ def run(*, new: int = 256, prompt_len: int = 32, runners: tuple[str, ...] = ("to
 
     import torch
 
-    from xdeploy.bench.interleave import compare, free_cores
+    from xdeploy.bench.interleave import compare, resolve_threads
     from xdeploy.deploy.generate import GenerationConfig, Generator
 
-    threads = threads or free_cores()  # never more threads than free cores (docs/benchmarks.md)
+    threads = resolve_threads(threads)  # never more threads than free cores (docs/benchmarks.md)
     torch.set_num_threads(threads)
     result["threads"] = threads
     ids = torch.tensor([prompt])

@@ -189,7 +189,7 @@ def _nn(q: np.ndarray, c: np.ndarray) -> np.ndarray:
 def run(sentences: int = 2000, repeats: int = 3, batch_size: int = 32, engines: list[str] | None = None,
         artifacts: Path = Path("artifacts/embed-bench"), queries: int = 500, checkpoint: Path | None = None,
         concurrency: bool = True, pad_sweep: bool = True, threads: int = 0) -> dict[str, Any]:
-    from xdeploy.bench.interleave import free_cores
+    from xdeploy.bench.interleave import resolve_threads
     from xdeploy.bench.suite import apply_thread_env
 
     apply_thread_env()  # passive OpenMP waiting, before torch loads (docs/benchmarks.md)
@@ -197,7 +197,7 @@ def run(sentences: int = 2000, repeats: int = 3, batch_size: int = 32, engines: 
 
     # the same thread budget for both sides (torch's intra-op pool and each runner's): --threads, else the
     # cores free now (threads beyond them would share a core with another process)
-    threads = threads or free_cores()
+    threads = resolve_threads(threads)
     import torch
 
     torch.set_num_threads(threads)

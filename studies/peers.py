@@ -487,7 +487,7 @@ def run(out: Path, *, quick: bool = False, workloads: Sequence[str] | None = Non
     `prepare_only`: write the checkpoints and every system's export into `work` and stop (no timing; e.g. under
     load, before timing on a quiet machine); `onnx_graph`: also time the `ov` rows on the ONNX graph;
     `replicas`: independently loaded instances per system (run_workload says why)."""
-    from xdeploy.bench.interleave import free_cores
+    from xdeploy.bench.interleave import resolve_threads
     from xdeploy.bench.suite import apply_thread_env
     from xdeploy.core.records import write_records
 
@@ -504,7 +504,7 @@ def run(out: Path, *, quick: bool = False, workloads: Sequence[str] | None = Non
         if unknown:
             raise XDeployError(f"unknown workload(s) {unknown}; expected: {', '.join(w.name for w in chosen)}")
         chosen = tuple(w for w in chosen if w.name in workloads)
-    threads = threads or free_cores()
+    threads = resolve_threads(threads)
     torch.set_num_threads(threads)
     work = work or Path("artifacts/peers")
     work.mkdir(parents=True, exist_ok=True)

@@ -112,13 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settings", default=",".join(SETTINGS))
     ap.add_argument("--json", default=None, help="write every result here")
     args = ap.parse_args(argv)
-    from xdeploy.bench.interleave import free_cores
+    from xdeploy.bench.interleave import resolve_threads
     from xdeploy.bench.suite import apply_thread_env, resolve_artifacts
 
     apply_thread_env()
     arts = {a.precision: a for a in resolve_artifacts("bert", preset="minilm", precisions=("fp32", "int8-dynamic"),
                                                       opset=None, attn_impl=None, fresh=False, log=None)}
-    threads = free_cores()
+    threads = resolve_threads(0)
     settings = [SETTINGS[s] for s in args.settings.split(",")]
     results: list[dict[str, Any]] = []
     for batch in (int(b) for b in args.batches.split(",")):

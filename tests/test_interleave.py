@@ -368,3 +368,15 @@ def test_budget_shares_the_run_extra_time() -> None:
     assert b.left_s == 0.0 and b.allowance() == 0.0
     with pytest.raises(XDeployError):
         il.Budget(-1.0)
+
+
+def test_resolve_threads_is_the_one_meaning_of_a_thread_request() -> None:
+    from xdeploy.core.deps import installed
+
+    assert il.resolve_threads(3) == 3 and 1 <= il.resolve_threads(0) <= il.Load(0, None, None, None,
+                                                                                il._affinity()).cores
+    for bad in (-1, 1.5, True):
+        with pytest.raises(XDeployError, match="threads must be an integer >= 0"):
+            il.resolve_threads(bad)  # type: ignore[arg-type]
+    # the one "is this optional package installed" check (core/deps.py), used by export, doctor and serve
+    assert installed("numpy") and not installed("xdeploy_no_such_package") and not installed("numpy.no_such_mod")

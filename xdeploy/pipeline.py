@@ -840,9 +840,9 @@ def run_job(cfg: RunConfig, *, progress: Callable[[str, int], None] | None = Non
     # journaled with the settings as given (threads 0 = "the free cores"), so a resume keys on what was asked
     jr = _Journal(cfg, prog, plan(cfg))
     if not cfg.threads:  # runners never oversubscribe: threads = the cores free now (--threads overrides)
-        from xdeploy.bench.interleave import free_cores
+        from xdeploy.bench.interleave import resolve_threads
 
-        cfg = dataclasses.replace(cfg, threads=free_cores())
+        cfg = dataclasses.replace(cfg, threads=resolve_threads(0))
     guard = _Guard(cfg, prog, jr.writer.skip)
 
     def attempt(what: str, fn: Callable[[], list[dict[str, Any]]]) -> None:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 
+from xdeploy.core.deps import installed
 from xdeploy.core.errors import XDeployError
 
 
@@ -29,7 +29,7 @@ def runner_gaps() -> dict[str, list[str]]:
         if name in wants:
             out[name] = gpu + [g for g in env if any(w in g for w in wants[name])]
         elif name == "ov":
-            out[name] = [] if importlib.util.find_spec("openvino") else ["openvino is not installed"]
+            out[name] = [] if installed("openvino") else ["openvino is not installed"]
         else:
             out[name] = []
     return out
