@@ -28,11 +28,9 @@ class OrtRunner(Runner):
         if self.name == "ort" and not self.options.pop("allow_saturation", False):
             refuse_saturating_int8(self.artifact, self.graph.name)
         spinning = self.options.get("spinning")
-        opts = None if spinning is None else ort_session_options(self.threads, self.options.get("opt_level", "all"),
-                                                                 spinning=bool(spinning))
-        self.session = ort_session(self.artifact.onnx_path(self.graph.name), threads=self.threads,
-                                   opt_level=self.options.get("opt_level", "all"), providers=self._providers(),
-                                   options=opts)
+        so = ort_session_options(self.threads, self.options.get("opt_level", "all"),
+                                 spinning=None if spinning is None else bool(spinning))
+        self.session = ort_session(self.artifact.onnx_path(self.graph.name), providers=self._providers(), options=so)
 
     def _providers(self) -> tuple[Any, ...]:
         return self.providers

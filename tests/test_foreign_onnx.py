@@ -6,7 +6,6 @@ convert, verify, embed and triton as artifact views, and the user's files are ne
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -176,19 +175,15 @@ def test_serve_an_optimum_directory_and_refuse_a_graph_without_tokenizer(optimum
     with the in-process Embedder's vectors and leaves the directory as it was; a plain graph with no tokenizer
     is refused with one line before any process starts."""
     import tritonclient.http as th
+    from serve_env import require_serve_env
 
     from xdeploy.deploy.embedder import Embedder
-    from xdeploy.serve.server import ServeOptions, ServerProcess, free_port, serve_python
+    from xdeploy.serve.server import ServeOptions, ServerProcess, free_port
 
     with pytest.raises(XDeployError) as e:
         ServerProcess(plain, ServeOptions(http_port=free_port(), grpc_port=free_port()))
     assert len(str(e.value).splitlines()) == 1 and "tokenizer" in str(e.value)
-    try:
-        serve_python()
-    except XDeployError as err:
-        if os.environ.get("CI"):  # `make test` creates .venv-serve: in CI a missing env is a failure, not a skip
-            raise
-        pytest.skip(str(err))
+    require_serve_env()
     before = _listing(optimum)
     texts = ["A man is playing a guitar.", "Crème brûlée at the café"]
     with Embedder(optimum) as emb:
@@ -211,16 +206,12 @@ def test_serve_a_plain_export_as_a_tensor_repository(plain, tmp_path):
     repository and `xdeploy serve REPO --repository` runs it on a real Triton server; the answers are onnxruntime's
     on the same graph, and the user's file is unchanged."""
     import tritonclient.http as th
+    from serve_env import require_serve_env
 
     from xdeploy.deploy.registry import open_runner
-    from xdeploy.serve.server import ServerProcess, serve_python
+    from xdeploy.serve.server import ServerProcess
 
-    try:
-        serve_python()
-    except XDeployError as err:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(str(err))
+    require_serve_env()
     before = _listing(plain.parent)
     repo = tmp_path / "repo"
     assert main(["triton", str(plain), "--graph-backend", "python", "--out", str(repo)]) == 0

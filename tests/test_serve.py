@@ -18,25 +18,17 @@ import psutil
 import pytest
 import tritonclient.grpc as tg
 import tritonclient.http as th
+from serve_env import require_serve_env
 from tiny_text import tiny_text_artifact
 from tritonclient.utils import InferenceServerException
 
 from xdeploy.core.errors import XDeployError
 from xdeploy.deploy.embedder import Embedder
-from xdeploy.serve.server import ServeOptions, ServerProcess, free_port, serve_python
+from xdeploy.serve.server import ServeOptions, ServerProcess, free_port
 
 SENTENCES = ["A man is playing a guitar.", "", "emoji 🎉🚀 and CJK 日本語のテキスト", "x",
              "The quick brown fox jumps over the lazy dog. " * 20,  # > 64 tokens: truncated like the Embedder
              "Stocks fell sharply on Tuesday after the central bank raised rates.", "Tabs\tand\nnewlines"]
-
-
-def _serve_env() -> str:
-    try:
-        return serve_python()
-    except XDeployError as e:
-        if os.environ.get("CI"):  # `make test` creates .venv-serve; in CI a missing env is a failure, not a skip
-            raise
-        pytest.skip(str(e))
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +38,7 @@ def art(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(art, tmp_path_factory):
-    _serve_env()
+    require_serve_env()
     log = tmp_path_factory.getbasetemp() / "serve.log"
     srv = ServerProcess(art, ServeOptions(http_port=free_port(), grpc_port=free_port(), max_batch_size=16,
                                           max_queue_delay_us=5000, max_text_bytes=1 << 16), log=log)
@@ -177,7 +169,7 @@ def test_golden_probes_refuse_a_corrupted_artifact_before_triton_starts(art, tmp
     artifact is refused with the one line that names the graph, output and cosine; `verify=False` there runs it."""
     from planted import corrupt_artifact
 
-    py = _serve_env()
+    py = require_serve_env()
     bad = corrupt_artifact(art, tmp_path / "bad")
     srv = ServerProcess(bad, ServeOptions(http_port=free_port(), grpc_port=free_port()), start_timeout=60)
     with pytest.raises(XDeployError, match=r"exited with code 1 while starting: artifact .* fails its golden probes "
@@ -256,7 +248,7 @@ def test_sigterm_stops_the_server_and_leaves_no_process(server):
 
 
 def test_cli_serve_stops_on_ctrl_c(art, tmp_path):
-    _serve_env()
+    require_serve_env()
     http, grpc = free_port(), free_port()
     js = tmp_path / "serve.json"
     p = subprocess.Popen([sys.executable, "-m", "xdeploy.cli", "serve", str(art), "--http-port", str(http),

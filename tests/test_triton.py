@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import sys
 import types
 from pathlib import Path
@@ -270,16 +269,12 @@ def test_generated_ensemble_runs_on_a_real_triton_server(text_art, tmp_path):
     import psutil
     import tritonclient.grpc as tg
     import tritonclient.http as th
+    from serve_env import require_serve_env
     from tritonclient.utils import InferenceServerException
 
-    from xdeploy.serve.server import ServerProcess, serve_python
+    from xdeploy.serve.server import ServerProcess
 
-    try:
-        serve_python()
-    except XDeployError as e:
-        if os.environ.get("CI"):  # `make test` creates .venv-serve
-            raise
-        pytest.skip(str(e))
+    require_serve_env()
     repo = tmp_path / "repo"
     write_repository(text_art, repo, TritonOptions(graph_backend="python", max_batch_size=8, max_queue_delay_us=3000))
     texts = ["A man is playing a guitar.", "", "emoji 🎉 and 日本語", "fox " * 100, "x", "Tabs\tand\nnewlines"]
