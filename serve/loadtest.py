@@ -27,7 +27,7 @@ import numpy as np
 
 from xdeploy.core.errors import XDeployError
 
-from .server import LOOPBACK, ServeOptions, ServerProcess, free_port
+from .server import LOOPBACK, ServeOptions, ServerProcess
 
 PROTOCOLS = ("http", "grpc")
 _TEXT = ("the model serves sentence embeddings over http and grpc with dynamic batching on two cpu cores while "
@@ -152,7 +152,7 @@ def loadtest(target: str | Path, options: LoadOptions | None = None, *, log: str
     if "://" in t or (not Path(t).exists() and ":" in t):
         return _run(*parse_target(t, o.protocol), o, server=None)
     base = [_baseline(t, o)] if o.baseline else []  # before the server starts: the two never compete for cores
-    srv_opts = ServeOptions(http_port=free_port(), grpc_port=free_port(), model_name=o.model)
+    srv_opts = ServeOptions(http_port=0, grpc_port=0, model_name=o.model)
     with ServerProcess(t, srv_opts, log=log) as srv:
         return base + _run(o.protocol, srv.http_url if o.protocol == "http" else srv.grpc_url, o, server=srv)
 

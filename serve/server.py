@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -40,7 +41,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,24 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def with_free_ports(options: ServeOptions) -> ServeOptions:
+    """Port 0 means "a free loopback port": choose one now (two distinct ones where both are 0)."""
+    http = options.http_port or free_port(options.host)
+    grpc = options.grpc_port or free_port(options.host)
+    while grpc == http:
+        grpc = free_port(options.host)
+    return replace(options, http_port=http, grpc_port=grpc)
 
 
 def check_host(host: str, allow_remote: bool) -> None:
@@ -196,7 +215,10 @@ def run_repository(repo: str | Path, options: ServeOptions, *, stop: threading.E
         cmd = [str(root / "bin" / "tritonserver"), "--model-repository", str(Path(repo).resolve()),
                "--backend-directory", str(backends), "--http-address", options.host, "--http-port",
                str(options.http_port), "--grpc-address", options.host, "--grpc-port", str(options.grpc_port),
-               "--allow-metrics", "false", "--exit-timeout-secs", "5", "--exit-on-error", "true"]
+               "--allow-metrics", "false", "--exit-timeout-secs", "5", "--exit-on-error", "true",
+               # the stub imports numpy/onnxruntime/tokenizers: on a loaded 2-core machine that can pass the
+               # backend's 30 s default, and the model then fails to load
+               "--backend-config", "python,stub-timeout-seconds=120"]
         proc = subprocess.Popen(cmd, env=env)
         url = f"http://{options.host}:{options.http_port}/v2/models/{options.model_name}/ready"
         try:
@@ -266,6 +288,9 @@ def repository_model_name(repo: str | Path) -> str:
                            f"(no readable {rec.name})") from None
 
 
+_TRITON_ERROR = re.compile(r"^E\d{4} \d")
+
+
 class ServerProcess:
     """Start the server in the serving environment as a child process group; stop it and everything under it."""
 
@@ -277,14 +302,16 @@ class ServerProcess:
         self.repository = repository
         if repository:  # a model repository from `xdeploy triton`; clients call the name it records
             self.artifact = Path(artifact)
-            options = options or ServeOptions(http_port=free_port(), grpc_port=free_port(),
-                                              model_name=repository_model_name(artifact))
+            options = options or ServeOptions(http_port=0, grpc_port=0, model_name=repository_model_name(artifact))
         else:  # one-line errors before a process is started: not an artifact, not a text encoder, no tokenizer
             from xdeploy.deploy.embedder import check_text_artifact
 
             self.artifact = check_text_artifact(load_artifact(artifact),
                                                 tokenizer=(options.tokenizer if options else "hf")).path
-        self.options = options or ServeOptions(http_port=free_port(), grpc_port=free_port())
+        # port 0: a free port, chosen at each start (a port found free can be taken by another process before
+        # tritonserver binds it; start() then chooses again)
+        self.requested = options or ServeOptions(http_port=0, grpc_port=0)
+        self.options = with_free_ports(self.requested)
         check_host(self.options.host, self.options.allow_remote)
         self.start_timeout, self.stop_timeout = start_timeout, stop_timeout
         self.python = python or serve_python()
@@ -312,6 +339,23 @@ class ServerProcess:
             return False
 
     def start(self) -> ServerProcess:
+        """Start and wait until the model is ready. Where a port asked for as 0 was taken by another process
+        between choosing and binding it, start again on newly chosen ports (at most twice more)."""
+        for attempt in range(3):
+            taken = self._start_once()
+            if not taken:
+                return self
+            ports = ", ".join(str(p) for p in taken)
+            chosen = all(getattr(self.requested, f) == 0 for f in ("http_port", "grpc_port"))
+            if not chosen or attempt == 2:
+                raise XDeployError(f"the Triton server could not bind {self.options.host} port {ports}: another "
+                                   "process holds it" + ("" if chosen else "; choose other ports (0 = a free one)"))
+            self.options = with_free_ports(self.requested)
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> list[int]:
+        """One start: [] once ready; the ports another process holds if the server exited while starting and one
+        of its ports is now held; any other failure raises."""
         # without --log the output goes to a temporary file, read back when the server fails to start
         out = open(self.log, "ab") if self.log else tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
         env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -328,13 +372,17 @@ class ServerProcess:
                 code = self.proc.returncode
                 why = self._last_error()
                 self.stop()
+                taken = [p for p in (self.options.http_port, self.options.grpc_port)
+                         if port_in_use(self.options.host, p)]
+                if taken:
+                    return taken
                 raise XDeployError(f"the Triton server exited with code {code} while starting"
                                    + (f": {why}" if why else "")
                                    + (f"; the full log is in {self.log}" if self.log else
                                       "; pass --log FILE (`xdeploy serve`) or log=FILE (ServerProcess) for the "
                                       "full log"))
             if self.ready():
-                return self
+                return []
             time.sleep(0.25)
         self.stop()
         raise XDeployError(f"the Triton server was not ready after {self.start_timeout:.0f} s")
@@ -351,7 +399,15 @@ class ServerProcess:
             return ""
         lines = [ln.strip() for ln in lines if ln.strip()]
         errors = [ln.removeprefix("xdeploy: error: ") for ln in lines if ln.startswith("xdeploy: error: ")]
-        return (errors or lines or [""])[-1][:300]
+        # tritonserver's own error lines ("E1124 14:30:22.123 41 server.cc:251] failed to ..."): the cause, where
+        # our last line would only say that it exited
+        # (not the CUDA line every start prints on a machine without a GPU driver)
+        triton = [ln for ln in lines if _TRITON_ERROR.match(ln) and "CudaDriverHelper" not in ln]
+        if errors:
+            return errors[-1][:600]
+        if triton:
+            return "; ".join(triton[-2:])[:600]
+        return lines[-1][:600] if lines else ""
 
     def stop(self) -> int | None:
         """SIGTERM, wait for a clean exit, then SIGKILL whatever is left in the process group. Returns the exit

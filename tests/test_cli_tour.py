@@ -247,11 +247,11 @@ def test_a_server_that_fails_to_start_says_why_and_names_log(tiny_text):
     import importlib.util
 
     from xdeploy.core.errors import XDeployError
-    from xdeploy.serve.server import ServeOptions, ServerProcess, free_port
+    from xdeploy.serve.server import ServeOptions, ServerProcess
 
     if importlib.util.find_spec("pytriton") is not None:
         pytest.skip("this interpreter can serve")
-    srv = ServerProcess(tiny_text, ServeOptions(http_port=free_port(), grpc_port=free_port()), python=sys.executable,
+    srv = ServerProcess(tiny_text, ServeOptions(http_port=0, grpc_port=0), python=sys.executable,
                         start_timeout=120)
     with pytest.raises(XDeployError) as e:
         srv.start()

@@ -178,17 +178,17 @@ def test_serve_an_optimum_directory_and_refuse_a_graph_without_tokenizer(optimum
     from serve_env import require_serve_env
 
     from xdeploy.deploy.embedder import Embedder
-    from xdeploy.serve.server import ServeOptions, ServerProcess, free_port
+    from xdeploy.serve.server import ServeOptions, ServerProcess
 
     with pytest.raises(XDeployError) as e:
-        ServerProcess(plain, ServeOptions(http_port=free_port(), grpc_port=free_port()))
+        ServerProcess(plain, ServeOptions(http_port=0, grpc_port=0))
     assert len(str(e.value).splitlines()) == 1 and "tokenizer" in str(e.value)
     require_serve_env()
     before = _listing(optimum)
     texts = ["A man is playing a guitar.", "Crème brûlée at the café"]
     with Embedder(optimum) as emb:
         want = emb.embed(texts)
-    srv = ServerProcess(optimum, ServeOptions(http_port=free_port(), grpc_port=free_port(), max_batch_size=4))
+    srv = ServerProcess(optimum, ServeOptions(http_port=0, grpc_port=0, max_batch_size=4))
     srv.start()
     try:
         with th.InferenceServerClient(srv.http_url) as c:
@@ -201,7 +201,7 @@ def test_serve_an_optimum_directory_and_refuse_a_graph_without_tokenizer(optimum
     assert _listing(optimum) == before
 
 
-def test_serve_a_plain_export_as_a_tensor_repository(plain, tmp_path):
+def test_serve_a_plain_export_as_a_tensor_repository(plain, tmp_path, monkeypatch):
     """A plain graph (no tokenizer) is served as tensors: `xdeploy triton --graph-backend python` writes its
     repository and `xdeploy serve REPO --repository` runs it on a real Triton server; the answers are onnxruntime's
     on the same graph, and the user's file is unchanged."""
@@ -209,7 +209,7 @@ def test_serve_a_plain_export_as_a_tensor_repository(plain, tmp_path):
     from serve_env import require_serve_env
 
     from xdeploy.deploy.registry import open_runner
-    from xdeploy.serve.server import ServerProcess
+    from xdeploy.serve.server import ServeOptions, ServerProcess
 
     require_serve_env()
     before = _listing(plain.parent)
@@ -234,3 +234,30 @@ def test_serve_a_plain_export_as_a_tensor_repository(plain, tmp_path):
     for n in want:
         np.testing.assert_allclose(got[n], want[n], atol=1e-5)
     assert _listing(plain.parent) == before
+    ports = (srv.options.http_port, srv.options.grpc_port)
+
+    # a port found free and then taken by another process before tritonserver binds it (CI once lost a start to
+    # this): asked for port 0, the server starts again on other ports; asked for that port, a one-line error
+    import socket
+
+    import xdeploy.serve.server as server
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        real, picks = server.free_port, iter([port])
+        monkeypatch.setattr(server, "free_port", lambda host="127.0.0.1": next(picks, None) or real(host))
+        srv = ServerProcess(repo, repository=True)
+        assert srv.options.http_port == port
+        srv.start()
+        try:
+            assert srv.ready() and port not in (srv.options.http_port, srv.options.grpc_port)
+        finally:
+            srv.stop()
+        srv = ServerProcess(repo, ServeOptions(http_port=0, grpc_port=port, model_name=srv.options.model_name),
+                            repository=True)
+        with pytest.raises(XDeployError) as e:
+            srv.start()
+    assert len(str(e.value).splitlines()) == 1 and f"port {port}" in str(e.value), str(e.value)
+    assert 0 not in ports

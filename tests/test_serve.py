@@ -24,7 +24,7 @@ from tritonclient.utils import InferenceServerException
 
 from xdeploy.core.errors import XDeployError
 from xdeploy.deploy.embedder import Embedder
-from xdeploy.serve.server import ServeOptions, ServerProcess, free_port
+from xdeploy.serve.server import ServeOptions, ServerProcess
 
 SENTENCES = ["A man is playing a guitar.", "", "emoji 🎉🚀 and CJK 日本語のテキスト", "x",
              "The quick brown fox jumps over the lazy dog. " * 20,  # > 64 tokens: truncated like the Embedder
@@ -40,7 +40,7 @@ def art(tmp_path_factory):
 def server(art, tmp_path_factory):
     require_serve_env()
     log = tmp_path_factory.getbasetemp() / "serve.log"
-    srv = ServerProcess(art, ServeOptions(http_port=free_port(), grpc_port=free_port(), max_batch_size=16,
+    srv = ServerProcess(art, ServeOptions(http_port=0, grpc_port=0, max_batch_size=16,
                                           max_queue_delay_us=5000, max_text_bytes=1 << 16), log=log)
     srv.start()
     yield srv
@@ -171,7 +171,7 @@ def test_golden_probes_refuse_a_corrupted_artifact_before_triton_starts(art, tmp
 
     py = require_serve_env()
     bad = corrupt_artifact(art, tmp_path / "bad")
-    srv = ServerProcess(bad, ServeOptions(http_port=free_port(), grpc_port=free_port()), start_timeout=60)
+    srv = ServerProcess(bad, ServeOptions(http_port=0, grpc_port=0), start_timeout=60)
     with pytest.raises(XDeployError, match=r"exited with code 1 while starting: artifact .* fails its golden probes "
                                            r"here: graph 'model' output 'last_hidden_state': cosine ") as e:
         srv.start()
@@ -249,17 +249,17 @@ def test_sigterm_stops_the_server_and_leaves_no_process(server):
 
 def test_cli_serve_stops_on_ctrl_c(art, tmp_path):
     require_serve_env()
-    http, grpc = free_port(), free_port()
-    js = tmp_path / "serve.json"
-    p = subprocess.Popen([sys.executable, "-m", "xdeploy.cli", "serve", str(art), "--http-port", str(http),
-                          "--grpc-port", str(grpc), "--json", str(js), "--log", str(tmp_path / "log")],
+    js = tmp_path / "serve.json"  # ports 0: the server chooses free ones and names them in --json
+    p = subprocess.Popen([sys.executable, "-m", "xdeploy.cli", "serve", str(art), "--http-port", "0",
+                          "--grpc-port", "0", "--json", str(js), "--log", str(tmp_path / "log")],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
         while not js.exists() and p.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         info = json.loads(js.read_text())
-        assert info["http"] == f"127.0.0.1:{http}" and info["model"] == "embedder"
+        http, grpc = int(info["http"].rpartition(":")[2]), int(info["grpc"].rpartition(":")[2])
+        assert info["http"] == f"127.0.0.1:{http}" and info["model"] == "embedder" and 0 not in (http, grpc)
         procs = _tree(info["pid"])
         with tg.InferenceServerClient(f"127.0.0.1:{grpc}") as c:
             assert c.is_model_ready("embedder")

@@ -18,8 +18,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "PyTriton's bundled tritonserver (Python backend only)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: loopback only)")
     p.add_argument("--allow-remote", action="store_true", help="allow --host to be a non-loopback address")
-    p.add_argument("--http-port", type=int, default=8000, help="HTTP/REST port (default 8000)")
-    p.add_argument("--grpc-port", type=int, default=8001, help="gRPC port (default 8001)")
+    p.add_argument("--http-port", type=int, default=8000,
+                   help="HTTP/REST port (default 8000; 0 = a free one, printed and in --json)")
+    p.add_argument("--grpc-port", type=int, default=8001, help="gRPC port (default 8001; 0 = a free one)")
     p.add_argument("--model-name", help="Triton model name (default embedder; with --repository: the repository's)")
     p.add_argument("--max-batch-size", type=int, default=32, help="dynamic batching: sentences per batch (default 32)")
     p.add_argument("--max-queue-delay-us", type=int, default=2000,
