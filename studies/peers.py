@@ -72,6 +72,24 @@ SYSTEMS = ("pytorch", "xdeploy", "optimum-onnx", "optimum-intel")
 MIN_COSINE = {"fp32": 0.9999, "bf16": 0.99, "int8": 0.98}
 
 
+def rows_here(rows: Sequence[tuple[str, str, str, str]], fp: dict[str, Any]) -> tuple[tuple[str, str, str, str], ...]:
+    """The rows this machine can run as labelled: no bf16 row where the CPU has neither AVX-512 BF16 nor AMX
+    (OpenVINO then computes f32 whatever the hint, so a "bf16" row would be an f32 row under a bf16 label)."""
+    from xdeploy.core.fingerprint import bf16_native
+
+    return tuple(r for r in rows if r[3] != "bf16" or bf16_native(fp))
+
+
+def no_bf16_note(fp: dict[str, Any]) -> str:
+    """The report's line where the bf16 rows were left out ("" where they run)."""
+    from xdeploy.core.fingerprint import bf16_native, machine_class
+
+    if bf16_native(fp):
+        return ""
+    return (f"no bf16 rows: this CPU ({machine_class(fp)}) has neither AVX-512 BF16 nor AMX bf16, and OpenVINO "
+            "computes f32 whatever the bf16 hint; the f32 rows are its rows")
+
+
 @dataclass(frozen=True)
 class Workload:
     name: str
@@ -290,9 +308,11 @@ def _optimum_systems(w: Workload, ckpt: Path, root: Path, threads: int, wanted: 
     (its output is what the accuracy check reads)."""
     if not set(wanted) & {"optimum-onnx", "optimum-intel"}:
         return []
+    from xdeploy.core.fingerprint import fingerprint
+
     dirs = _optimum_dirs(w, ckpt, root)
     systems = []
-    for system, cfg, runtime, prec in OPTIMUM:
+    for system, cfg, runtime, prec in rows_here(OPTIMUM, fingerprint()):
         if system in wanted:
             fn = call(_load_optimum(w, runtime, prec, *dirs[cfg], threads))
             systems.append(System(system, cfg, runtime, prec, call=fn, output=fn))
@@ -303,12 +323,13 @@ def _systems(w: Workload, ckpt: Path, root: Path, threads: int, wanted: Sequence
              log: Callable[[str], None], onnx_graph: bool = False) -> list[System]:
     import torch
 
+    from xdeploy.core.fingerprint import fingerprint
     from xdeploy.deploy.registry import open_runner
     from xdeploy.export.artifact import load_artifact
     from xdeploy.models.spec import make_feeds
 
     systems: list[System] = []
-    rows = XDEPLOY + (XDEPLOY_ONNX_GRAPH if onnx_graph else ())
+    rows = rows_here(XDEPLOY + (XDEPLOY_ONNX_GRAPH if onnx_graph else ()), fingerprint())
     arts = _xdeploy_artifacts(w, ckpt, root) if "xdeploy" in wanted else {}
     art32 = load_artifact(arts["fp32"]) if arts else None
     if w.task == "sentences":
@@ -489,6 +510,7 @@ def run(out: Path, *, quick: bool = False, workloads: Sequence[str] | None = Non
     `replicas`: independently loaded instances per system (run_workload says why)."""
     from xdeploy.bench.interleave import resolve_threads
     from xdeploy.bench.suite import apply_thread_env
+    from xdeploy.core.fingerprint import fingerprint
     from xdeploy.core.records import write_records
 
     apply_thread_env()  # passive OpenMP waiting before torch/ORT/OpenVINO start their pools
@@ -511,6 +533,9 @@ def run(out: Path, *, quick: bool = False, workloads: Sequence[str] | None = Non
     t0 = time.perf_counter()
     records: list[dict[str, Any]] = []
     out.mkdir(parents=True, exist_ok=True)
+    note = no_bf16_note(fingerprint())
+    if note:
+        log(note)
     if prepare_only:
         for w in chosen:
             log(f"{w.name}: exporting into {work}")
@@ -530,7 +555,7 @@ def run(out: Path, *, quick: bool = False, workloads: Sequence[str] | None = Non
     from xdeploy.reports.render import render_report
 
     render_report(records, out / "report", meta={"title": "xdeploy vs Hugging Face Optimum (peers)",
-                                                 "command": " ".join(sys.argv),
+                                                 "command": " ".join(sys.argv), "note": note,
                                                  "duration_s": time.perf_counter() - t0})
     write_records(out / "report" / "records.jsonl", records)
     return out

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from xdeploy.core.errors import XDeployError
+from xdeploy.core.fingerprint import bf16_native, fingerprint
 from xdeploy.core.records import make_record, read_records
 from xdeploy.studies import peers
 
@@ -43,7 +44,9 @@ def test_pytorch_and_xdeploy_rows_records_and_table(tmp_path: Path) -> None:
     rows = _by(recs, "workload", "system", "config")
     for wl in ("bert-tiny-b2",):
         assert (wl, "pytorch", "eager fp32") in rows
-        for _, cfg, _, prec in (*peers.XDEPLOY, *peers.XDEPLOY_ONNX_GRAPH):
+        here = peers.rows_here((*peers.XDEPLOY, *peers.XDEPLOY_ONNX_GRAPH), fingerprint())
+        assert {cfg for _, cfg, _, _ in here} == {c for (w, sy, c) in rows if w == wl and sy == "xdeploy"}
+        for _, cfg, _, prec in here:
             r = rows[(wl, "xdeploy", cfg)]
             assert r["precision"] == prec and r["rate"] > 0 and r["latency_s"]["p50"] > 0
             assert r["accuracy_ok"], (wl, cfg, r["min_cosine"])
@@ -61,7 +64,32 @@ def test_pytorch_and_xdeploy_rows_records_and_table(tmp_path: Path) -> None:
         assert rep["aa"]["low"] <= rep["aa"]["median"] <= rep["aa"]["high"]
     summary = (out / "report" / "summary.md").read_text(encoding="utf-8")
     assert "## Peers: xdeploy vs Hugging Face Optimum" in summary
-    assert "### bert-tiny-b2" in summary and "| xdeploy | ov bf16 |" in summary
+    assert "### bert-tiny-b2" in summary
+    # a bf16 row where the CPU computes bf16; elsewhere none, and the report says why (AVX2-only class)
+    assert ("| xdeploy | ov bf16 |" in summary) == bf16_native(fingerprint())
+    assert ("no bf16 rows" in summary) != bf16_native(fingerprint())
+
+
+# the three classes the project runs on, as /proc/cpuinfo flags name them
+ZEN3 = {"cpu_vendor": "AuthenticAMD", "cpu_model": "AMD EPYC", "cpu_family": "25", "isa": ["avx2", "fma"]}
+ZEN5 = {"cpu_vendor": "AuthenticAMD", "cpu_model": "AMD EPYC", "cpu_family": "26",
+        "isa": ["avx2", "avx512f", "avx512_vnni", "avx512_bf16"]}
+XEON_AMX = {"cpu_vendor": "GenuineIntel", "cpu_model": "Intel(R) Xeon(R)", "cpu_family": "6",
+            "isa": ["avx2", "avx512f", "amx_bf16", "amx_int8"]}
+
+
+@pytest.mark.parametrize(("fp", "bf16"), [(ZEN3, False), (ZEN5, True), (XEON_AMX, True)], ids=["zen3", "zen5", "amx"])
+def test_bf16_rows_only_where_the_cpu_computes_bf16(fp: dict, bf16: bool) -> None:
+    """`make peers` stopped on the AVX2-only class (optimum-intel's bf16 row compiled f32): there, no bf16 row of
+    either system is timed, every other row is, and the note names the class."""
+    rows = (*peers.XDEPLOY, *peers.OPTIMUM)
+    here = peers.rows_here(rows, fp)
+    assert {r for r in rows if r[3] != "bf16"} <= set(here)
+    assert any(r[3] == "bf16" for r in here) == bf16
+    note = peers.no_bf16_note(fp)
+    assert (note == "") == bf16
+    if not bf16:
+        assert "AVX-512 BF16" in note and "AMD: AMD EPYC (family 25); AVX2" in note, note
 
 
 def test_bad_selection_is_one_clear_error(tmp_path: Path) -> None:
