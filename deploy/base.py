@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -72,6 +72,17 @@ def validate_feeds(graph: Graph, axes: Mapping[str, Axis], feeds: Mapping[str, A
     return out
 
 
+def cuda_gaps() -> list[str]:
+    """[] when torch sees a CUDA device, else the line saying it does not: the device check of every GPU runner's
+    `gaps` (torch is a core dependency, and a CUDA build in the GPU env, `make gpu-env`)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return []
+    build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
+    return [f"no CUDA device is visible to torch {torch.__version__} ({build})"]
+
+
 class Runner(abc.ABC):
     """Load an artifact graph on one backend. Subclasses implement `_load`, `_run` and optionally `prepare`."""
 
@@ -83,6 +94,32 @@ class Runner(abc.ABC):
     # options the runner is opened with when it is timed beside other engines in one process (bench/suite.py's
     # comparisons, the run's decode groups): an engine's idle threads must not take the core the next one runs on
     interleaved_options: ClassVar[Mapping[str, Any]] = {}
+    # What the runner can do, read from the class without opening anything, so that code over "every runner"
+    # (deploy/registry.py's `specs`, `xdeploy doctor`, verify/layerwise.py, the contract tests) asks the
+    # registry instead of keeping a list of names:
+    # variants that compute in a precision of their own instead of the artifact's (ov:bf16 -> "bf16"); with the
+    # default variant they are the runner's distinct specs (an alias such as ov:f32 computes what ov does)
+    variant_precisions: ClassVar[Mapping[str, str]] = {}
+    # variants that need an NVIDIA GPU (every variant of a GPU runner; torch's fp16)
+    gpu_variants: ClassVar[tuple[str, ...]] = ()
+    # runs the artifact's ONNX graph; False for the torch runner, which runs the PyTorch reference module
+    runs_graph: ClassVar[bool] = True
+    # implements `probe`: verify/layerwise.py may run its candidate graph in this runner's runtime
+    layerwise: ClassVar[bool] = False
+
+    @classmethod
+    def gaps(cls, variant: str = "") -> list[str]:
+        """What this machine or environment lacks to open `variant` ([] = nothing), found without importing an
+        optional backend: `xdeploy doctor` prints it and the contract tests skip on it."""
+        return []
+
+    @classmethod
+    def probe(cls, model: Any, names: list[str], variant: str = "", *, providers: Sequence[Any] = (),
+              opt_level: str = "all") -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
+        """A call running the ONNX `model` (an onnx.ModelProto whose graph outputs include `names`) on feeds and
+        returning tensors `names`: verify/layerwise.py's candidate, for a runner with `layerwise` set.
+        `providers` and `opt_level` are onnxruntime's (runtimes without them ignore them)."""
+        raise XDeployError(f"runner {cls.name!r} cannot run a bare ONNX graph (layerwise)")
 
     def __init__(self, artifact: Artifact, graph: str = "model", *, variant: str = "", threads: int = 0,
                  **options: Any) -> None:

@@ -22,7 +22,7 @@ from xdeploy.core.errors import XDeployError
 from xdeploy.export.tensorrt import default_cache_root, format_shapes, int8_format, profile_shapes
 from xdeploy.models.spec import Axis, Graph
 
-from .base import RunnerInfo, validate_feeds
+from .base import RunnerInfo, cuda_gaps, validate_feeds
 from .ort_runner import OrtRunner
 
 Provider = tuple[str, dict[str, str]]
@@ -140,6 +140,19 @@ def check_available(runner: str, available: list[str], version: str) -> None:
 
 
 class _OrtGpuRunner(OrtRunner):
+    # not a layerwise runtime: each bisection round would build a GPU session (a TensorRT engine for ort-trt)
+    # for another set of exposed tensors; layerwise runs such a candidate in onnxruntime on the CPU
+    layerwise = False
+
+    @classmethod
+    def gaps(cls, variant: str = "") -> list[str]:
+        import onnxruntime as ort
+
+        want = GPU_EPS[cls.name].provider
+        missing = [] if want in ort.get_available_providers() else [
+            f"onnxruntime {ort.__version__} lacks {want} (onnxruntime-gpu: make gpu-env)"]
+        return missing + cuda_gaps()
+
     def _load(self) -> None:
         import onnxruntime as ort
 
@@ -197,8 +210,11 @@ class _OrtGpuRunner(OrtRunner):
 class OrtCudaRunner(_OrtGpuRunner):
     name = "ort-cuda"
     variants = GPU_EPS["ort-cuda"].variants
+    gpu_variants = variants
 
 
 class OrtTrtRunner(_OrtGpuRunner):
     name = "ort-trt"
     variants = GPU_EPS["ort-trt"].variants
+    gpu_variants = variants
+    variant_precisions = {"fp16": "fp16"}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -11,7 +11,7 @@ import numpy as np
 from xdeploy.core.errors import ParityError, XDeployError
 
 from .base import Runner, RunnerInfo, validate_feeds
-from .sessions import CPU_PROVIDERS, ort_session, ort_session_options
+from .sessions import CPU_PROVIDERS, TWO_GB, onnx_file, ort_session, ort_session_options
 
 
 class OrtRunner(Runner):
@@ -23,6 +23,20 @@ class OrtRunner(Runner):
     # +-2-5% (studies/round_noise.py, docs/benchmarks.md). Its cost to onnxruntime alone: 3-6% at batch 1, none
     # at batch 8 - the figures of a comparison say so (the record's stability block names the options).
     interleaved_options: ClassVar[Mapping[str, Any]] = {"spinning": False}
+    layerwise = True
+
+    @classmethod
+    def probe(cls, model: Any, names: list[str], variant: str = "", *, providers: Sequence[Any] = (),
+              opt_level: str = "all") -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
+        """One session on the in-memory model (serialized, or a temporary file beyond protobuf's 2 GB)."""
+        so, what = ort_session_options(0, opt_level), "the graph with exposed tensors"
+        providers = list(providers) or list(CPU_PROVIDERS)
+        if model.ByteSize() < TWO_GB:
+            sess = ort_session(model.SerializeToString(), options=so, providers=providers, what=what)
+        else:
+            with onnx_file(model) as path:
+                sess = ort_session(path, options=so, providers=providers, what=what)
+        return lambda feeds: dict(zip(names, sess.run(names, dict(feeds))))
 
     def _load(self) -> None:
         if self.name == "ort" and not self.options.pop("allow_saturation", False):

@@ -16,16 +16,17 @@ may use any shape inside the exported range.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from xdeploy.core.deps import installed
 from xdeploy.core.errors import XDeployError, one_of
 
 from .base import Runner, RunnerInfo, validate_feeds
-from .sessions import OV_PRECISION_HINTS, ov_compile, ov_config
+from .sessions import OV_PRECISION_HINTS, onnx_file, ov_compile, ov_config
 
 _OV_TO_NAME = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
 GRAPH_FORMATS = ("auto", "onnx", "ir")  # auto: the artifact's OpenVINO IR when it carries one
@@ -35,6 +36,32 @@ class OvRunner(Runner):
     name = "ov"
     variants = tuple(OV_PRECISION_HINTS)
     reads_openvino_ir = True
+    # the hints other than the default's (f32) compute in their own precision: ov:bf16 -> "bf16"
+    variant_precisions = {v: _OV_TO_NAME[h] for v, h in OV_PRECISION_HINTS.items() if h != OV_PRECISION_HINTS[""]}
+    layerwise = True
+
+    @classmethod
+    def gaps(cls, variant: str = "") -> list[str]:
+        return [] if installed("openvino") else ["the openvino package is not installed (pip install "
+                                                 "'xdeploy[openvino]')"]
+
+    @classmethod
+    def probe(cls, model: Any, names: list[str], variant: str = "", *, providers: Sequence[Any] = (),
+              opt_level: str = "all") -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
+        """The OpenVINO CPU plugin on the same ONNX graph (read from a temporary file), compiled with the runner's
+        own options for `variant` (precision hint, latency hint)."""
+        import openvino as ov
+
+        with onnx_file(model) as path:
+            read = ov.Core().read_model(str(path))
+        compiled = ov_compile(read, ov_config(variant), what="the graph with exposed tensors")
+
+        def run(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+            res = compiled(dict(feeds))
+            by_name = {n: res[o] for o in compiled.outputs for n in o.get_names()}
+            return {n: np.asarray(by_name[n]) for n in names}
+
+        return run
 
     def _load(self) -> None:
         try:

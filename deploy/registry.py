@@ -1,7 +1,12 @@
 """Runner registry: adding a backend = one module with a Runner subclass + one line here.
 
 Entries are import paths, so optional backends (openvino, tensorrt, onnxruntime-gpu) are imported only when
-selected. A runner spec is "name" or "name:variant", e.g. "ov:bf16", "torch:bf16", "ort-trt:fp16"."""
+selected. A runner spec is "name" or "name:variant", e.g. "ov:bf16", "torch:bf16", "ort-trt:fp16".
+
+Each runner class declares what it can do (deploy/base.py: the variants computing in a precision of their own,
+those needing a GPU, whether it runs the artifact's graph or is a layerwise runtime, what this machine lacks to
+open it); code over "every runner" asks `specs` and `gaps` here, never a list of names, so a runner added here is
+listed by `xdeploy doctor`, offered to verify/layerwise.py and contract-tested (tests/test_runners.py) as it is."""
 
 from __future__ import annotations
 
@@ -76,3 +81,31 @@ def reference_outputs(artifact: Artifact, graph: str, feeds: list[dict[str, Any]
     """The reference's outputs for each of `feeds` (export/convert.py's golden probes of a foreign graph)."""
     with open_reference(artifact, graph, **options) as r:
         return [r.infer(f) for f in feeds]
+
+
+def specs(*, runs_graph: bool | None = None, layerwise: bool | None = None) -> list[str]:
+    """The distinct specs of every registered runner (registry order) with the given capabilities: its default and
+    each variant computing in a precision of its own ("ov", "ov:bf16"; an alias such as "ov:f32" is left out)."""
+    out = []
+    for name in RUNNERS:
+        cls = runner_class(name)
+        if runs_graph in (None, cls.runs_graph) and layerwise in (None, cls.layerwise):
+            out += [name, *(f"{name}:{v}" for v in cls.variant_precisions)]
+    return out
+
+
+def compute_precision(spec: str) -> str | None:
+    """The precision `spec` computes in when it is its own ("ov:bf16" -> "bf16"); None: the artifact's."""
+    _, variant = parse_spec(spec)
+    return runner_class(spec).variant_precisions.get(variant)
+
+
+def needs_gpu(spec: str) -> bool:
+    _, variant = parse_spec(spec)
+    return variant in runner_class(spec).gpu_variants
+
+
+def gaps(spec: str) -> list[str]:
+    """What this machine lacks to open `spec` ([] = nothing), without opening it or importing its backend."""
+    _, variant = check_spec(spec)
+    return runner_class(spec).gaps(variant)

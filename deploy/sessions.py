@@ -17,6 +17,9 @@ onnxruntime's optimizer, which manages its session internally).
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,7 @@ ORT_OPT_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "ex
 CPU_PROVIDERS: tuple[Any, ...] = ("CPUExecutionProvider",)
 OV_PRECISION_HINTS = {"": "f32", "f32": "f32", "bf16": "bf16"}  # ov variant -> INFERENCE_PRECISION_HINT
 OV_PERFORMANCE_HINTS = {"latency": "LATENCY", "throughput": "THROUGHPUT"}
+TWO_GB = 2**31  # protobuf's limit: a larger ONNX model is serialized with its weights as external data
 
 
 def intra_op_threads(threads: int) -> int:
@@ -73,6 +77,19 @@ def ort_session(model: str | Path | bytes, *, threads: int = 0, opt_level: str =
     except Exception as e:  # onnxruntime raises its own exception types for bad models
         name = what or ("the serialized model" if isinstance(model, bytes) else str(model))
         raise XDeployError(f"onnxruntime cannot load {name}: {str(e).splitlines()[0]}") from None
+
+
+@contextlib.contextmanager
+def onnx_file(model: Any) -> Iterator[Path]:
+    """An in-memory onnx.ModelProto saved to a temporary model.onnx (weights as external data beyond 2 GB), for
+    a runtime that reads files (OpenVINO; onnxruntime for a model too large to hand over serialized)."""
+    import onnx
+
+    with tempfile.TemporaryDirectory(prefix="xdeploy-onnx-") as d:
+        path = Path(d) / "model.onnx"
+        onnx.save_model(model, str(path), save_as_external_data=model.ByteSize() >= TWO_GB,
+                        location="model.onnx.data")
+        yield path
 
 
 # --------------------------------------------------------------------------------------- OpenVINO ----

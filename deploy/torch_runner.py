@@ -16,7 +16,7 @@ from xdeploy.models.checkpoint import load_state
 from xdeploy.models.reference import graph_outputs
 from xdeploy.models.registry import get_family
 
-from .base import Runner, RunnerInfo, validate_feeds
+from .base import Runner, RunnerInfo, cuda_gaps, validate_feeds
 
 
 def load_reference(artifact: Any) -> torch.nn.Module:
@@ -32,15 +32,23 @@ def load_reference(artifact: Any) -> torch.nn.Module:
 class TorchRunner(Runner):
     name = "torch"
     variants = ("", "fp32", "bf16", "fp16", "compile")
+    variant_precisions = {"bf16": "bf16", "fp16": "fp16"}
+    gpu_variants = ("fp16",)
+    runs_graph = False  # the PyTorch module rebuilt from the artifact's reference weights
+
+    @classmethod
+    def gaps(cls, variant: str = "") -> list[str]:
+        return cuda_gaps() if variant in cls.gpu_variants else []
 
     def _load(self) -> None:
         if self.threads:
             torch.set_num_threads(self.threads)
         self.device = torch.device("cpu")
         if self.variant == "fp16":
-            if not torch.cuda.is_available():
-                raise XDeployError(f"runner 'torch:fp16' runs on CUDA only; no CUDA device is visible to torch "
-                                   f"{torch.__version__} (use 'torch:bf16' on the CPU)")
+            missing = self.gaps(self.variant)
+            if missing:
+                raise XDeployError(f"runner 'torch:fp16' runs on CUDA only; {missing[0]}; use 'torch:bf16' on the "
+                                   "CPU")
             self.device = torch.device("cuda", 0)
         self.module = load_reference(self.artifact)
         if self.variant == "fp16":

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from xdeploy.core.deps import installed
 from xdeploy.core.errors import XDeployError
 from xdeploy.core.fsutil import atomic_write_bytes
 from xdeploy.export.artifact import Artifact
@@ -45,24 +46,26 @@ from xdeploy.export.tensorrt import (
     trtexec_command,
 )
 
-from .base import Runner, RunnerInfo, validate_feeds
+from .base import Runner, RunnerInfo, cuda_gaps, validate_feeds
+
+
+def tensorrt_gaps() -> list[str]:
+    """What the trt runner lacks here ([] = nothing), found without importing tensorrt (`xdeploy doctor`)."""
+    missing = [] if installed("tensorrt") else ["the tensorrt Python package is not installed (make gpu-env)"]
+    return missing + cuda_gaps()
 
 
 def require_tensorrt() -> tuple[Any, Any]:
     """(tensorrt, torch) with a visible CUDA device, or one XDeployError naming everything that is missing."""
-    missing = []
-    try:
-        import tensorrt as trt
-    except ImportError:
-        trt = None
-        missing.append("the tensorrt Python package is not installed (make gpu-env)")
-    import torch
-
-    if not torch.cuda.is_available():
-        build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
-        missing.append(f"no CUDA device is visible to torch {torch.__version__} ({build})")
+    missing = tensorrt_gaps()
     if missing:
         raise XDeployError("runner 'trt' needs an NVIDIA GPU with TensorRT: " + "; ".join(missing))
+    try:
+        import tensorrt as trt
+    except ImportError as e:  # installed but broken (a missing libnvinfer): its own words
+        raise XDeployError(f"runner 'trt' cannot import tensorrt: {e}") from None
+    import torch
+
     return trt, torch
 
 
@@ -359,6 +362,12 @@ OPTIONS = ("cache_dir", "workspace_mib", "device", "backend")
 class TrtRunner(Runner):
     name = "trt"
     variants = ("", "fp16")
+    variant_precisions = {"fp16": "fp16"}
+    gpu_variants = variants
+
+    @classmethod
+    def gaps(cls, variant: str = "") -> list[str]:
+        return tensorrt_gaps()
 
     def _load(self) -> None:
         unknown = set(self.options) - set(OPTIONS)

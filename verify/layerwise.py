@@ -35,7 +35,6 @@ there; exposing that tensor forces its fp16 value and would show ±inf that the 
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,13 +44,13 @@ import onnx
 
 from xdeploy.core.errors import XDeployError
 from xdeploy.deploy.metrics import compare
+from xdeploy.deploy.sessions import TWO_GB
 from xdeploy.models.spec import Tolerance
 
 FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
                onnx.TensorProto.DOUBLE}
 NP_OF_ONNX = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16,
               onnx.TensorProto.DOUBLE: np.float64}
-TWO_GB = 2**31
 
 
 @dataclass(frozen=True)
@@ -102,21 +101,30 @@ def comparable_tensors(reference: onnx.ModelProto, candidate: onnx.ModelProto) -
     return out
 
 
-RUNTIMES = ("ort", "ov", "ov:bf16")  # where the candidate runs; the reference always runs in onnxruntime
+def runtimes() -> list[str]:
+    """Where a candidate can run: the specs of every registered runner that can run a bare ONNX graph with
+    exposed tensors (its `layerwise` capability, e.g. ort, ov, ov:bf16); the reference always runs in onnxruntime."""
+    from xdeploy.deploy.registry import specs
+
+    return specs(layerwise=True)
+
+
+def _check_runtime(runtime: str) -> None:
+    if runtime not in runtimes():
+        from xdeploy.core.errors import one_of
+
+        raise one_of("layerwise runtime", runtime, runtimes())
 
 
 class _Probe:
     """Runs a model with a chosen set of tensors exposed as extra outputs (the model is restored after).
 
-    runtime "ort": onnxruntime with `providers`; "ov" / "ov:bf16": the OpenVINO CPU plugin with an f32 / bf16
-    INFERENCE_PRECISION_HINT (the `ov:bf16` runner's setting), reading the same ONNX graph."""
+    `runtime` is a layerwise runner spec (`runtimes()`): that runner's `probe` runs the graph, e.g. "ort" with
+    `providers`, "ov" / "ov:bf16" the OpenVINO CPU plugin with the runner's f32 / bf16 precision hint."""
 
     def __init__(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray], providers: list[Any],
                  opt_level: str, runtime: str = "ort") -> None:
-        from xdeploy.deploy.sessions import ort_session_options
-
-        self.model, self.providers, self.runtime = model, providers, runtime
-        self.options = ort_session_options(0, opt_level)
+        self.model, self.providers, self.opt_level, self.runtime = model, providers, opt_level, runtime
         self.outputs = {o.name for o in model.graph.output}
         self.feeds = self._adapt(feeds)
 
@@ -136,13 +144,16 @@ class _Probe:
 
     def compile(self, names: list[str]) -> Any:
         """A call that runs the model on `self.feeds` (read at call time) and returns tensors `names`."""
+        from xdeploy.deploy.registry import parse_spec, runner_class
+
         g = self.model.graph
         extra = [n for n in names if n not in self.outputs]
         n_before = len(g.output)
         # Untyped ValueInfos: the runtime infers the type, which differs between the fp32 and fp16 graphs.
         g.output.extend([onnx.ValueInfoProto(name=n) for n in extra])
         try:
-            run = self._ov(names) if self.runtime.startswith("ov") else self._ort(names)
+            probe = runner_class(self.runtime).probe(self.model, names, parse_spec(self.runtime)[1],
+                                                     providers=self.providers, opt_level=self.opt_level)
         except XDeployError:
             raise
         except Exception as e:  # onnxruntime / OpenVINO raise their own exception types
@@ -150,48 +161,14 @@ class _Probe:
                                f"{str(e).splitlines()[0]}") from None
         finally:
             del g.output[n_before:]
-        return run
-
-    def _ort(self, names: list[str]) -> Any:
-        from xdeploy.deploy.sessions import ort_session
-
-        what = "the graph with exposed tensors"
-        if self.model.ByteSize() < TWO_GB:
-            sess = ort_session(self.model.SerializeToString(), options=self.options, providers=self.providers,
-                               what=what)
-        else:
-            with tempfile.TemporaryDirectory(prefix="xdeploy-layerwise-") as d:
-                path = Path(d) / "model.onnx"
-                onnx.save_model(self.model, str(path), save_as_external_data=True, location="model.onnx.data")
-                sess = ort_session(path, options=self.options, providers=self.providers, what=what)
-        return lambda: dict(zip(names, sess.run(names, self.feeds)))
-
-    def _ov(self, names: list[str]) -> Any:
-        import openvino as ov
-
-        from xdeploy.deploy.sessions import ov_compile, ov_config
-
-        with tempfile.TemporaryDirectory(prefix="xdeploy-layerwise-") as d:
-            path = Path(d) / "model.onnx"
-            large = self.model.ByteSize() >= TWO_GB
-            onnx.save_model(self.model, str(path), save_as_external_data=large, location="model.onnx.data")
-            model = ov.Core().read_model(str(path))
-        # the ov / ov:bf16 runner's own compile options (precision hint, latency hint)
-        compiled = ov_compile(model, ov_config(self.runtime.partition(":")[2]), what="the graph with exposed tensors")
-
-        def run() -> dict[str, np.ndarray]:
-            res = compiled(self.feeds)
-            by_name = {n: res[o] for o in compiled.outputs for n in o.get_names()}
-            return {n: np.asarray(by_name[n]) for n in names}
-
-        return run
+        return lambda: probe(self.feeds)
 
 
 def tensor_values(model: onnx.ModelProto, feeds: dict[str, np.ndarray], names: list[str], *,
                   runtime: str = "ort", providers: list[Any] | None = None, opt_level: str = "all"
                   ) -> dict[str, np.ndarray]:
     """The values of tensors `names` (graph outputs or intermediates) of `model` on `feeds`, run in `runtime`
-    (ort, ov, ov:bf16): one run with them exposed as extra outputs (the model is restored after)."""
+    (one of `runtimes()`): one run with them exposed as extra outputs (the model is restored after)."""
     return tensor_values_many(model, [feeds], names, runtime=runtime, providers=providers, opt_level=opt_level)[0]
 
 
@@ -199,10 +176,7 @@ def tensor_values_many(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]
                        runtime: str = "ort", providers: list[Any] | None = None, opt_level: str = "all"
                        ) -> list[dict[str, np.ndarray]]:
     """`tensor_values` on several feeds with one session / one compiled model."""
-    if runtime not in RUNTIMES:
-        from xdeploy.core.errors import one_of
-
-        raise one_of("layerwise runtime", runtime, RUNTIMES)
+    _check_runtime(runtime)
     probe = _Probe(model, feeds[0], list(providers or ["CPUExecutionProvider"]), opt_level, runtime)
     call = probe.compile(list(dict.fromkeys(names)))
     out = []
@@ -226,10 +200,7 @@ def find_divergence(reference: onnx.ModelProto | str | Path, candidate: onnx.Mod
     cosine >= tol.cosine, and no NaN/Inf where the reference is finite. `batch` tensors are exposed per run.
     `candidate_runtime` "ov:bf16" runs the candidate in OpenVINO with bf16 compute (the `ov:bf16` runner), e.g.
     the fp32 graph itself as candidate; the reference always runs in onnxruntime."""
-    if candidate_runtime not in RUNTIMES:
-        from xdeploy.core.errors import one_of
-
-        raise one_of("layerwise runtime", candidate_runtime, RUNTIMES)
+    _check_runtime(candidate_runtime)
     if batch < 2:
         raise XDeployError(f"layerwise batch must be >= 2, got {batch}")
     ref_model, cand_model = _load(reference, "reference"), _load(candidate, "candidate")

@@ -261,14 +261,16 @@ def _layerwise(artifact: Any, g: Any, cases: list[InputCase], failed: list[tuple
                reference_onnx: Any, overrides: dict[str, dict[str, float]] | None = None) -> LayerwiseFinding:
     """Locate the first divergent node of the artifact's graph for the first failure that involves the graph.
 
-    The candidate runs where it failed when that is OpenVINO (`ov`, `ov:bf16`: same ONNX, that runtime's
-    compute), otherwise in onnxruntime on the CPU (a graph-level defect shows there too)."""
-    from xdeploy.verify.layerwise import RUNTIMES, find_divergence
+    The candidate runs where it failed when that runner is a layerwise runtime (`layerwise.runtimes()`, e.g. `ov`,
+    `ov:bf16`: same ONNX, that runtime's compute), otherwise in onnxruntime on the CPU (a graph-level defect shows
+    there too). A failure of a runner that does not run the graph (torch) is not bisected."""
+    from xdeploy.deploy.registry import runner_class
+    from xdeploy.verify.layerwise import find_divergence, runtimes
 
-    graph_failures = [(c, chk) for c, chk in failed if not chk.runner.startswith("torch")]
+    graph_failures = [(c, chk) for c, chk in failed if runner_class(chk.runner).runs_graph]
     if graph_failures:
         case, chk = graph_failures[0]
-        runtime = chk.runner if chk.runner in RUNTIMES else "ort"
+        runtime = chk.runner if chk.runner in runtimes() else "ort"
         precision, nonfinite = chk.precision, chk.comparison.nonfinite > 0
         tol = chk.tolerance  # the tolerance that failed, overrides included
     elif failed:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from xdeploy.core.deps import installed
 from xdeploy.core.errors import XDeployError
 
 
@@ -16,23 +15,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def runner_gaps() -> dict[str, list[str]]:
-    """Registered runner -> what this machine/environment lacks to open it ([] = nothing)."""
-    from xdeploy.deploy.registry import RUNNERS
-    from xdeploy.studies.gpu_check import env_gaps, machine_gaps
+    """Registered runner -> what this machine/environment lacks to open it ([] = nothing): each runner says what
+    it needs (deploy/registry.gaps); a GPU runner first needs the machine to have a GPU at all."""
+    from xdeploy.deploy.registry import RUNNERS, gaps, needs_gpu
+    from xdeploy.studies.gpu_check import machine_gaps
 
-    gpu = machine_gaps()
-    env = env_gaps()
-    wants = {"trt": ("tensorrt", "torch"), "ort-cuda": ("CUDAExecutionProvider", "onnxruntime("),
-             "ort-trt": ("TensorrtExecutionProvider", "onnxruntime(")}
-    out = {}
-    for name in RUNNERS:
-        if name in wants:
-            out[name] = gpu + [g for g in env if any(w in g for w in wants[name])]
-        elif name == "ov":
-            out[name] = [] if installed("openvino") else ["openvino is not installed"]
-        else:
-            out[name] = []
-    return out
+    machine = machine_gaps()
+    return {name: (machine if needs_gpu(name) else []) + gaps(name) for name in RUNNERS}
 
 
 def run(args: argparse.Namespace) -> int:
