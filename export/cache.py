@@ -1,33 +1,56 @@
 """The artifact cache: an export runs once per key; later calls reuse it while it still loads and verifies.
 
-Two ways in, one key (`export_key`: the model and every export option, the checkpoint's files or the preset, the
-calibration file's bytes, the library versions and the source an export runs):
+One cache, one layout, one budget. Entries live in one folder, `$XDEPLOY_CACHE/exports/` (or a study's own
+folder, `root=`), each named `<label>-<source>_<key>`: a label a person can read (model, preset or checkpoint,
+precision, options), 8 hex digits naming the exported source it was stored under, and 12 of the key
+(`export_key`: the model and every export option, the checkpoint's files or the preset, the calibration file's
+bytes, the library versions and the source an export runs). Two ways in, the same entries:
 
     from xdeploy.export.cache import cached_artifact, cached_export
-    path = cached_artifact("bert", preset="tiny", precision="int8")   # used in place: $XDEPLOY_CACHE/artifacts/...
+    path = cached_artifact("bert", preset="tiny", precision="int8")   # used in place: $XDEPLOY_CACHE/exports/...
     path = cached_artifact("bert", checkpoint="ckpt/minilm", root="artifacts/embed")  # a study's own folder
     cached_export("bert", {"preset": "tiny", "out": "artifacts/bert"}, run)   # copied out: `xdeploy export` / api
 
-`cached_artifact` (bench/suite.py, bench/scale.py, the studies) returns the cache directory itself; a damaged entry
-(it no longer loads or its sha256s do not match) is exported again. `cached_export` (api.export, `xdeploy export`,
+`cached_artifact` (bench/suite.py, bench/scale.py, the studies) returns the entry itself; a damaged entry (it no
+longer loads or its sha256s do not match) is exported again. `cached_export` (api.export, `xdeploy export`,
 `xdeploy run`) copies an entry into the caller's `--out` and verifies the copy, so the user's artifact is theirs.
+
+After every store the folder is brought under XDEPLOY_EXPORT_CACHE_BUDGET_MB (`evict`): stale entries first
+(stored under another source: every code edit changes the key, so nothing this source runs can hit them), then the
+least recently used (a hit touches its entry). An entry in use is never removed: `cached_artifact` holds a shared
+lock (flock on the entry's directory) for the rest of the process, `cached_export` while it copies, and eviction
+removes only what it can lock exclusively, renaming it aside first, so no process sees half an entry.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
-from collections.abc import Callable, Mapping
+import re
+import shutil
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from xdeploy.core.errors import XDeployError
+from xdeploy.core.fsutil import atomic_dir, clean_debris
 
 
 def cache_root() -> Path:
     """$XDEPLOY_CACHE, else ~/.cache/xdeploy: artifacts, the roofline, compiled-model caches."""
     return Path(os.environ.get("XDEPLOY_CACHE") or Path.home() / ".cache" / "xdeploy")
+
+
+def entries_root() -> Path:
+    """The artifact cache's folder (both ways in)."""
+    return cache_root() / "exports"
+
+
+# the in-place folder of versions before the one cache: its entries can never be hit again (other names), so they
+# count as stale in the default folder's budget until they are gone
+LEGACY_ROOT = "artifacts"
 
 
 def _checkpoint_key(checkpoint: str | Path) -> str:
@@ -49,9 +72,9 @@ def cached_artifact(model: str, *, preset: str | None = None, checkpoint: str | 
                     fresh: bool = False, log: Callable[[str], None] | None = None, refine: Any = None,
                     openvino_ir: bool = False) -> Path:
     """Export `model` (a preset, default its first; or a `checkpoint`) once per key under `root` (default
-    cache_root()/artifacts); later calls return the cached directory. `fresh` exports again. `refine`: the
-    measured keep-float search (verify/sensitivity.refine) for fp16/int8; `openvino_ir`: with the OpenVINO IR
-    (fp32); both part of the key."""
+    entries_root()); later calls return the cached directory, held in use for the rest of this process (never
+    evicted under it). `fresh` exports again. `refine`: the measured keep-float search
+    (verify/sensitivity.refine) for fp16/int8; `openvino_ir`: with the OpenVINO IR (fp32); both part of the key."""
     from xdeploy.export.artifact import load_artifact
     from xdeploy.export.onnx_export import DEFAULT_OPSET, export
     from xdeploy.models.registry import get_family
@@ -65,38 +88,37 @@ def cached_artifact(model: str, *, preset: str | None = None, checkpoint: str | 
     base = family.presets.get(preset) if preset else None
     # overrides equal to the preset's own values do not change the graph: share the cache entry
     overrides = {k: v for k, v in (overrides or {}).items() if getattr(base, k, object()) != v}
-    ov = "".join(f"-{k}{v}" for k, v in sorted(overrides.items()))
-    source = preset if checkpoint is None else _checkpoint_key(checkpoint)
     measured = refine is not None and precision not in ("fp32", "int8-dynamic")
-    # the key of cached_export (library versions and export source included), behind a name a person can read
-    key = export_key(model, {"preset": preset, "checkpoint": checkpoint, "precision": precision, "opset": opset,
-                             "attn_impl": attn_impl, "config_overrides": overrides or None, "measured": measured,
-                             "openvino_ir": openvino_ir})
-    assert key is not None  # every field above is keyable
-    name = (f"{model}-{source}-{precision}{'-measured' if measured else ''}{'-ir' if openvino_ir else ''}-o{opset}-"
-            f"{attn_impl or 'sdpa'}{ov}-{key.rsplit('-', 1)[1][:10]}")
-    path = Path(root) / name if root is not None else cache_root() / "artifacts" / name
-    if path.exists() and not fresh:
+    folder = Path(root) if root is not None else entries_root()
+    _mb_env("XDEPLOY_EXPORT_CACHE_BUDGET_MB", DEFAULT_BUDGET_MB)  # a bad setting: an error before any work
+    path = entry_path(folder, model, {"preset": preset, "checkpoint": checkpoint, "precision": precision,
+                                      "opset": opset, "attn_impl": attn_impl, "config_overrides": overrides or None,
+                                      "measured": measured, "openvino_ir": openvino_ir})
+    assert path is not None  # every field above is keyable
+    if not fresh and _hold(path):
         try:
             load_artifact(path)
+            _touch(path)
             return path
         except XDeployError:
             pass  # damaged cache entry: export again
     if log:
-        log(f"exporting {model} {source} {precision} opset {opset} {attn_impl or 'sdpa'}{ov} -> {path}")
+        log(f"exporting {model} {preset or 'checkpoint'} {precision} opset {opset} {attn_impl or 'sdpa'} -> {path}")
     kwargs: dict[str, Any] = {"config_overrides": dict(overrides)} if overrides else {}
-    return export(model, preset=preset, checkpoint=checkpoint, out=path, opset=opset, precision=precision,
-                  attn_impl=attn_impl, force=True, refine=refine, openvino_ir=openvino_ir, **kwargs)
+    export(model, preset=preset, checkpoint=checkpoint, out=path, opset=opset, precision=precision,
+           attn_impl=attn_impl, force=True, refine=refine, openvino_ir=openvino_ir, **kwargs)
+    _hold(path)  # the new directory: held before eviction runs, so it cannot be taken by another store either
+    evict(folder, keep=path)
+    return path
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The export cache: `xdeploy export ... --out DIR` / api.export(...) a second time with the same inputs copies the
-# first result instead of running torch again. Checked before torch is imported (api.export imports the exporter
-# only on a miss). The key is a sha256 over everything the artifact depends on: the model and every export option,
-# the checkpoint's files (names, sizes, modification times) or the preset, the calibration file's bytes, the
-# versions of the libraries that write or measure the graphs, and the source of models/, export/, verify/ (the
-# measured AMP / int8 sensitivity search), core/ and deploy/tokenizer_graph.py. Inputs that cannot be keyed
-# (in-memory calibration data or AMP feeds, a custom tokenizer-graph builder) bypass the cache.
+# The key: a sha256 over everything the artifact depends on: the model and every export option, the checkpoint's
+# files (names, sizes, modification times) or the preset, the calibration file's bytes, the versions of the
+# libraries that write or measure the graphs, and the source of models/, export/, verify/ (the measured AMP / int8
+# sensitivity search), core/ and deploy/tokenizer_graph.py. Checked before torch is imported (api.export imports
+# the exporter only on a miss). Inputs that cannot be keyed (in-memory calibration data or AMP feeds, a custom
+# tokenizer-graph builder) bypass the cache.
 
 # libraries whose version changes the exported bytes or the measured keep-float choices
 EXPORT_LIBRARIES = ("torch", "onnx", "onnxscript", "onnxruntime", "onnxruntime-extensions", "openvino", "numpy",
@@ -139,9 +161,8 @@ def _file_digest(path: str | Path) -> str:
     return sha256_file(p)
 
 
-def export_key(model: str, options: Mapping[str, Any]) -> str | None:
-    """The export cache key of `api.export(model, **options)` (plus `measured`), or None when an option cannot be
-    keyed honestly (then the export runs and nothing is cached). `out` and `force` are not part of it."""
+def _key_digest(model: str, options: Mapping[str, Any], source: str) -> str | None:
+    """The sha256 behind export_key, for the export `source` (export_source_hash())."""
     import dataclasses
     import json
     import sys
@@ -171,38 +192,79 @@ def export_key(model: str, options: Mapping[str, Any]) -> str | None:
             return None
     fields["libraries"] = _library_versions()
     fields["python"] = sys.version.split()[0]
-    fields["source"] = export_source_hash()
+    fields["source"] = source
     try:
         blob = json.dumps(fields, sort_keys=True, allow_nan=False)
     except (TypeError, ValueError):
         return None
-    return f"{model}-{hashlib.sha256(blob.encode()).hexdigest()[:24]}"
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def export_key(model: str, options: Mapping[str, Any]) -> str | None:
+    """The cache key of `api.export(model, **options)` (plus `measured`), or None when an option cannot be keyed
+    honestly (then the export runs and nothing is cached). `out` and `force` are not part of it."""
+    digest = _key_digest(model, options, export_source_hash())
+    return None if digest is None else f"{model}-{digest[:24]}"
+
+
+def _source_tag(source: str) -> str:
+    # hashed again so any source string (a test's stand-in included) names entries with 8 hex digits
+    return hashlib.sha256(source.encode()).hexdigest()[:8]
+
+
+# `<label>-<source tag>_<key>`: what eviction recognises as an entry (a study's folder may hold other things,
+# e.g. the checkpoints it exports from)
+_ENTRY = re.compile(r"-(?P<source>[0-9a-f]{8})_[0-9a-f]{12}$")
+# names of versions before the one cache: `<model>-<24 hex>` (the copy cache), `<label>-<10 hex>` (the in-place one)
+_OLD_ENTRY = re.compile(r"-([0-9a-f]{24}|[0-9a-f]{10})$")
+
+
+def _label(model: str, options: Mapping[str, Any]) -> str:
+    """The readable part of an entry's name (the key after it decides what matches)."""
+    checkpoint, precision = options.get("checkpoint"), options.get("precision") or "fp32"
+    parts = [model, _checkpoint_key(checkpoint) if checkpoint is not None else options.get("preset") or "default",
+             precision + ("-measured" if options.get("measured") and precision not in ("fp32", "int8-dynamic")
+                          else "") + ("-ir" if options.get("openvino_ir") else "")]
+    if options.get("opset"):
+        parts.append(f"o{options['opset']}")
+    parts.append(str(options.get("attn_impl") or "sdpa"))
+    overrides = options.get("config_overrides")
+    parts += [f"{k}{v}" for k, v in sorted(overrides.items())] if isinstance(overrides, Mapping) else []
+    return re.sub(r"[^\w.+=-]", "", "-".join(map(str, parts)))[:120]  # one path component, whatever the values
+
+
+def entry_path(root: Path, model: str, options: Mapping[str, Any]) -> Path | None:
+    """The entry `options` (as export_key takes them) are stored under in `root`; None when they cannot be keyed."""
+    source = export_source_hash()
+    digest = _key_digest(model, options, source)
+    if digest is None:
+        return None
+    return Path(root) / f"{_label(model, options)}-{_source_tag(source)}_{digest[:12]}"
 
 
 def cached_export(model: str, options: Mapping[str, Any], run: Callable[[], Path], *, fresh: bool = False,
                   log: Callable[[str], None] | None = None) -> Path:
-    """`run()` (the export into options["out"]) unless the export cache holds the same key: then that entry is
-    copied into `out` (atomically, core/fsutil.atomic_dir; an existing `out` is refused without force, as the
-    export does) and the copy's manifest and every sha256 are verified before it is renamed into place. A miss,
-    a damaged entry or `fresh` runs the export and (re)stores its result in $XDEPLOY_CACHE/exports/."""
-    import shutil
-
-    from xdeploy.core.fsutil import atomic_dir
+    """`run()` (the export into options["out"]) unless the cache holds the same key: then that entry is copied
+    into `out` (atomically, core/fsutil.atomic_dir; an existing `out` is refused without force, as the export does)
+    and the copy's manifest and every sha256 are verified before it is renamed into place. A miss, a damaged entry
+    or `fresh` runs the export and (re)stores a copy of its result in entries_root()."""
     from xdeploy.export.artifact import load_artifact
 
-    key = export_key(model, options) if options.get("out") is not None else None
-    if key is None:
+    entry = entry_path(entries_root(), model, options) if options.get("out") is not None else None
+    if entry is None:
         return run()
-    out, entry = Path(options["out"]), cache_root() / "exports" / key
+    out = Path(options["out"])
     limit = _mb_env("XDEPLOY_EXPORT_CACHE_MAX_MB", DEFAULT_ENTRY_MB)  # a bad setting: an error before any work
     _mb_env("XDEPLOY_EXPORT_CACHE_BUDGET_MB", DEFAULT_BUDGET_MB)
     if entry.is_dir() and not fresh:
         try:
-            with atomic_dir(out, force=bool(options.get("force"))) as tmp:
-                shutil.copytree(entry, tmp, dirs_exist_ok=True)
-                load_artifact(tmp)  # manifest schema and every file's sha256: a damaged entry never lands
-            with contextlib.suppress(OSError):
-                os.utime(entry)  # recently used: the last to be evicted
+            with _leased(entry) as held:
+                if not held:
+                    raise XDeployError("evicted while it was looked up")
+                with atomic_dir(out, force=bool(options.get("force"))) as tmp:
+                    shutil.copytree(entry, tmp, dirs_exist_ok=True)
+                    load_artifact(tmp)  # manifest schema and every file's sha256: a damaged entry never lands
+                _touch(entry)
             if log:
                 log(f"export cache: {entry} reused (same model, options, libraries and xdeploy source; "
                     "--fresh exports again)")
@@ -222,16 +284,17 @@ def cached_export(model: str, options: Mapping[str, Any], run: Callable[[], Path
     try:  # a cache that cannot be written costs the next export its reuse, never this one its result
         with atomic_dir(entry, force=True) as tmp:
             shutil.copytree(path, tmp, dirs_exist_ok=True)
-        evict_exports(keep=entry)
+        evict(entries_root(), keep=entry)
     except (XDeployError, OSError) as e:
         if log:
             log(f"export cache: not stored ({e})")
     return path
 
 
-# Size policy of the export cache: entries are full copies, so only small exports are kept (tiny and small
-# presets: what tests, docs and quick runs repeat), and the folder is held under a budget, least recently used
-# first out (a hit touches its entry).
+# Size policy: one budget over the folder, XDEPLOY_EXPORT_CACHE_BUDGET_MB, stale entries first, then least recently
+# used. Copies (cached_export) are stored only up to XDEPLOY_EXPORT_CACHE_MAX_MB (tiny and small presets: what
+# tests, docs and quick runs repeat): a copy of a base-preset export costs more disk than re-exporting saves. An
+# in-place entry (cached_artifact) is the artifact its caller uses, so it is stored whatever its size.
 DEFAULT_ENTRY_MB = 256.0
 DEFAULT_BUDGET_MB = 2048.0
 
@@ -251,25 +314,114 @@ def _dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
-def evict_exports(keep: Path | None = None) -> list[Path]:
-    """Remove the least recently used export-cache entries until the folder fits XDEPLOY_EXPORT_CACHE_BUDGET_MB
-    (default 2048); `keep` (the entry just stored) is never removed. Returns the removed entries."""
-    import shutil
+def _touch(entry: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.utime(entry)  # recently used: the last to be evicted
 
-    root = cache_root() / "exports"
-    if not root.is_dir():
-        return []
+
+# ------------------------------------------------------------------------------------------- in use ----
+# A shared flock on an entry's directory says "in use"; eviction takes it exclusively (non-blocking) or passes the
+# entry by. flock locks belong to the open file, so they end with the process, however it ends, and a lock this
+# process holds also stops its own eviction (another open of the same directory conflicts).
+
+_HELD: dict[Path, int] = {}  # entries this process uses in place -> the descriptor holding their shared lock
+
+
+def _lock(entry: Path, mode: int) -> int | None:
+    """A descriptor of `entry` locked in `mode`, or None when it is missing, locked against `mode`
+    (LOCK_NB), or was replaced or moved away while the lock was awaited."""
+    try:
+        fd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, mode)
+        st, now = os.fstat(fd), os.stat(entry)
+        if (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino):
+            return fd
+    except OSError:  # BlockingIOError: in use; FileNotFoundError: evicted meanwhile
+        pass
+    os.close(fd)
+    return None
+
+
+def _hold(entry: Path) -> bool:
+    """Hold `entry` in use for the rest of this process (cached_artifact hands out the directory itself)."""
+    fd = _lock(entry, fcntl.LOCK_SH)  # waits only while an eviction moves the entry aside
+    old = _HELD.pop(entry, None)
+    if old is not None:
+        os.close(old)  # an earlier directory under this name (replaced since)
+    if fd is not None:
+        _HELD[entry] = fd
+    return fd is not None
+
+
+@contextlib.contextmanager
+def _leased(entry: Path) -> Iterator[bool]:
+    """`entry` in use for the block (a copy out of it); yields False when it is gone."""
+    fd = _lock(entry, fcntl.LOCK_SH)
+    try:
+        yield fd is not None
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _remove(entry: Path) -> bool:
+    """Remove `entry` unless something uses it: renamed aside under its exclusive lock (a reader sees the whole
+    entry or none), then deleted. The aside name is fsutil's temporary one, so debris of a killed eviction is
+    cleaned like any other (clean_debris)."""
+    fd = _lock(entry, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    if fd is None:
+        return False
+    try:
+        aside = entry.with_name(f".{entry.name}.tmp-{os.getpid()}-evicted")
+        os.replace(entry, aside)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    shutil.rmtree(aside, ignore_errors=True)
+    return True
+
+
+def _entries(root: Path, source: str) -> list[tuple[bool, float, int, Path]]:
+    """(stale, last use, bytes, path) of the entries in `root` (and, for the default folder, the old in-place
+    folder's, all stale)."""
+    folders = [(root, False)]
+    if root.resolve() == entries_root().resolve():
+        folders.append((cache_root() / LEGACY_ROOT, True))
+    out = []
+    for folder, legacy in folders:
+        with contextlib.suppress(OSError):
+            for p in folder.iterdir():
+                if p.name.startswith(".") or not p.is_dir():
+                    continue
+                m = None if legacy else _ENTRY.search(p.name)
+                if m is None and not (_OLD_ENTRY.search(p.name) and (p / "manifest.json").is_file()):
+                    continue  # not a cache entry
+                with contextlib.suppress(OSError):  # removed meanwhile
+                    out.append((m is None or m.group("source") != source, p.stat().st_mtime, _dir_bytes(p), p))
+    return out
+
+
+def evict(root: str | Path | None = None, *, keep: Path | None = None) -> list[Path]:
+    """Bring the cache folder `root` (default entries_root()) under XDEPLOY_EXPORT_CACHE_BUDGET_MB (default 2048):
+    stale entries (stored under another export source) first, then the least recently used; `keep` (the entry just
+    stored) and entries in use (by any process) stay. Returns the removed entries."""
+    root = Path(root) if root is not None else entries_root()
     budget = _mb_env("XDEPLOY_EXPORT_CACHE_BUDGET_MB", DEFAULT_BUDGET_MB)
-    entries = sorted((p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")),
-                     key=lambda p: p.stat().st_mtime)  # oldest use first
-    sizes = {p: _dir_bytes(p) for p in entries}
-    total, removed = sum(sizes.values()), []
-    for p in entries:
+    with contextlib.suppress(OSError):  # what killed evictions and writers left behind
+        for name in {m.group(1) for p in root.iterdir() if (m := re.match(r"^\.(.+)\.(tmp|old)-\d+", p.name))}:
+            clean_debris(root / name)
+    entries = sorted(_entries(root, _source_tag(export_source_hash())), key=lambda e: (not e[0], e[1]))
+    total, removed = sum(e[2] for e in entries), []
+    for _, _, size, p in entries:
         if total <= budget:
             break
         if keep is not None and p.resolve() == Path(keep).resolve():
             continue
-        shutil.rmtree(p, ignore_errors=True)
-        total -= sizes[p]
-        removed.append(p)
+        if _remove(p):
+            total -= size
+            removed.append(p)
     return removed

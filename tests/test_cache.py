@@ -187,6 +187,72 @@ def test_export_cache_keeps_only_small_entries_within_its_budget(tmp_path, monke
         cached("d", 4)
 
 
+def test_stale_entries_go_first_and_a_source_edit_leaves_nothing_behind(tmp_path, monkeypatch, tiny_export):
+    """One folder, one budget: after a source edit the entries stored under the old source hash are the first to
+    go (before a more recently used current one), as are entries named by versions before the one cache."""
+    import os
+    import shutil
+
+    import xdeploy.export.cache as cache
+
+    monkeypatch.setenv("XDEPLOY_CACHE", str(tmp_path / "cache"))
+    model = _first_model()
+    src = tiny_export(model)
+    root = tmp_path / "cache" / "exports"
+    legacy = root / f"{model}-{'0' * 24}"  # the copy cache's old layout: can never be hit again
+    shutil.copytree(src, legacy)
+
+    def cached(name, seed):
+        out = tmp_path / name
+        return cache.cached_export(model, {"preset": "tiny", "seed": seed, "out": out, "force": True},
+                                   lambda: Path(shutil.copytree(src, out)))
+
+    cached("a", 1)
+    [old] = set(root.iterdir()) - {legacy}
+    monkeypatch.setattr(cache, "export_source_hash", lambda: "edited exporter")
+    cached("a2", 1)  # the same export after the edit: a new entry beside the old one
+    [new] = set(root.iterdir()) - {legacy, old}
+    assert old.name.rsplit("_", 1)[0] != new.name.rsplit("_", 1)[0] and legacy.is_dir()  # a different source tag
+    os.utime(new, (1, 1)), os.utime(old, (2, 2)), os.utime(legacy, (3, 3))  # the stale ones: most recently used
+    monkeypatch.setenv("XDEPLOY_EXPORT_CACHE_BUDGET_MB", str(2.5 * cache._dir_bytes(src) / 2**20))  # room for two
+    cached("b", 2)  # a second current entry: over budget, the stale ones go, the current ones stay
+    assert not legacy.exists() and not old.exists() and new.is_dir() and len(list(root.iterdir())) == 2
+
+
+def test_entries_in_use_are_never_evicted(tmp_path, monkeypatch, tiny_export):
+    """cached_artifact hands out the entry itself, so it holds it in use for the rest of the process: eviction in
+    this process or another passes it by (budget 0 here) and removes it once nothing uses it."""
+    import shutil
+    import subprocess
+    import sys
+
+    import xdeploy.export.cache as cache
+    from xdeploy.export import onnx_export
+
+    model = _first_model()
+    src = tiny_export(model)
+    monkeypatch.setattr(onnx_export, "export", lambda *a, out, **k: Path(shutil.copytree(src, out,
+                                                                                      dirs_exist_ok=True)))
+    monkeypatch.setenv("XDEPLOY_EXPORT_CACHE_BUDGET_MB", "0")
+    root = tmp_path / "r"
+    (root / "hf-checkpoint").mkdir(parents=True)  # not an entry: a study keeps its checkpoints beside them
+    a = cached_artifact(model, preset="tiny", root=root)
+    monkeypatch.setattr(cache, "export_source_hash", lambda: "edited exporter")
+    b = cached_artifact(model, preset="tiny", root=root)
+    assert a != b and a.is_dir() and b.is_dir() and cache.evict(root) == []  # stale, over budget, but in use
+    os.close(cache._HELD.pop(a))  # this process is done with it
+    code = (f"import sys; from pathlib import Path; from xdeploy.export.cache import _hold; "
+            f"assert _hold(Path({str(a)!r})); print('held', flush=True); sys.stdin.read()")
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "held"
+        assert cache.evict(root) == [] and a.is_dir()  # another process uses it
+    finally:
+        child.communicate("", timeout=60)
+    assert cache.evict(root) == [a] and not a.exists() and b.is_dir() and (root / "hf-checkpoint").is_dir()
+    assert not any(p.name.startswith(".") for p in root.iterdir())  # moved aside, then removed
+
+
 def test_export_key_holds_every_input(tmp_path):
     """Each input that changes the artifact changes the key; what cannot be keyed bypasses the cache."""
     import shutil
