@@ -181,8 +181,12 @@ def allocate(probe: Probe, nbytes: int, keep: bool = True) -> int:
 #   peak ≈ runtime + WEIGHT_COPIES · fp32 weights + ACTIVATION_FACTOR · (per-layer activations + scores + outputs)
 #
 #   per-layer activations = B·T·(4d + d_ff)·4 bytes   (hidden states, q/k/v, the feed-forward intermediate)
-#   scores                = 2·B·h·T·S·4 bytes         (scores and softmax probabilities, where the lowering
-#                                                       materializes them; S = T, or the source length)
+#   scores                = 2·B·h·T²·4 bytes          (scores and softmax probabilities, where the lowering
+#                                                       materializes them)
+#
+# with d, d_ff, h as the model's family declares them (models/spec.py Dims) and T the longest of its declared token
+# axes (models/spec.py token_axes: an encoder-decoder's source or target length), or the token count its config
+# fixes.
 #   outputs               = the graph outputs' elements at these sizes · 4 bytes
 #
 # Calibration (reports/reference, 60 latency records of bert base / gpt small / vit base16 on torch, ort, ov at
@@ -268,22 +272,22 @@ def room_for_two_more(cost: float, limit: float | None = None) -> bool:
     return available_memory(limit) >= 2.0 * cost + GiB
 
 
-def _layers_and_dims(cfg: Any) -> tuple[int, int, int]:
-    d = int(cfg.d_model)
-    return d, int(getattr(cfg, "d_ff", 4 * d)), int(cfg.n_heads)
-
-
 def estimate_peak(cfg: Any, sizes: Mapping[str, int], *, weights_fp32_bytes: float, output_elems: float = 0.0,
                   materialized: bool = True, weight_copies: float = WEIGHT_COPIES, extra_bytes: float = 0.0
                   ) -> MemoryEstimate:
-    """Peak estimate of one forward of a model with config `cfg` at axis `sizes` (batch, seq/src_seq; ViT:
-    the config's token count). `output_elems`: elements of all graph outputs at these sizes."""
-    d, d_ff, h = _layers_and_dims(cfg)
+    """Peak estimate of one forward of a model with config `cfg` (a registered family's: it declares the sizes)
+    at axis `sizes`: the batch and the model's token axes (models/spec.py token_axes; other keys are ignored,
+    none given: the token count the config fixes, else 1). `output_elems`: elements of all graph outputs there."""
+    from xdeploy.models.registry import family_of
+    from xdeploy.models.spec import token_axes
+
+    family = family_of(cfg)
+    dims = family.dims(cfg)
     b = int(sizes.get("batch", 1))
-    t = int(sizes.get("seq") or 0) or int(getattr(cfg, "n_tokens", 0) or sizes.get("src_seq") or 1)
-    s = max(t, int(sizes.get("src_seq") or 0))
-    act = b * t * (4 * d + d_ff) * 4.0 + output_elems * 4.0
-    scores = 2.0 * b * h * t * s * 4.0 if materialized else 0.0
+    # an encoder-decoder's source and target may differ in length: the longer bounds both stacks' activations
+    t = max((int(sizes.get(a) or 0) for a in token_axes(family.capabilities)), default=0) or dims.fixed_tokens or 1
+    act = b * t * (4 * dims.width + dims.ffn) * 4.0 + output_elems * 4.0
+    scores = 2.0 * b * dims.heads * t * t * 4.0 if materialized else 0.0
     return MemoryEstimate(runtime_bytes=RUNTIME_BYTES, weights_bytes=weight_copies * weights_fp32_bytes,
                           activations_bytes=ACTIVATION_FACTOR * act, scores_bytes=ACTIVATION_FACTOR * scores,
                           extra_bytes=float(extra_bytes))

@@ -17,7 +17,8 @@ moves from 1 towards 2 above T*. The sweep measures, per runner and attention lo
 latency (p50) and peak memory per T, each (lowering, T) in its own child process (bench/memory.py), within a
 time budget; the log-log slope fitted over the upper range of T; and onnxruntime's profiler's per-op time
 shares (attention, matmul, normalization, other) at one T. Scaling runs need T beyond the presets'
-max_positions: the config is overridden (`config_overrides={"max_positions": T_max}`), presets are untouched.
+max_positions: the field the family declares for it (models/spec.py `Dims.positions_field`) is overridden
+(`config_overrides={"max_positions": T_max}`), presets are untouched.
 
 ViT: T is fixed by the image and patch size, N = (R/p)² + 1. Measured for a few patch sizes; the table beside
 it shows the end point: attending over raw pixels (p = 1) of an R×R image needs (R²)² = R⁴ score entries per
@@ -41,6 +42,7 @@ from xdeploy.core.errors import XDeployError, one_of
 from xdeploy.core.fingerprint import fingerprint
 from xdeploy.core.records import make_record
 from xdeploy.export.cache import cached_artifact
+from xdeploy.models.spec import token_sizes
 
 from .memory import Probe, run_isolated
 from .suite import BenchJob, _mem_dict, run_job
@@ -213,25 +215,18 @@ def vit_table(image: int = 224, d: int = 768, heads: int = 12, patches: Sequence
 
 # ------------------------------------------------------------------------------------------ the sweep ----
 
-def token_axes(spec: Any) -> list[str]:
-    """The dynamic axes of graph "model"'s inputs other than the batch: all set to T by the sweep (an
-    encoder-decoder's source and target length alike; none for a model whose config fixes its tokens)."""
-    return sorted({d for t in spec.graph("model").inputs for d in t.dims[1:] if isinstance(d, str)} - {"batch"})
-
-
 def _scale_record(model: str, lowering: str, t: int, batch: int, cfg: Any, result: dict[str, Any], mem: Any,
                   patch: int | None = None, note: str | None = None) -> dict[str, Any]:
     from xdeploy.models.registry import get_family
 
-    d, h = cfg.d_model, cfg.n_heads
-    layers = getattr(cfg, "n_layers", None) or getattr(cfg, "n_encoder_layers", 0) + getattr(cfg, "n_decoder_layers", 0)
-    an = analytic(d, cfg.d_ff, h, layers, t, batch)
-    # the model's own analytic FLOPs (embeddings, LM head, cross-attention included); the attention part and
-    # the score memory from the per-layer formula above
     family = get_family(model)
-    # every token axis of the model at T (none for a model whose tokens its config fixes)
-    sizes = {"batch": batch} | dict.fromkeys(token_axes(family.spec(cfg)), t)
-    flops = float(family.flops(cfg, sizes))
+    dims = family.dims(cfg)
+    d, h, layers = dims.width, dims.heads, dims.layers
+    an = analytic(d, dims.ffn, h, layers, t, batch)
+    # the model's own analytic FLOPs (embeddings, LM head, cross-attention included) with every token axis at T
+    # (none for a model whose tokens its config fixes); the attention part and the score memory from the
+    # per-layer formula above
+    flops = float(family.flops(cfg, token_sizes(family.capabilities, batch, t)))
     st = result["stats"]
     lat = {k: st[k] for k in ("p50", "p90", "p99", "mean", "std", "min", "max")}
     return make_record("scale", result["fingerprint"], model=model, runner=lowering.split("-")[0],
@@ -239,6 +234,28 @@ def _scale_record(model: str, lowering: str, t: int, batch: int, cfg: Any, resul
                        latency_s=lat, iterations=int(st["n"]), memory=_mem_dict(mem) if mem else None,
                        flops=flops, attn_flops=an["attn_flops"], score_bytes=an["score_bytes"],
                        achieved_flops=flops / st["p50"], patch_size=patch, note=note)
+
+
+def sweep_overrides(model: str, preset: str, max_t: int, layers: int | None = None) -> dict[str, Any]:
+    """The config fields the sweep overrides, as the family declares them (models/spec.py Dims): the positions
+    bound grown to `max_t` (never shrunk), the layer count(s) set to `layers` (None: the preset's)."""
+    from xdeploy.models.registry import get_config, get_family
+
+    family = get_family(model)
+    base = get_config(model, preset)
+    dims = family.dims(base)
+    field = dims.positions_field
+    if family.capabilities.token_axis is None or field is None:
+        sweep = family.config_sweep
+        raise XDeployError(f"model {model!r} has no token axis to scale: its config fixes the tokens"
+                           + (f" (its {sweep.field} sweep runs beside a model with a token axis: --vit-patches)"
+                              if sweep else ""))
+    overrides: dict[str, Any] = {field: max(max_t, int(getattr(base, field)))}
+    if layers is not None:
+        if not dims.layer_fields:
+            raise XDeployError(f"--layers is not supported for {model!r}: it declares no layer fields")
+        overrides |= dict.fromkeys(dims.layer_fields, layers)
+    return overrides
 
 
 def run_scale(model: str | None = None, *, preset: str | None = None, lowerings: Sequence[str] = DEFAULT_LOWERINGS,
@@ -272,18 +289,7 @@ def run_scale(model: str | None = None, *, preset: str | None = None, lowerings:
     for name in lowerings:
         if name not in LOWERINGS:
             raise one_of("lowering", name, LOWERINGS)
-    base = get_config(model, preset)
-    if family.capabilities.token_axis is None or not hasattr(base, "max_positions"):
-        sweep = family.config_sweep
-        raise XDeployError(f"model {model!r} has no token axis to scale: its config fixes the tokens"
-                           + (f" (its {sweep.field} sweep runs beside a model with a token axis: --vit-patches)"
-                              if sweep else ""))
-    overrides: dict[str, Any] = {"max_positions": max(max_t, base.max_positions)}
-    if layers is not None:
-        keys = [k for k in ("n_layers", "n_encoder_layers", "n_decoder_layers") if hasattr(base, k)]
-        if not keys:
-            raise XDeployError(f"--layers is not supported for {model!r}")
-        overrides |= dict.fromkeys(keys, layers)
+    overrides = sweep_overrides(model, preset, max_t, layers)
     cfg = get_config(model, preset, **overrides)
     ts = t_values(max_t)
     per_lowering = budget / max(1, len(lowerings))
@@ -301,7 +307,7 @@ def run_scale(model: str | None = None, *, preset: str | None = None, lowerings:
                 if log:
                     log(f"  {name}: stopping before T={t} (budget {per_lowering:.0f} s for this lowering)")
                 break
-            sizes = {"batch": batch} | dict.fromkeys(token_axes(art.spec), t)
+            sizes = token_sizes(art.capabilities, batch, t)
             job = BenchJob(runner=low.runner, artifact=str(art.path), sizes=tuple(sizes.items()), threads=threads,
                            warmup=1, min_iters=2, max_iters=20, max_seconds=max(0.5, per_lowering / len(ts) / 2))
             try:
@@ -323,7 +329,7 @@ def run_scale(model: str | None = None, *, preset: str | None = None, lowerings:
             done = [r["T"] for r in records if r["lowering"] == name]
             pt = profile_t if profile_t in done else (max(t for t in done if t <= 2048) if done else None)
             if pt:
-                sizes = {"batch": batch} | dict.fromkeys(token_axes(art.spec), pt)
+                sizes = token_sizes(art.capabilities, batch, pt)
                 prof = ort_op_profile(art, sizes, threads=threads, runs=2)
                 records.append(make_record("profile", fingerprint(), model=model, runner="ort", lowering=name,
                                            T=pt, batch=batch, shares=prof["shares"], op_times_s=prof["op_times_s"],

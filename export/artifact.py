@@ -159,7 +159,7 @@ def parse_config(model: str, config: Mapping[str, Any], mpath: Path) -> Any:
         family = get_family(model)
     except XDeployError as e:
         raise XDeployError(f"invalid manifest {mpath}: {e}") from None
-    cfg_cls = type(next(iter(family.presets.values())))
+    cfg_cls = family.config_type
     fields = {f.name for f in dataclasses.fields(cfg_cls)}
     _need(set(config) <= fields, mpath,
           f"config has fields a {model} config does not know: {sorted(set(config) - fields)}")

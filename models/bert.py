@@ -15,7 +15,18 @@ from torch import nn
 
 from .attention import padding_bias
 from .layers import Layer
-from .spec import Axis, Capabilities, ExportSpec, Graph, HFImport, ModelFamily, TensorSpec, TextFeeds, layer_flops
+from .spec import (
+    Axis,
+    Capabilities,
+    Dims,
+    ExportSpec,
+    Graph,
+    HFImport,
+    ModelFamily,
+    TensorSpec,
+    TextFeeds,
+    layer_flops,
+)
 
 
 @dataclass(frozen=True)
@@ -64,6 +75,11 @@ class Bert(nn.Module):
         for layer in self.layers:
             x, _ = layer(x, bias)
         return x, torch.tanh(self.pooler(x[:, 0]))
+
+
+def dims(cfg: BertConfig) -> Dims:
+    return Dims(layers=cfg.n_layers, width=cfg.d_model, heads=cfg.n_heads, ffn=cfg.d_ff, layer_fields=("n_layers",),
+                positions_field="max_positions")
 
 
 def export_spec(cfg: BertConfig) -> ExportSpec:
@@ -130,7 +146,7 @@ def state_dict_from_hf(tensors: Mapping[str, torch.Tensor], cfg: BertConfig) -> 
 
 FAMILY = ModelFamily(
     name="bert", description="BERT encoder (post-LN) with pooler; MiniLM and BERT-base shapes",
-    presets=PRESETS, build=Bert, spec=export_spec, flops=flops,
+    presets=PRESETS, build=Bert, spec=export_spec, flops=flops, dims=dims,
     capabilities=Capabilities(role="encoder", token_axis="seq", text=TextFeeds(), optimizer="bert"),
     quick_preset="minilm", full_preset="base",
     hf=HFImport(model_types=("bert",), config=config_from_hf, state_dict=state_dict_from_hf),

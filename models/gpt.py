@@ -18,7 +18,18 @@ from torch import nn
 
 from .attention import causal_bias, padding_bias
 from .layers import Layer, positions_from_mask, stack_kv
-from .spec import Axis, Capabilities, DecoderFeeds, ExportSpec, Graph, HFImport, ModelFamily, TensorSpec, layer_flops
+from .spec import (
+    Axis,
+    Capabilities,
+    DecoderFeeds,
+    Dims,
+    ExportSpec,
+    Graph,
+    HFImport,
+    ModelFamily,
+    TensorSpec,
+    layer_flops,
+)
 
 
 @dataclass(frozen=True)
@@ -93,6 +104,12 @@ class GPT(nn.Module):
         return self._logits(x), stack_kv(kvs)
 
 
+def dims(cfg: GPTConfig) -> Dims:
+    # every layer caches keys and values of width d (n_heads x head size)
+    return Dims(layers=cfg.n_layers, width=cfg.d_model, heads=cfg.n_heads, ffn=cfg.d_ff, kv_layers=cfg.n_layers,
+                kv_width=cfg.d_model, layer_fields=("n_layers",), positions_field="max_positions")
+
+
 def export_spec(cfg: GPTConfig) -> ExportSpec:
     hs = cfg.d_model // cfg.n_heads
     kv = lambda t: (cfg.n_layers, 2, "batch", cfg.n_heads, t, hs)  # noqa: E731
@@ -164,7 +181,7 @@ def state_dict_from_hf(tensors: Mapping[str, torch.Tensor], cfg: GPTConfig) -> d
 
 FAMILY = ModelFamily(
     name="gpt", description="GPT-2 decoder (pre-LN, tied LM head) with KV-cache decode graph",
-    presets=PRESETS, build=GPT, spec=export_spec, flops=flops,
+    presets=PRESETS, build=GPT, spec=export_spec, flops=flops, dims=dims,
     capabilities=Capabilities(
         role="decoder", token_axis="seq", optimizer="gpt2",
         decoding=DecoderFeeds(prompt_ids="input_ids", prompt_mask="attention_mask", step_ids="input_ids",

@@ -23,7 +23,7 @@ from xdeploy.core.errors import XDeployError, one_of
 
 from . import bert, gpt, transformer, vit
 from .attention import ATTENTION_IMPLS
-from .spec import ModelFamily
+from .spec import Dims, ModelFamily
 
 MODELS: dict[str, ModelFamily] = {
     f.name: f for f in (bert.FAMILY, gpt.FAMILY, vit.FAMILY, transformer.FAMILY)
@@ -37,6 +37,19 @@ def get_family(name: str) -> ModelFamily:
     if name not in MODELS:
         raise one_of("model", name, MODELS)
     return MODELS[name]
+
+
+def family_of(cfg: Any) -> ModelFamily:
+    """The registered family whose configs are of `cfg`'s class (an artifact's or a preset's config)."""
+    for f in MODELS.values():
+        if type(cfg) is f.config_type:
+            return f
+    raise XDeployError(f"no registered model family has configs of type {type(cfg).__name__}")
+
+
+def dims(cfg: Any) -> Dims:
+    """The sizes `cfg`'s family declares for it (layers, width, heads, KV cache): what estimates read."""
+    return family_of(cfg).dims(cfg)
 
 
 def families(*, role: str | None = None, generates: bool | None = None, token_axis: bool | None = None

@@ -139,10 +139,12 @@ class Capabilities:
     ("capabilities"), so runtime code (generation, the Embedder) reads it without the torch model registry.
 
     token_axis: the axis that counts tokens in graph "model" (None: fixed by the config, e.g. ViT's patches);
+    source_axis: an encoder-decoder's source length in graph "model" (token_axis is then the target's);
     optimizer: onnxruntime.transformers optimizer model_type for `export --optimize` (None: not supported)."""
 
     role: str = "encoder"
     token_axis: str | None = "seq"
+    source_axis: str | None = None
     text: TextFeeds | None = None
     decoding: DecoderFeeds | None = None
     optimizer: str | None = None
@@ -150,6 +152,10 @@ class Capabilities:
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"role {self.role!r}; expected one of {ROLES}")
+        if self.text is not None and self.token_axis is None:  # the Embedder's max_length is that axis's
+            raise ValueError("text feeds need a token axis (the axis the tokenizer's max_length bounds)")
+        if self.source_axis is not None and self.token_axis in (None, self.source_axis):
+            raise ValueError("a source axis is declared beside a token axis of another name")
         if (self.decoding is not None) != (self.role != "encoder"):
             raise ValueError(f"role {self.role!r}: decoding feeds are declared by the decoder roles and only by them")
         d = self.decoding
@@ -181,11 +187,12 @@ class Capabilities:
         known = {f.name for f in dataclasses.fields(cls)}
         if set(d) - known:
             raise TypeError(f"unknown capability field(s) {sorted(set(d) - known)}")
-        for k in ("role", "token_axis", "optimizer"):
+        for k in ("role", "token_axis", "source_axis", "optimizer"):
             if k in d and not (isinstance(d[k], str) or (d[k] is None and k != "role")):
                 raise TypeError(f"capability {k!r} must be a string")
-        return cls(role=d.get("role", "encoder"), token_axis=d.get("token_axis"), optimizer=d.get("optimizer"),
-                   text=sub(TextFeeds, d.get("text")), decoding=sub(DecoderFeeds, d.get("decoding")))
+        return cls(role=d.get("role", "encoder"), token_axis=d.get("token_axis"), source_axis=d.get("source_axis"),
+                   optimizer=d.get("optimizer"), text=sub(TextFeeds, d.get("text")),
+                   decoding=sub(DecoderFeeds, d.get("decoding")))
 
 
 @dataclass(frozen=True)
@@ -197,6 +204,61 @@ class ConfigSweep:
     field: str
     values: tuple[int, ...]  # the default sweep
     tokens: Callable[[Any], int]  # config -> tokens the model attends over
+
+
+@dataclass(frozen=True)
+class Dims:
+    """A model's sizes, declared by its family next to its config (`ModelFamily.dims`: config -> Dims) so that the
+    memory guard, the scale sweep, decode estimates and the studies read them instead of probing config fields by
+    name (a family whose config says `blocks` or `hidden` would otherwise get a silent zero-byte estimate).
+    The axes that count tokens are names, declared with the feed names (`Capabilities`, `token_axes`).
+
+    layers:          layers a token passes through in graph "model" (an encoder-decoder: encoder + decoder)
+    width, heads:    hidden size d and attention heads; ffn: the feed-forward width (d_ff)
+    kv_layers:       layers whose keys and values a decode step keeps in its cache (0: the model does not decode)
+    kv_width:        width of each of K and V per token and layer (heads x head size; below `width` with
+                     grouped-query attention)
+    fixed_tokens:    the token count the config fixes (ViT: patches + class token); None: an input axis sets it
+    layer_fields:    the config fields that set the layer count (the scale sweep's --layers overrides them)
+    positions_field: the config field that bounds the token axes (the scale sweep grows it past the preset's;
+                     None: the config fixes the tokens)"""
+
+    layers: int
+    width: int
+    heads: int
+    ffn: int
+    kv_layers: int = 0
+    kv_width: int = 0
+    fixed_tokens: int | None = None
+    layer_fields: tuple[str, ...] = ()
+    positions_field: str | None = None
+
+    def __post_init__(self) -> None:
+        if min(self.layers, self.width, self.heads, self.ffn) < 1 or min(self.kv_layers, self.kv_width) < 0:
+            raise ValueError(f"model dimensions must be positive, got {self}")
+        if (self.kv_layers == 0) != (self.kv_width == 0):
+            raise ValueError(f"kv_layers and kv_width are declared together (a KV cache) or not at all, got {self}")
+
+    def kv_bytes(self, tokens: int, *, batch: int = 1, bytes_per: int = 4) -> float:
+        """Bytes of the keys and values a decode step holds for `tokens` tokens of each of `batch` rows."""
+        return 2.0 * self.kv_layers * batch * tokens * self.kv_width * bytes_per
+
+
+def token_axes(caps: Capabilities) -> tuple[str, ...]:
+    """The axes of graph "model" that count tokens, as the model declares them: its token axis, then an
+    encoder-decoder's source axis; none for a model whose config fixes its tokens. A benchmark at "seq T" sets
+    all of them to T; other graphs' further axes (a KV cache) are not among them."""
+    return tuple(a for a in (caps.token_axis, caps.source_axis) if a is not None)
+
+
+def token_count(caps: Capabilities, sizes: Mapping[str, int]) -> int | None:
+    """The token axis's size in `sizes` (what records and notes call "seq"); None: no token axis, or not given."""
+    return sizes.get(caps.token_axis) if caps.token_axis is not None else None
+
+
+def token_sizes(caps: Capabilities, batch: int, tokens: int) -> dict[str, int]:
+    """Axis sizes of graph "model" at `batch` rows of `tokens` tokens (every token axis at `tokens`)."""
+    return {"batch": batch} | dict.fromkeys(token_axes(caps), tokens)
 
 
 @dataclass(frozen=True)
@@ -212,6 +274,7 @@ class ModelFamily:
     build: Callable[[Any], Any]  # config -> torch.nn.Module
     spec: Callable[[Any], ExportSpec]
     flops: Callable[[Any, Mapping[str, int]], float]  # analytic FLOPs of graph "model" at these axis sizes
+    dims: Callable[[Any], Dims]  # config -> its sizes (required: estimates never guess a config's field names)
     capabilities: Capabilities = field(default_factory=Capabilities)
     quick_preset: str | None = None
     full_preset: str | None = None
@@ -222,6 +285,11 @@ class ModelFamily:
         for p in (self.quick_preset, self.full_preset, self.config_sweep and self.config_sweep.preset):
             if p is not None and p not in self.presets:
                 raise ValueError(f"{self.name}: preset {p!r} is not one of {list(self.presets)}")
+
+    @property
+    def config_type(self) -> type:
+        """The class of this family's configs (every preset is one)."""
+        return type(next(iter(self.presets.values())))
 
     @property
     def smallest_preset(self) -> str:

@@ -16,7 +16,7 @@ from torch import nn
 
 from .attention import causal_bias, padding_bias
 from .layers import Layer, stack_kv
-from .spec import Axis, Capabilities, DecoderFeeds, ExportSpec, Graph, ModelFamily, TensorSpec, layer_flops
+from .spec import Axis, Capabilities, DecoderFeeds, Dims, ExportSpec, Graph, ModelFamily, TensorSpec, layer_flops
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,13 @@ class Transformer(nn.Module):
         return self._generator(x), stack_kv(kvs)
 
 
+def dims(cfg: TransformerConfig) -> Dims:
+    # decoding caches the decoder's self-attention keys and values (the encoder's memory is computed once)
+    return Dims(layers=cfg.n_encoder_layers + cfg.n_decoder_layers, width=cfg.d_model, heads=cfg.n_heads,
+                ffn=cfg.d_ff, kv_layers=cfg.n_decoder_layers, kv_width=cfg.d_model,
+                layer_fields=("n_encoder_layers", "n_decoder_layers"), positions_field="max_positions")
+
+
 def export_spec(cfg: TransformerConfig) -> ExportSpec:
     hs, v = cfg.d_model // cfg.n_heads, cfg.vocab_size
     kv = lambda t: (cfg.n_decoder_layers, 2, "batch", cfg.n_heads, t, hs)  # noqa: E731
@@ -143,10 +150,10 @@ def flops(cfg: TransformerConfig, sizes: Mapping[str, int]) -> float:
 
 FAMILY = ModelFamily(
     name="transformer", description="Encoder-decoder Transformer of Vaswani et al. (post-LN, sinusoidal)",
-    presets=PRESETS, build=Transformer, spec=export_spec, flops=flops,
+    presets=PRESETS, build=Transformer, spec=export_spec, flops=flops, dims=dims,
     # the "bert" optimizer patterns: its encoder and decoder layers are post-LN like BERT's
     capabilities=Capabilities(
-        role="encoder-decoder", token_axis="seq", optimizer="bert",
+        role="encoder-decoder", token_axis="seq", source_axis="src_seq", optimizer="bert",
         decoding=DecoderFeeds(prompt_ids="src_ids", prompt_mask="src_mask", step_ids="tgt_ids",
                               prefill_graph="encoder", memory="memory", target_ids="tgt_ids",
                               target_mask="tgt_mask")),

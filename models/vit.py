@@ -13,7 +13,18 @@ import torch
 from torch import nn
 
 from .layers import Layer
-from .spec import Axis, Capabilities, ConfigSweep, ExportSpec, Graph, HFImport, ModelFamily, TensorSpec, layer_flops
+from .spec import (
+    Axis,
+    Capabilities,
+    ConfigSweep,
+    Dims,
+    ExportSpec,
+    Graph,
+    HFImport,
+    ModelFamily,
+    TensorSpec,
+    layer_flops,
+)
 
 
 @dataclass(frozen=True)
@@ -71,6 +82,12 @@ class ViT(nn.Module):
         for layer in self.layers:
             x, _ = layer(x, None)  # every patch sees every patch: no mask
         return self.head(self.ln_f(x[:, 0]))
+
+
+def dims(cfg: ViTConfig) -> Dims:
+    # the image and patch size fix the tokens: no positions field for the scale sweep to grow
+    return Dims(layers=cfg.n_layers, width=cfg.d_model, heads=cfg.n_heads, ffn=cfg.d_ff, fixed_tokens=cfg.n_tokens,
+                layer_fields=("n_layers",))
 
 
 def export_spec(cfg: ViTConfig) -> ExportSpec:
@@ -132,7 +149,7 @@ def state_dict_from_hf(tensors: Mapping[str, torch.Tensor], cfg: ViTConfig) -> d
 
 FAMILY = ModelFamily(
     name="vit", description="Vision Transformer (pre-LN) image classifier; ViT-B/16 shape",
-    presets=PRESETS, build=ViT, spec=export_spec, flops=flops,
+    presets=PRESETS, build=ViT, spec=export_spec, flops=flops, dims=dims,
     # tokens are fixed by image and patch size: no token axis; the scale sweep varies the patch size instead
     capabilities=Capabilities(role="encoder", token_axis=None, optimizer="vit"),
     quick_preset="tiny", full_preset="base16",
