@@ -189,7 +189,8 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
         if tokenizer_graph is not None:
             from .tokenizer_graph import write_tokenizer_graph
 
-            smax = spec.axes["seq"].max  # the Embedder's default max_length: pooling max_length, else the seq axis
+            # the Embedder's default max_length: pooling max_length, else the declared token axis's
+            smax = spec.axes[src.family.capabilities.token_axis].max
             max_length = min((src.pooling.max_length if src.pooling else None) or smax, smax)
             write_tokenizer_graph(w, max_length, tokenizer_graph)
     return Path(out)

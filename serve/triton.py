@@ -307,7 +307,7 @@ def text_model_configs(art: Artifact, name: str, o: TritonOptions) -> dict[str, 
     pb = _pb()
     g = art.graph()
     pooling = artifact_pooling(art)
-    smax = art.spec.axes["seq"].max
+    smax = art.spec.axes[art.capabilities.token_axis].max
     max_length = min(pooling.max_length or smax, smax)
     hidden = _hidden(art)
     d = hidden.dims[-1]

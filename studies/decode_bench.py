@@ -164,6 +164,8 @@ def run(*, new: int = 256, prompt_len: int = 32, runners: tuple[str, ...] = ("to
     from xdeploy.bench.suite import apply_thread_env
     from xdeploy.deploy.generate import token_agreement
     from xdeploy.deploy.registry import RUNNERS
+    from xdeploy.export.artifact import load_artifact
+    from xdeploy.models.registry import dims
 
     apply_thread_env()  # passive OpenMP waiting, before torch loads (docs/benchmarks.md)
     root.mkdir(parents=True, exist_ok=True)
@@ -232,6 +234,9 @@ def run(*, new: int = 256, prompt_len: int = 32, runners: tuple[str, ...] = ("to
                     "stability": cmp.stability("hf")}
     log(f"  HF: {new / hf_s:.1f} tokens/s ({threads} torch threads)")
     ref_tokens = None
+    # the decode graph reads the whole cache (capacity C): the KV bytes of the artifact's model, as its family
+    # declares them (GPT-2 small: 12 layers of width 768)
+    kv_bytes = dims(load_artifact(arts["fp32"], verify=False).config).kv_bytes(prompt_len + new)
     for name in calls:
         if name == "hf":
             continue
@@ -251,7 +256,6 @@ def run(*, new: int = 256, prompt_len: int = 32, runners: tuple[str, ...] = ("to
         hb = weight_bytes_per_token(arts[prec] / "decode.onnx")
         if runner.endswith(":bf16") and prec == "fp32":
             hb //= 2  # OpenVINO's bf16 hint stores the fp32 weights as bf16 at compile time
-        kv_bytes = 12 * 2 * 768 * (prompt_len + new) * 4  # the decode graph reads the whole cache (capacity C)
         roof_tps = bw / (hb + kv_bytes)
         stab = cmp.stability(name)
         sp = stab["speedup"]

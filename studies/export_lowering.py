@@ -59,7 +59,7 @@ def run(model: str = "bert", preset: str | None = "base", batch: int = 1, seq: i
     from xdeploy.deploy.metrics import compare
     from xdeploy.deploy.registry import open_runner
     from xdeploy.export.artifact import load_artifact
-    from xdeploy.models.spec import make_feeds
+    from xdeploy.models.spec import make_feeds, token_sizes
 
     if rounds < 1 or block < 1 or warmup < 0:
         raise XDeployError(f"need rounds >= 1, block >= 1 and warmup >= 0; got rounds={rounds}, block={block}, "
@@ -69,9 +69,9 @@ def run(model: str = "bert", preset: str | None = "base", batch: int = 1, seq: i
         arts = build_variants(model, preset, Path(d), opsets=opsets, precisions=precisions, log=log)
         first = load_artifact(next(iter(arts.values())))
         graph = first.graph()
-        sizes = {a: min(ax.opt, ax.max) for a, ax in first.spec.axes.items()} | {"batch": batch}
-        if "seq" in sizes:
-            sizes["seq"] = seq
+        # every token axis at `seq`, other axes (a KV cache) at their optimization point
+        sizes = {a: min(ax.opt, ax.max) for a, ax in first.spec.axes.items()}
+        sizes |= token_sizes(first.capabilities, batch, seq)
         feeds = make_feeds(graph, sizes, seed=0, pad=False)
         runners = {}
         if torch_eager:
