@@ -133,72 +133,57 @@ def compare_child(probe: Probe, job: CompareJob) -> dict[str, Any]:
     A candidate that cannot open is reported in "failures" and left out; the others are still compared.
 
     All candidates at once may not fit in memory (GPT-2 small at batch 8: twelve runner x precision sessions
-    were killed on a 24 GB machine), so they are opened in groups: when the memory left is less than two more
-    candidates would take (the most one has taken so far, plus 1 GiB), the open group is compared, with the
-    baseline, in its own rounds and closed. The baseline stays open throughout, so every speed-up is paired."""
+    were killed on a 24 GB machine), so they are opened in memory-sized groups beside the open baseline, each
+    group compared with it in its own rounds (bench/groups.py): every speed-up is paired."""
     apply_thread_env()
     from xdeploy.deploy.registry import open_runner, runner_class
     from xdeploy.export.artifact import load_artifact
     from xdeploy.models.spec import make_feeds
 
-    from .interleave import compare
-    from .memory import current_rss, room_for_two_more
+    from .groups import Group, grouped_comparison
+    from .interleave import Comparison, compare
 
+    paths = {name: path for name, _spec, path in job.candidates}
+    specs = {name: spec for name, spec, _path in job.candidates}
     arts: dict[str, Any] = {}
     runners: dict[str, Any] = {}
-    calls: dict[str, Any] = {}
     feeds: dict[str, Any] = {}
     options: dict[str, dict[str, Any]] = {}  # name -> the runner options it was opened with
     failures: dict[str, str] = {}
     out: dict[str, Any] = {"results": {}, "failures": failures, "fingerprint": fingerprint(), "groups": 0,
                            "extra_s": 0.0}
-    # the baseline first: it is in every group
-    cands = sorted(job.candidates, key=lambda c: c[0] != job.baseline)
 
-    def flush() -> None:
+    def open_one(stack: Any, name: str) -> Callable[[], Any]:
+        art = arts.setdefault(paths[name], load_artifact(paths[name], verify=False))  # the parent verified it
+        feeds[name] = make_feeds(art.graph(job.graph), dict(job.sizes), seed=job.seed)
+        # opened as it is timed beside the others (deploy/base.py Runner.interleaved_options)
+        options[name] = dict(runner_class(specs[name]).interleaved_options)
+        runners[name] = stack.enter_context(open_runner(specs[name], art, job.graph, threads=job.threads,
+                                                        **options[name]))
+        return runners[name].prepare(feeds[name])
+
+    def failed(name: str, e: Exception) -> None:  # one runner failing must not lose the others
+        failures[name] = (str(e).strip().splitlines() or [type(e).__name__])[-1][:200]
+
+    def measure(calls: dict[str, Callable[[], Any]], base: str | None) -> Comparison:
         if out["groups"] == 0:
             probe.mark("loaded")
-        base = job.baseline if job.baseline in calls else None
         cmp = compare(calls, baseline=base, attempts=job.attempts, warmup=job.warmup, min_rounds=job.min_rounds,
                       max_rounds=job.max_rounds, max_seconds=job.max_seconds, min_block_s=job.min_block_s,
                       extra_s=max(job.extra_seconds - out["extra_s"], 0.0))
         out["extra_s"] += cmp.extra_s
-        for name, runner in runners.items():
-            if name in out["results"]:  # the baseline: its figures come from the first group's rounds
-                continue
-            out["results"][name] = {
-                "stats": cmp.latency[name].as_dict(), "info": dataclasses.asdict(runner.info()),
-                "stability": cmp.stability(name) | {"group": out["groups"] + 1, "options": options[name]},
-                "outputs": runner.infer(feeds[name]) if job.return_outputs else None}
-        out["groups"] += 1
-        for name in [n for n in runners if n != base]:  # close the group; the baseline stays
-            runners.pop(name).close()
-            calls.pop(name)
+        return cmp
 
-    cost = 0.0  # the most one candidate has added to this process's memory so far
-    for name, spec, path in cands:
-        others = [n for n in calls if n != job.baseline]
-        if others and not room_for_two_more(cost):
-            flush()
-        rss0 = current_rss()
-        try:
-            art = arts.setdefault(path, load_artifact(path, verify=False))  # the parent verified it
-            feeds[name] = make_feeds(art.graph(job.graph), dict(job.sizes), seed=job.seed)
-            # opened as it is timed beside the others (deploy/base.py Runner.interleaved_options)
-            options[name] = dict(runner_class(spec).interleaved_options)
-            runners[name] = open_runner(spec, art, job.graph, threads=job.threads, **options[name])
-            calls[name] = runners[name].prepare(feeds[name])
-        except Exception as e:  # one runner failing must not lose the others
-            failures[name] = (str(e).strip().splitlines() or [type(e).__name__])[-1][:200]
-            calls.pop(name, None)
-            if (r := runners.pop(name, None)) is not None:
-                r.close()
-            continue
-        cost = max(cost, current_rss() - rss0)
-    if calls and (out["groups"] == 0 or any(n != job.baseline for n in calls)):
-        flush()
-    for runner in runners.values():
-        runner.close()
+    def judge(group: Group) -> None:
+        out["groups"] = group.number
+        for name in group.names:
+            runner = runners[name]
+            out["results"][name] = {
+                "stats": group.comparison.latency[name].as_dict(), "info": dataclasses.asdict(runner.info()),
+                "stability": group.comparison.stability(name) | {"group": group.number, "options": options[name]},
+                "outputs": runner.infer(feeds[name]) if job.return_outputs else None}
+
+    grouped_comparison(list(paths), open_one, measure, judge, failed, baseline=job.baseline)
     out["fingerprint"] = fingerprint()  # after the runners set their threads
     return out
 
