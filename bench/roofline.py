@@ -9,7 +9,8 @@ lowers the peak less than a median would. Latency records report `% of peak` aga
     python -m xdeploy.bench.roofline            # or: xdeploy roofline [--quick] [--json FILE]
 
 The result is cached as JSON (atomically) in $XDEPLOY_CACHE/roofline.json (default ~/.cache/xdeploy), keyed
-by the machine fingerprint, for `xdeploy bench` and other tools: `load_peaks()`.
+by the machine's identity (core/fingerprint.py `machine_identity`, the journal's too), for `xdeploy bench` and
+other tools: `load_peaks()`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from xdeploy.core.fingerprint import fingerprint
+from xdeploy.core.fingerprint import fingerprint, machine_identity
 from xdeploy.core.fsutil import atomic_write_json
 from xdeploy.core.records import make_record, revise
 from xdeploy.export.cache import cache_root
@@ -34,11 +35,6 @@ from .latency import measure
 
 GEMM_PRECISIONS = ("fp32", "bf16", "int8")
 CACHE_FILE = "roofline.json"
-
-
-def _machine_key(fp: dict[str, Any]) -> dict[str, Any]:
-    """The fingerprint parts a peak depends on (not the timestamp, env or current thread setting)."""
-    return {k: fp.get(k) for k in ("cpu_model", "cpu_family", "cpu_model_id", "isa", "logical_cpus", "versions")}
 
 
 @dataclass(frozen=True)
@@ -252,7 +248,7 @@ def summarize(trials: list[Trial], *, quick: bool) -> dict[str, Any]:
     """Best trial per GEMM precision and per memory kind, with one roofline record each."""
     fp = fingerprint()
     result: dict[str, Any] = {"gemm": {}, "gemm_by_threads": {}, "memory_read": None, "memory_copy": None,
-                              "quick": quick, "machine": _machine_key(fp), "records": []}
+                              "quick": quick, "machine": machine_identity(fp), "records": []}
     note = "quick" if quick else None
     for prec in GEMM_PRECISIONS:
         ts = [t for t in trials if t.measure == "gemm" and t.precision == prec]
@@ -289,7 +285,7 @@ def load(path: Path | None = None) -> dict[str, Any] | None:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return None
-    if not isinstance(data, dict) or data.get("machine") != _machine_key(fingerprint()):
+    if not isinstance(data, dict) or data.get("machine") != machine_identity(fingerprint()):
         return None
     return data
 

@@ -14,6 +14,7 @@ import os
 import platform
 import re
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 # ISA features that change which GEMM/attention kernels a runtime selects.
@@ -118,15 +119,34 @@ def summary(fp: dict[str, Any]) -> str:
     return f"{fp.get('cpu_model')}, {fp.get('threads', {}).get('affinity_cpus')} CPUs, {' '.join(isa)}; {libs}"
 
 
+# The one definition of "the same machine" for measurements: the fingerprint's parts a measurement depends on (CPU,
+# ISA, memory, OS, library versions, the CPUs this process may use and the threading environment; not the
+# per-call thread settings). The journal's resume check (core/journal.py), the roofline cache (bench/roofline.py)
+# and machine_class's label all read it, so they cannot disagree about which machine a figure is from.
+MACHINE_FIELDS = ("cpu_model", "cpu_vendor", "cpu_family", "cpu_model_id", "arch", "logical_cpus", "isa",
+                  "memory_bytes", "os", "python", "versions", "gpu")
+
+
+def machine_identity(fp: Mapping[str, Any]) -> dict[str, Any]:
+    """What a measurement depends on about the machine: CPU, ISA, memory, OS, library versions, CPUs, thread env.
+    Two fingerprints are of the same machine exactly when their identities are equal."""
+    ident = {k: fp.get(k) for k in MACHINE_FIELDS}
+    ident["affinity_cpus"] = (fp.get("threads") or {}).get("affinity_cpus")
+    ident["env"] = fp.get("env")
+    return ident
+
+
 _VENDORS = {"GenuineIntel": "Intel", "AuthenticAMD": "AMD"}
 
 
-def machine_class(fp: dict[str, Any]) -> str:
+def machine_class(fp: Mapping[str, Any]) -> str:
     """The machine class a figure belongs to: vendor, model and the matrix ISA that decides which engine wins, e.g.
     'Intel: Intel(R) Xeon(R) Processor (family 6, model 143); AMX bf16 int8; AVX-512 bf16 vnni fp16; 2 CPUs'.
     Speed-ups measured on one class do not carry over to another (MKL makes eager PyTorch strong on Intel;
-    bf16 runs on AMX tiles or on AVX-512 BF16), so every published ratio names its class."""
-    isa = set(fp.get("isa", []))
+    bf16 runs on AMX tiles or on AVX-512 BF16), so every published ratio names its class. A label over
+    machine_identity (read through it, so the same machine always has the same class)."""
+    fp = machine_identity(fp)
+    isa = set(fp.get("isa") or [])
     amx = [f.removeprefix("amx_") for f in ("amx_bf16", "amx_int8", "amx_fp16") if f in isa]
     avx512 = [f.removeprefix("avx512_") for f in ("avx512_bf16", "avx512_vnni", "avx512_fp16") if f in isa]
     parts = [f"AMX {' '.join(amx)}"] if amx else []
@@ -137,7 +157,7 @@ def machine_class(fp: dict[str, Any]) -> str:
     vendor = fp.get("cpu_vendor") or ""
     where = ", ".join(f"{k} {v}" for k, v in (("family", fp.get("cpu_family")), ("model", fp.get("cpu_model_id")))
                       if v not in (None, ""))
-    cpus = fp.get("threads", {}).get("affinity_cpus") or fp.get("logical_cpus")
+    cpus = fp.get("affinity_cpus") or fp.get("logical_cpus")
     name = f"{_VENDORS.get(vendor, vendor or 'unknown vendor')}: {fp.get('cpu_model')}"
     return (name + (f" ({where})" if where else "") + f"; {'; '.join(parts) or 'no AVX-512 or AMX'}"
             + (f"; {cpus} CPUs" if cpus else ""))

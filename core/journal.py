@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from xdeploy.core.errors import XDeployError
+from xdeploy.core.fingerprint import machine_identity  # the one definition of the same machine
 from xdeploy.core.fsutil import atomic_write_text
 
 SCHEMA = "xdeploy-journal"
@@ -44,10 +45,6 @@ VERSION = 1
 JOURNAL_NAME = "journal.jsonl"
 EVENTS = ("start", "resume", "begin", "record", "part", "done", "reused", "failed", "skip", "note", "interrupted",
           "end")
-# The parts of the fingerprint that decide whether a measurement still stands (not the per-call thread state)
-MACHINE_FIELDS = ("cpu_model", "cpu_vendor", "cpu_family", "cpu_model_id", "arch", "logical_cpus", "isa",
-                  "memory_bytes", "os", "python", "versions", "gpu")
-
 
 def now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds")
@@ -56,14 +53,6 @@ def now() -> str:
 def digest(obj: Any) -> str:
     """A short stable hash of JSON-able data (sorted keys)."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
-
-
-def machine_identity(fp: Mapping[str, Any]) -> dict[str, Any]:
-    """What a measurement depends on about the machine: CPU, ISA, memory, OS, library versions, thread env."""
-    ident = {k: fp.get(k) for k in MACHINE_FIELDS}
-    ident["affinity_cpus"] = (fp.get("threads") or {}).get("affinity_cpus")
-    ident["env"] = fp.get("env")
-    return ident
 
 
 def identity_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
