@@ -4,11 +4,10 @@ group is timed together with the PyTorch baseline, so each speed-up still comes 
 
 from __future__ import annotations
 
-import dataclasses
-
 from tests.families import first
 from xdeploy.bench.memory import WEIGHT_COPIES
-from xdeploy.pipeline import RunConfig, _Guard, run_job
+from xdeploy.memory_guard import RunMemoryGuard
+from xdeploy.pipeline import RunConfig, run_job
 
 
 def test_decode_in_memory_sized_groups_keeps_every_record_paired(tmp_path, tiny_export):
@@ -19,9 +18,9 @@ def test_decode_in_memory_sized_groups_keeps_every_record_paired(tmp_path, tiny_
     # runner fit, a second runner does not, so every generator gets its own group
     cfg0 = RunConfig(out=tmp_path / "x", **base)
     fp32 = tiny_export(model, preset=cfg0.preset(model))  # the session's shared export (read only here)
-    guard = _Guard(cfg0, None, lambda *_: None)
+    guard = RunMemoryGuard(cfg0.memory_limit, lambda *_: None)
     limit = guard.decode_estimate(fp32, 8, 16).total + 0.5 * WEIGHT_COPIES * guard._weights(fp32)
-    assert _Guard(dataclasses.replace(cfg0, memory_limit=limit), None, lambda *_: None).decode_group(fp32, 8, 16) == 1
+    assert RunMemoryGuard(limit, lambda *_: None).decode_group(fp32, 8, 16) == 1
 
     res = run_job(RunConfig(out=tmp_path / "out", skip=("roofline", "bench", "scale"), memory_limit=limit, **base))
     decode = [r for r in res.records if r["kind"] == "decode"]

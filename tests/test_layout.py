@@ -17,7 +17,8 @@ PACKAGES = ("core", "models", "export", "deploy", "verify", "bench", "serve", "r
 LAYER = {
     "xdeploy": 0, "xdeploy.core": 0, "xdeploy.models": 1, "xdeploy.export": 2, "xdeploy.deploy": 3,
     "xdeploy.verify": 4, "xdeploy.bench": 5, "xdeploy.serve": 6, "xdeploy.reports": 7,
-    "xdeploy.pipeline": 8, "xdeploy.studies": 8, "xdeploy.api": 8, "xdeploy.commands": 9, "xdeploy.cli": 10,
+    "xdeploy.pipeline": 8, "xdeploy.journal_run": 8, "xdeploy.memory_guard": 8, "xdeploy.studies": 8,
+    "xdeploy.api": 8, "xdeploy.commands": 9, "xdeploy.cli": 10,
     "xdeploy.__main__": 10,
 }
 

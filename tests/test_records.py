@@ -230,9 +230,8 @@ def test_outputs_that_could_not_be_compared_are_null_not_zero(tmp_path):
     from xdeploy.deploy.metrics import Comparison
     from xdeploy.deploy.verdict import OutputCheck
     from xdeploy.models.spec import DEFAULT_TOLERANCES
-    from xdeploy.pipeline import parity_records
     from xdeploy.reports.render import render_report
-    from xdeploy.verify.parity import ParityReport
+    from xdeploy.verify.parity import ParityReport, parity_records
 
     tol = DEFAULT_TOLERANCES["fp32"]
     ok = Comparison(max_abs=1e-6, max_rel=1e-5, mean_abs=1e-7, cosine=0.9999999, within=1.0, nonfinite=0,

@@ -38,11 +38,12 @@ def _ids(records):
 def uninterrupted(tmp_path_factory, tiny_export):
     """One uninterrupted run under a memory limit that only its biggest configuration exceeds: the reference
     records for the resume tests, and the memory guard's test case (one run serves both: runs cost seconds)."""
-    from xdeploy.pipeline import PARITY_SHAPES_SMOKE, RunConfig, _Guard, _Progress
+    from xdeploy.memory_guard import RunMemoryGuard
+    from xdeploy.pipeline import PARITY_SHAPES_SMOKE, RunConfig
 
     d = tmp_path_factory.mktemp("base")
     fp32 = tiny_export("vit")  # the model the run exports: for the estimates
-    g = _Guard(RunConfig(smoke=True), _Progress(None), lambda *_: None)
+    g = RunMemoryGuard(RunConfig(smoke=True).memory_limit, lambda *_: None)
     (pb, ps), = PARITY_SHAPES_SMOKE
     est = {"bench batch 1": g.estimate(fp32, {"batch": 1}).total,  # the smoke bench: batch 1 and 4
            "bench batch 4": g.estimate(fp32, {"batch": 4}).total,

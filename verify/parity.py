@@ -4,7 +4,7 @@ deploy/verdict.py (the runtimes judge their golden probes with the same one: dep
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -289,3 +289,61 @@ def _layerwise(artifact: Any, g: Any, cases: list[InputCase], failed: list[tuple
                                      f"{runtime}: the failure is specific to the runner or recovers before "
                                      f"the outputs")
     return LayerwiseFinding(artifact.precision, g.name, case.name, precision, d, note, runtime)
+
+
+# ------------------------------------------------------------------------------------------ records ----
+
+def parity_records(report: ParityReport, model: str, preset: str) -> list[dict[str, Any]]:
+    """One "parity" record per (graph, runner, output), worst case over the input cases."""
+    from xdeploy.core.fingerprint import fingerprint
+    from xdeploy.core.records import make_record
+
+    fp = fingerprint()
+    groups: dict[tuple[str, str, str, str], list[OutputCheck]] = {}
+    for c in report.checks:
+        groups.setdefault((c.graph, c.runner, c.artifact_precision, c.output), []).append(c)
+    out = []
+    for (graph, runner, ap, output), cs in groups.items():
+        failed = [c for c in cs if not c.passed]
+        # where the ONNX graph first leaves tolerance (verify/layerwise.py), found for failing graphs only
+        where = next((_divergence_text(f) for f in report.layerwise if f.graph == graph and failed), None)
+        out.append(make_record(
+            "parity", fp, model=model, preset=preset, graph=graph, runner=runner, artifact_precision=ap,
+            output=output, tolerance_precision=cs[0].precision,
+            # null, not 0.0, where no case could be compared (the runner failed, a shape differed)
+            max_abs=_worst([c.comparison.max_abs for c in cs], max),
+            max_rel=_worst([c.comparison.max_rel for c in cs], max),
+            mean_abs=_worst([c.comparison.mean_abs for c in cs], max),
+            cosine=_worst([c.comparison.cosine for c in cs], min),
+            nonfinite=int(sum(c.comparison.nonfinite for c in cs)), top1=_worst([c.top1 for c in cs], min),
+            passed=not failed, reason=f"case {failed[0].case}: {failed[0].reason}" if failed else None,
+            cases=len(cs), atol=float(cs[0].tolerance.atol), rtol=float(cs[0].tolerance.rtol),
+            min_cosine=float(cs[0].tolerance.cosine), first_divergence=where))
+    return out
+
+
+def _worst(vals: Sequence[float | None], fn: Callable[..., float]) -> float | None:
+    """The worst finite value (`fn`: max or min), None where no case gave one."""
+    v = [x for x in vals if x is not None and np.isfinite(x)]
+    return float(fn(v)) if v else None
+
+
+def _divergence_text(finding: LayerwiseFinding) -> str:
+    d = finding.divergence
+    if d is None:
+        return finding.note or "no ONNX node leaves tolerance in onnxruntime"
+    return f"{d.node} ({d.op_type}) -> {d.output}: max_abs {d.max_abs:.3g}, cosine {d.cosine:.6f}"
+
+
+def artifact_parity_records(path: Any, runners: Sequence[str], *, model: str, preset: str,
+                            shapes: Sequence[tuple[int, int | None]], threads: int = 0,
+                            overrides: dict[str, dict[str, float]] | None = None) -> list[dict[str, Any]]:
+    """Parity of one artifact as validated "parity" records (the main job's parity step): the layerwise finder
+    on failure only, and of `overrides` (which may name outputs of other models) those this artifact has."""
+    from xdeploy.export.artifact import load_artifact
+
+    art = load_artifact(path)
+    names = {t.name for g in art.spec.graphs for t in g.outputs} | {"*"}
+    mine = {k: v for k, v in (overrides or {}).items() if k in names} or None
+    rep = check_artifact(art, list(runners), shapes=shapes, layerwise="on-failure", threads=threads, overrides=mine)
+    return parity_records(rep, model, preset)

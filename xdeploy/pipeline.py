@@ -4,11 +4,12 @@
     result = run_job(RunConfig(out="reports/latest"))        # `xdeploy run`, `make demo`
     result.parity_passed, result.out / "summary.md"
 
-This module only orchestrates: exporting is export/onnx_export.py + export/convert.py, parity is
-verify/parity.py, latency/memory records come from the benchmarks' API, attention scaling from bench/scale.py,
-decoding from deploy/generate.py, the roofline from bench/roofline.py, and rendering from reports/render.py.
-Every phase turns its results into records (core/records.py kinds, or the report's "parity"/"decode" kinds)
-so the report and `report compare` see one flat list.
+This module only sequences the run and picks each phase's sizes: every phase is one function of the layer that
+owns it, taking plain values and returning validated records (core/records.py): exporting is
+export/onnx_export.py + export/convert.py, parity records verify/parity.py `artifact_parity_records`, latency and
+memory bench/suite.py `bench_artifacts`, decoding bench/decode.py `decode_records`, attention scaling
+bench/scale.py, the roofline bench/roofline.py, rendering reports/render.py. The run's policies sit beside it:
+the memory guard (xdeploy/memory_guard.py) and the journal with --resume (xdeploy/journal_run.py).
 
 Models: every family in the model registry, in its order. Presets: the default job uses each family's
 `quick` preset (chosen by measurement to finish in <= 10 minutes on 2 cores); `--full` its `full` preset (the
@@ -18,18 +19,18 @@ the scale sweep for the first with a token axis.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import functools
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from xdeploy.core.errors import XDeployError, one_of
+from xdeploy.journal_run import JournalParts, RunJournal, config_json
+from xdeploy.memory_guard import RunMemoryGuard
 
 if TYPE_CHECKING:
     from xdeploy.bench.interleave import Budget
@@ -176,12 +177,6 @@ def _scale_models(cfg: RunConfig) -> list[str]:
 
 # -------------------------------------------------------------------------------------------- phases ----
 
-def _fp() -> dict[str, Any]:
-    from xdeploy.core.fingerprint import fingerprint
-
-    return fingerprint()
-
-
 def openvino_ir_wanted(runners: Sequence[str]) -> bool:
     """The fp32 artifact carries an OpenVINO IR (export/openvino_ir.py) when a selected runner compiles it and
     openvino is installed: on BERT-base and MiniLM the IR ran OpenVINO as fast as optimum-intel's where the ONNX
@@ -193,39 +188,24 @@ def openvino_ir_wanted(runners: Sequence[str]) -> bool:
 
 
 def export_all(cfg: RunConfig, model: str, prog: _Progress,
-               reuse: Callable[[str, str, Path, Callable[[], Path]], Path] | None = None) -> dict[str, Path]:
-    """fp32 through the torch exporter, the other precisions converted from it (no second torch export).
-    `reuse(model, precision, out, export)` may return an artifact already exported instead of calling export
-    (--resume: the journal's artifact, if it still verifies)."""
-    from xdeploy.export.cache import cached_export
-    from xdeploy.export.convert import convert_artifact
+               reuse: Callable[[str, Path, Callable[[], Path]], Path] | None = None) -> dict[str, Path]:
+    """Every precision's artifact (export/artifact_set.py `export_precisions`), each export a progress step.
+    `reuse(what, out, export)` (what: "MODEL PRESET PRECISION") may return an artifact already exported instead
+    of calling export (--resume: the journal's artifact, if it still verifies)."""
+    from xdeploy.export.artifact_set import export_precisions
     from xdeploy.verify.sensitivity import refine
 
-    def export(*a: Any, **k: Any) -> Path:
-        from xdeploy.export.onnx_export import export as torch_export  # imports torch: only on a cache miss
+    def each(what: str, out: Path, export: Callable[[], Path]) -> Path:
+        stepped = functools.partial(_stepped, prog, "export", what, export)
+        return reuse(what, out, stepped) if reuse else stepped()
 
-        return torch_export(*a, **k)
+    return export_precisions(model, cfg.preset(model), cfg.artifacts, cfg.precisions,
+                             openvino_ir=openvino_ir_wanted(cfg.runners), fresh=cfg.fresh, refine=refine, each=each)
 
-    preset = cfg.preset(model)
-    root = Path(cfg.artifacts)
-    wants_ir = openvino_ir_wanted(cfg.runners)
-    paths: dict[str, Path] = {}
-    for prec in cfg.precisions:
-        out = root / f"{model}-{preset}-{prec}"
 
-        def one(prec: str = prec, out: Path = out) -> Path:
-            with prog.step("export", f"{model} {preset} {prec}"):
-                if prec == "fp32":  # with the OpenVINO IR when a selected runner compiles it
-                    # an identical earlier export (same key as api.export(..., measured=False)) is copied from
-                    # the export cache and verified; --fresh exports again
-                    return cached_export(model, {"measured": False, "preset": preset, "out": out, "force": True,
-                                                 "openvino_ir": wants_ir},
-                                         lambda: export(model, preset=preset, out=out, force=True,
-                                                        openvino_ir=wants_ir), fresh=cfg.fresh)
-                # with the measured refinement (fp16 AMP, int8 sensitivity), as `xdeploy convert` does
-                return convert_artifact(paths["fp32"], out, prec, force=True, refine=refine)
-        paths[prec] = reuse(model, prec, out, one) if reuse else one()
-    return paths
+def _stepped(prog: _Progress, phase: str, what: str, fn: Callable[[], Path]) -> Path:
+    with prog.step(phase, what):
+        return fn()
 
 
 PARITY_SHAPES_SMOKE: tuple[tuple[int, int | None], ...] = ((2, 17),)
@@ -239,68 +219,20 @@ def parity_shapes(cfg: RunConfig) -> tuple[tuple[int, int | None], ...]:
     return PARITY_SHAPES_SMOKE if cfg.smoke else PARITY_SHAPES
 
 
-def parity_records(report: Any, model: str, preset: str) -> list[dict[str, Any]]:
-    """One "parity" record per (graph, runner, output), worst case over the input cases."""
-    from xdeploy.core.records import make_record
-
-    fp = _fp()
-    groups: dict[tuple, list[Any]] = {}
-    for c in report.checks:
-        groups.setdefault((c.graph, c.runner, c.artifact_precision, c.output), []).append(c)
-    out = []
-    for (graph, runner, ap, output), cs in groups.items():
-        def worst(vals: Sequence[float | None], fn: Callable[..., float]) -> float | None:
-            v = [x for x in vals if x is not None and np.isfinite(x)]
-            return float(fn(v)) if v else None
-
-        failed = [c for c in cs if not c.passed]
-        top1 = worst([c.top1 for c in cs], min)
-        # where the ONNX graph first leaves tolerance (verify/layerwise.py), found for failing graphs only
-        where = next((_divergence_text(f) for f in report.layerwise if f.graph == graph and failed), None)
-        out.append(make_record(
-            "parity", fp, model=model, preset=preset, graph=graph, runner=runner, artifact_precision=ap,
-            output=output, tolerance_precision=cs[0].precision,
-            # null, not 0.0, where no case could be compared (the runner failed, a shape differed)
-            max_abs=worst([c.comparison.max_abs for c in cs], max),
-            max_rel=worst([c.comparison.max_rel for c in cs], max),
-            mean_abs=worst([c.comparison.mean_abs for c in cs], max),
-            cosine=worst([c.comparison.cosine for c in cs], min),
-            nonfinite=int(sum(c.comparison.nonfinite for c in cs)), top1=top1, passed=not failed,
-            reason=f"case {failed[0].case}: {failed[0].reason}" if failed else None,
-            cases=len(cs), atol=float(cs[0].tolerance.atol), rtol=float(cs[0].tolerance.rtol),
-            min_cosine=float(cs[0].tolerance.cosine), first_divergence=where))
-    return out
-
-
-def _divergence_text(finding: Any) -> str:
-    d = finding.divergence
-    if d is None:
-        return finding.note or "no ONNX node leaves tolerance in onnxruntime"
-    return f"{d.node} ({d.op_type}) -> {d.output}: max_abs {d.max_abs:.3g}, cosine {d.cosine:.6f}"
-
-
-def parity_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progress,
-               shapes: Sequence[tuple[int, int | None]] | None = None) -> list[dict[str, Any]]:
-    from xdeploy.export.artifact import load_artifact
-    from xdeploy.verify.parity import check_artifact, parse_tolerance_overrides
+def parity_step(cfg: RunConfig, model: str, prec: str, path: Path, prog: _Progress,
+                shapes: Sequence[tuple[int, int | None]]) -> list[dict[str, Any]]:
+    """One artifact's parity records (verify/parity.py); the job's tolerance overrides name outputs of any of its
+    models: the artifact takes those it has."""
+    from xdeploy.verify.parity import artifact_parity_records, parse_tolerance_overrides
 
     preset = cfg.preset(model)
-    overrides = parse_tolerance_overrides(cfg.tolerances) or None
-    recs: list[dict[str, Any]] = []
-    for prec, path in paths.items():
-        with prog.step("parity", f"{model} {preset} {prec}"):
-            art = load_artifact(path)
-            # the job's overrides name outputs of any of its models: this artifact takes those it has
-            names = {t.name for g in art.spec.graphs for t in g.outputs} | {"*"}
-            mine = {k: v for k, v in (overrides or {}).items() if k in names} or None
-            rep = check_artifact(art, list(cfg.runners), shapes=shapes or parity_shapes(cfg),
-                                 layerwise="on-failure", threads=cfg.threads, overrides=mine)
-            recs += parity_records(rep, model, preset)
-    return recs
+    with prog.step("parity", f"{model} {preset} {prec}"):
+        return artifact_parity_records(path, cfg.runners, model=model, preset=preset, shapes=shapes,
+                                       threads=cfg.threads, overrides=parse_tolerance_overrides(cfg.tolerances) or None)
 
 
 def bench_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progress,
-              guard: _Guard | None = None, parts: _Parts | None = None, budget: Budget | None = None
+              guard: RunMemoryGuard | None = None, parts: JournalParts | None = None, budget: Budget | None = None
               ) -> list[dict[str, Any]]:
     """Latency, throughput and peak memory via bench/suite.py: per (batch, seq), PyTorch eager (the fp32
     reference weights) and every candidate runner on every artifact precision timed interleaved in one child
@@ -332,105 +264,25 @@ def bench_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progres
     return recs
 
 
-def decode_all(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progress,
-               max_group: int | None = None, budget: Budget | None = None) -> list[dict[str, Any]]:
-    """Greedy decoding with the KV cache on each runner and precision (and one recompute-everything run),
-    against the PyTorch fp32 reference's tokens.
+def decode_sizes(cfg: RunConfig) -> tuple[int, int]:
+    """(prompt tokens, new tokens) of the decode phase."""
+    return (8 if cfg.smoke else 32), (16 if cfg.smoke else (128 if cfg.full else 64))
 
-    Every generator is timed in interleaved rounds with the PyTorch baseline. All of them at once do not fit in
-    memory at base presets (GPT-2 small: 14 generators, each with its own prefill and decode sessions, reached
-    21.5 GB on a 24 GB machine and was killed), so they are opened in groups sized to the memory available: at
-    most `max_group` (the memory guard's estimate), fewer when the generators opened so far show less memory
-    left than two more would take. The baseline stays open and every group is compared with it in its own
-    rounds (paired ratios stay paired)."""
-    import gc as _gc
 
-    from xdeploy.bench.interleave import Comparison, compare
-    from xdeploy.bench.memory import current_rss, room_for_two_more
-    from xdeploy.core.records import make_record
-    from xdeploy.deploy.generate import GenerationConfig, Generator, token_agreement
-    from xdeploy.deploy.registry import runner_class
-    from xdeploy.export.artifact import load_artifact
+def decode_step(cfg: RunConfig, model: str, paths: dict[str, Path], prog: _Progress, max_group: int | None = None,
+                budget: Budget | None = None) -> list[dict[str, Any]]:
+    """Greedy decoding on each runner and precision against the PyTorch fp32 reference (bench/decode.py), at
+    most `max_group` generators open beside the baseline (the memory guard's estimate)."""
+    from xdeploy.bench.decode import decode_records
 
     preset = cfg.preset(model)
-    new = 16 if cfg.smoke else (128 if cfg.full else 64)
-    prompt_len = 8 if cfg.smoke else 32
-    fp = _fp()
-    recs: list[dict[str, Any]] = []
-    with prog.step("decode", f"{model} {preset}"), contextlib.ExitStack() as stack:
-        arts = {p: load_artifact(path) for p, path in paths.items()}
-        vocab = arts["fp32"].config.vocab_size
-        prompt = [np.random.default_rng(0).integers(4, vocab - 1, size=prompt_len).tolist()]
-        gc = GenerationConfig(max_new_tokens=new, eos_token_id=-1)  # never stop early: fixed work per run
-        runs: list[tuple[str, str, bool]] = [(r, p, True) for p in cfg.precisions for r in cfg.runners]
-        runs += [(cfg.runners[0], "fp32", False)]
+    prompt, new = decode_sizes(cfg)
+    with prog.step("decode", f"{model} {preset}"):
+        return decode_records(paths, runners=cfg.runners, model=model, preset=preset, threads=cfg.threads,
+                              new_tokens=new, prompt_len=prompt, min_rounds=3 if cfg.smoke else 5,
+                              max_seconds=2.0 if cfg.smoke else 8.0, max_group=max_group,
+                              memory_limit=cfg.memory_limit, budget=budget, notes=prog.notes.append)
 
-        def opened(st: contextlib.ExitStack, runner: str, prec: str, cache: bool) -> Any:
-            # opened as it is timed beside the others (deploy/base.py Runner.interleaved_options)
-            g = st.enter_context(Generator(arts[prec], runner, use_cache=cache, threads=cfg.threads,
-                                           **runner_class(runner).interleaved_options))
-            g.generate(prompt, dataclasses.replace(gc, max_new_tokens=2))  # warm-up: first-call allocations
-            return g
-
-        base_key = "torch fp32"
-        base = opened(stack, "torch", "fp32", True)  # without the reference nothing else can be judged: raises
-        ref = base.generate(prompt, gc)
-
-        def record(key: str, run: tuple[str, str, bool], g: Any, cmp: Comparison) -> dict[str, Any]:
-            runner, prec, _cache = run
-            out = g.generate(prompt, gc)  # tokens and per-step latencies for the report (one more run)
-            agree = token_agreement(ref, out)
-            med = cmp.series[key].median_s
-            return make_record(
-                "decode", fp, model=model, preset=preset, runner=runner, artifact_precision=prec, mode=out.mode,
-                batch=1, prompt_len=prompt_len, new_tokens=out.new_tokens, ttft_s=out.time_to_first_token_s,
-                step_s=list(out.step_s), tokens_per_s=out.new_tokens / med, total_s=med,
-                agreement=agree.agreement, first_divergence=agree.first_divergence[0], threads=cfg.threads,
-                stability=cmp.stability(key) | {"group": groups + 1,
-                                                "options": dict(runner_class(runner).interleaved_options)})
-
-        groups = 0
-
-        def flush(group: dict[str, tuple[tuple[str, str, bool], Any]]) -> None:
-            # the group and the baseline decode the same prompt in rotated rounds (one generation per round
-            # each): tokens/s from the median round, speed-up vs torch from paired rounds, re-measured once
-            # while unstable
-            nonlocal groups
-            calls = {base_key: lambda: base.generate(prompt, gc)} | \
-                {k: (lambda g=g: g.generate(prompt, gc)) for k, (_, g) in group.items()}
-            cmp = compare(calls, baseline=base_key, attempts=2, warmup=0, min_block_s=0.0,
-                          min_rounds=3 if cfg.smoke else 5, max_rounds=24, max_seconds=2.0 if cfg.smoke else 8.0,
-                          extra_s=budget.allowance() if budget is not None else 0.0)
-            if budget is not None:
-                budget.spend(cmp.extra_s)
-            if groups == 0:  # the baseline's own record comes from the first group's rounds
-                recs.append(record(base_key, ("torch", "fp32", True), base, cmp))
-            recs.extend(record(k, run, g, cmp) for k, (run, g) in group.items())
-            groups += 1
-
-        group: dict[str, tuple[tuple[str, str, bool], Any]] = {}
-        gstack = contextlib.ExitStack()
-        cost = 0.0  # the most one generator has added to this process's memory so far
-        for runner, prec, cache in runs:
-            full = max_group is not None and len(group) >= max_group
-            if group and (full or not room_for_two_more(cost, cfg.memory_limit)):
-                flush(group)
-                group = {}
-                gstack.close()
-                gstack = contextlib.ExitStack()
-                _gc.collect()
-            rss0 = current_rss()
-            try:
-                g = opened(gstack, runner, prec, cache)
-            except XDeployError as e:
-                prog.notes.append(f"decode {model} {runner} {prec}: {e}")
-                continue
-            cost = max(cost, current_rss() - rss0)
-            group[f"{runner} {prec}" + ("" if cache else " no-cache")] = ((runner, prec, cache), g)
-        if group or groups == 0:
-            flush(group)
-        gstack.close()
-    return recs
 
 
 def scale_max_t(cfg: RunConfig) -> int:
@@ -461,306 +313,6 @@ def roofline_records(cfg: RunConfig, prog: _Progress) -> list[dict[str, Any]]:
         return list(get_roofline(quick=not cfg.full)["records"])
 
 
-# ------------------------------------------------------------------------------------ memory guard ----
-
-class _Guard:
-    """Before each configuration: its estimated peak (bench/memory.py `estimate_peak`) against the memory available
-    now; what does not fit is left out with a note ("skipped: needs ≈X GiB, Y GiB available")."""
-
-    def __init__(self, cfg: RunConfig, prog: _Progress, on_skip: Callable[[str, str, str], None]) -> None:
-        from xdeploy.bench.memory import MemoryGuard
-
-        self.cfg, self.prog, self.on_skip = cfg, prog, on_skip
-        self.guard = MemoryGuard(cfg.memory_limit)
-
-    def _skip(self, phase: str, what: str, note: str) -> None:
-        self.prog.notes.append(f"{phase} {what}: {note}")
-        self.on_skip(phase, what, note)
-
-    @staticmethod
-    def _weights(fp32: Path) -> float:
-        """fp32 weights in bytes: the fp32 artifact's ONNX files (graph + external data)."""
-        return float(sum(p.stat().st_size for p in Path(fp32).iterdir() if p.suffix in (".onnx", ".data")
-                         or p.name.endswith(".onnx.data")))
-
-    def estimate(self, fp32: Path, sizes: dict[str, int], **kw: Any) -> Any:
-        """MemoryEstimate of the model of the fp32 artifact at these axis sizes (inputs it does not use dropped)."""
-        from xdeploy.bench.memory import estimate_peak, output_elems
-        from xdeploy.export.artifact import load_artifact
-
-        art = load_artifact(fp32, verify=False)  # verified when exported / reused
-        g = art.graph("model")
-        used = {d for t in g.inputs for d in t.dims if isinstance(d, str)}
-        sizes = {k: v for k, v in sizes.items() if k == "batch" or k in used}
-        return estimate_peak(art.config, sizes, weights_fp32_bytes=self._weights(fp32),
-                             output_elems=output_elems(g, sizes), **kw)
-
-    def bench(self, model: str, preset: str, fp32: Path, batches: Sequence[int], seqs: Sequence[int]
-              ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """The batches and seqs whose every combination fits (estimates grow with both)."""
-        def note(b: int, t: int) -> str | None:
-            return self.guard.check(self.estimate(fp32, {"batch": b, "seq": t, "src_seq": t}))
-
-        keep_s = [t for t in seqs if note(min(batches), t) is None]
-        keep_b = [b for b in batches if all(note(b, t) is None for t in keep_s)]
-        for b in batches:
-            for t in seqs:
-                if b not in keep_b or t not in keep_s:
-                    self._skip("bench", f"{model} {preset} batch {b} seq {t}", note(b, t) or
-                               "skipped: its batch/seq row has a configuration that does not fit")
-        if not keep_b or not keep_s:
-            self.on_skip("bench", f"{model} {preset}", "every configuration skipped by the memory guard")
-            return (), ()
-        return tuple(keep_b), tuple(keep_s)
-
-    def parity(self, model: str, preset: str, prec: str, path: Path, fp32: Path,
-               shapes: Sequence[tuple[int, int | None]]) -> list[tuple[int, int | None]]:
-        """The parity shapes that fit (parity runs in this process)."""
-        keep = []
-        for b, t in shapes:
-            est, sizes = self.parity_estimate(fp32, b, t)
-            why = self.guard.check(est)
-            if why is None:
-                keep.append((b, t))
-            else:
-                self._skip("parity", f"{model} {preset} {prec} shape {b}x{sizes.get('seq', '-')}", why)
-        if not keep:  # the whole step: the journal knows it was not forgotten
-            self.on_skip("parity", f"{model} {preset} {prec}", "every parity shape skipped by the memory guard")
-        return keep
-
-    def parity_estimate(self, fp32: Path, batch: int, seq: int | None) -> tuple[Any, dict[str, int]]:
-        """(MemoryEstimate, sizes) of one parity shape: the reference model in this process besides the runner,
-        and float64 copies of the outputs (reference, candidate, difference, ratio)."""
-        from xdeploy.bench.memory import WEIGHT_COPIES, output_elems
-        from xdeploy.export.artifact import load_artifact
-
-        art = load_artifact(fp32, verify=False)
-        seq_max = art.spec.axes["seq"].max if "seq" in art.spec.axes else None
-        sizes = {"batch": batch} | ({"seq": seq or seq_max, "src_seq": seq or seq_max} if seq_max else {})
-        f64 = 4 * 8.0 * output_elems(art.graph("model"), sizes)
-        return self.estimate(fp32, sizes, weight_copies=WEIGHT_COPIES + 1, extra_bytes=f64), sizes
-
-    def decode_estimate(self, fp32: Path, prompt: int, new: int) -> Any:
-        """Decoding runs in this process: the reference and one runner, a KV cache of prompt + new tokens."""
-        from xdeploy.bench.memory import WEIGHT_COPIES
-        from xdeploy.export.artifact import load_artifact
-
-        c = load_artifact(fp32, verify=False).config
-        layers = getattr(c, "n_layers", 0) or getattr(c, "n_decoder_layers", 0)
-        kv = 2.0 * 2 * layers * (prompt + new) * c.d_model * 4  # keys + values, past and present copies
-        return self.estimate(fp32, {"batch": 1, "seq": prompt + new, "src_seq": prompt},
-                             weight_copies=WEIGHT_COPIES + 1, extra_bytes=kv)
-
-    def decode(self, model: str, preset: str, fp32: Path, prompt: int, new: int) -> str | None:
-        why = self.guard.check(self.decode_estimate(fp32, prompt, new))
-        if why is not None:
-            self._skip("decode", f"{model} {preset}", why)
-        return why
-
-    def decode_group(self, fp32: Path, prompt: int, new: int) -> int:
-        """How many generators may be open at once beside the PyTorch baseline (at least one): the decode
-        estimate holds the baseline and one runner; every further runner adds WEIGHT_COPIES of the weights."""
-        from xdeploy.bench.memory import WEIGHT_COPIES
-
-        spare = self.guard.available() - self.decode_estimate(fp32, prompt, new).total
-        return max(1, 1 + int(spare // (WEIGHT_COPIES * self._weights(fp32))))
-
-    def scale_max_t(self, model: str) -> int | None:
-        """The largest T of the sweep whose materialized scores fit; None when not even the smallest does."""
-        from xdeploy.bench.memory import estimate_peak
-        from xdeploy.bench.scale import t_values
-        from xdeploy.models.registry import get_config, param_count
-
-        preset = "tiny" if self.cfg.smoke else self.cfg.preset(model)
-        c = get_config(model, preset)
-        w = 4.0 * param_count(model, c)
-        ts = t_values(scale_max_t(self.cfg))
-        for t in ts:
-            why = self.guard.check(estimate_peak(c, {"batch": 1, "seq": t, "src_seq": t}, weights_fp32_bytes=w))
-            if why is not None:
-                self._skip("scale", f"{model} T={t}" + (f"..{ts[-1]}" if t != ts[-1] else ""), why)
-                if t == ts[0]:
-                    self.on_skip("scale", model, "every T skipped by the memory guard")
-                    return None
-                return ts[ts.index(t) - 1]
-        return ts[-1]
-
-
-# ------------------------------------------------------------------------------------------- journal ----
-
-class _Journal:
-    """The run's journal (core/journal.py) and --resume: each step is journaled as it runs; a step already
-    finished in the journal with the same key (configuration, artifact hashes, machine) is reused."""
-
-    def __init__(self, cfg: RunConfig, prog: _Progress, steps: list[tuple[str, str]]) -> None:
-        from xdeploy.core.journal import JOURNAL_NAME, JournalWriter, digest, machine_identity
-
-        self.cfg, self.prog = cfg, prog
-        self.fp = _fp()
-        self.machine = machine_identity(self.fp)
-        self.machine_key = digest(self.machine)
-        self.path = Path(cfg.out) / JOURNAL_NAME
-        self.reused: list[str] = []
-        self._seen: set[int] = set()  # ids of records already journaled (the records.py sink, when present)
-        self._keep: list[dict[str, Any]] = []  # keeps those ids valid
-        header = {"config": self.config_json(), "fingerprint": self.fp, "plan": steps,
-                  "command": _command(cfg)}
-        self.prior = None
-        Path(cfg.out).mkdir(parents=True, exist_ok=True)
-        if cfg.resume and self.path.exists():
-            self.writer, self.prior = JournalWriter.resume(self.path, **header)
-        else:
-            replaced = self._unfinished() if self.path.exists() else None
-            self.writer = JournalWriter.create(self.path, **header)
-            if cfg.resume:
-                self.note(f"--resume: no journal in {cfg.out}; started a new run")
-            if replaced:
-                self.note(f"started over: the journal of an unfinished run ({replaced}) was replaced; "
-                          "--resume would have continued it")
-
-    def _unfinished(self) -> str | None:
-        """Where the run journaled in `out` stopped, if it did not finish (None: finished or unreadable)."""
-        from xdeploy.core.journal import read_journal
-
-        try:
-            st = read_journal(self.path)
-        except XDeployError:
-            return None
-        return None if st.complete else (st.status()["stopped_in"] or "stopped between steps")
-
-    def config_json(self) -> dict[str, Any]:
-        d = {f.name: getattr(self.cfg, f.name) for f in dataclasses.fields(self.cfg) if f.name != "resume"}
-        return {k: str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v for k, v in d.items()}
-
-    def step_key(self, phase: str, model: str | None, artifacts: dict[str, Path] | None = None) -> dict[str, Any]:
-        """What a step's result depends on: the job settings that shape it, the artifacts' manifest hashes,
-        the machine. Phases that do not use the run's artifacts (roofline, scale) have none."""
-        from xdeploy.core.fsutil import sha256_file
-        from xdeploy.core.journal import digest
-        from xdeploy.export.artifact import MANIFEST
-
-        c = self.cfg
-        conf = {"phase": phase, "model": model, "preset": c.preset(model) if model else None, "smoke": c.smoke,
-                "full": c.full, "threads": c.threads, "runners": list(c.runners), "tolerances": list(c.tolerances),
-                "memory_limit": c.memory_limit}
-        arts = {p: sha256_file(Path(a) / MANIFEST) for p, a in (artifacts or {}).items()}
-        return {"config": digest(conf), "artifacts": arts, "machine": self.machine_key}
-
-    def note(self, text: str) -> None:
-        self.prog.notes.append(text)
-        self.writer.note(text)
-
-    def sink(self, rec: dict[str, Any]) -> None:
-        """Journal one record the moment it is made (registered with core/records.py's sink where available)."""
-        if id(rec) in self._seen:
-            return
-        self._seen.add(id(rec))
-        self._keep.append(rec)
-        self.writer.record(rec)
-
-    def _why_again(self, prior: Any, key: dict[str, Any]) -> str:
-        from xdeploy.core.journal import identity_changes
-
-        why = []
-        if prior.key.get("machine") != key["machine"]:
-            old = self.prior.machine_at(prior.attempt) if self.prior else {}
-            why.append("machine changed: " + ("; ".join(identity_changes(old, self.machine)[:4]) or "fingerprint"))
-        changed = sorted(p for p in set(prior.key.get("artifacts", {})) | set(key["artifacts"])
-                         if prior.key.get("artifacts", {}).get(p) != key["artifacts"].get(p))
-        if changed:
-            why.append(f"artifact changed: {', '.join(changed)}")
-        if prior.key.get("config") != key["config"]:
-            why.append("settings changed")
-        return "; ".join(why) or "key changed"
-
-    def unit(self, phase: str, what: str, key: dict[str, Any], fn: Callable[[], list[dict[str, Any]]]
-             ) -> list[dict[str, Any]]:
-        """Run one step with its journal events, or reuse its records from the journal being resumed."""
-        prior = self.prior.finished(phase, what) if self.prior else None
-        if prior is not None and prior.key == key:
-            self.writer.reused(phase, what, prior.attempt, key)
-            self.reused.append(f"{phase}: {what}")
-            self.prog.callback(f"{phase}: {what} (journal)", 1)
-            # what failed in the reused attempt (e.g. a bench child that died) is named in this report too
-            self.prog.notes += [f"{phase} {what}: failed: {e}" for ev in prior.parts.values()
-                                if ev.get("status") == "failed" for e in ev.get("errors") or ["?"]]
-            return list(prior.records)
-        if prior is not None:
-            self.note(f"{phase} {what}: re-measured ({self._why_again(prior, key)})")
-        t0 = time.perf_counter()
-        self.writer.begin(phase, what)
-        try:
-            recs = fn()
-        except XDeployError as e:
-            self.writer.failed(phase, what, str(e))
-            raise
-        for r in recs:  # records the sink has not seen (made outside core/records.py's constructor)
-            self.sink(r)
-        self.writer.done(phase, what, key, time.perf_counter() - t0, len(recs))
-        return recs
-
-    def export(self, model: str, prec: str, out: Path, fn: Callable[[], Path]) -> Path:
-        """Export one artifact, or reuse the one the journal recorded if it still verifies with the same hash."""
-        from xdeploy.core.fsutil import sha256_file
-        from xdeploy.export.artifact import MANIFEST, load_artifact
-
-        what = f"{model} {self.cfg.preset(model)} {prec}"
-        prior = self.prior.finished("export", what) if self.prior else None
-        if prior is not None and (out / MANIFEST).is_file():
-            try:
-                load_artifact(out)  # every file's sha256 against the manifest
-                if sha256_file(out / MANIFEST) == prior.key.get("artifact"):
-                    self.writer.reused("export", what, prior.attempt, prior.key)
-                    self.reused.append(f"export: {what}")
-                    self.prog.callback(f"export: {what} (journal)", 1)
-                    return out
-            except XDeployError as e:
-                self.note(f"export {what}: re-exported ({e})")
-        t0 = time.perf_counter()
-        self.writer.begin("export", what)
-        try:
-            path = fn()
-        except XDeployError as e:
-            self.writer.failed("export", what, str(e))
-            raise
-        self.writer.done("export", what, {"artifact": sha256_file(Path(path) / MANIFEST)}, time.perf_counter() - t0, 0)
-        return path
-
-
-    def parts(self, phase: str, what: str, key: dict[str, Any]) -> _Parts:
-        """The units of a step now running (bench: its comparisons), with what the resumed journal has of them."""
-        return _Parts(self, phase, what, key, self.prior.steps.get((phase, what)) if self.prior else None)
-
-
-class _Parts:
-    """The units of one step (bench: one interleaved comparison per batch/seq), each journaled as a "part" event
-    when it ends. With --resume, a part the interrupted attempt finished under the same key (the step's key and
-    the part's sizes) is taken from the journal: its records are journaled again in this attempt (so a second
-    kill keeps them) and it is not measured again. A part with a failure is measured again."""
-
-    def __init__(self, jr: _Journal, phase: str, what: str, key: dict[str, Any], prior: Any) -> None:
-        self.jr, self.phase, self.what, self.key, self.prior = jr, phase, what, key, prior
-
-    def _part(self, sizes: Mapping[str, int]) -> tuple[str, dict[str, Any]]:
-        return " ".join(f"{k} {v}" for k, v in sizes.items()), self.key | {"part": dict(sizes)}
-
-    def measured(self, sizes: Mapping[str, int]) -> list[dict[str, Any]] | None:
-        name, key = self._part(sizes)
-        recs = self.prior.part_records(name, key) if self.prior is not None else None
-        if recs is None:
-            return None
-        for r in recs:
-            self.jr.sink(r)
-        self.jr.writer.part(self.phase, self.what, name, key, recs)
-        self.jr.reused.append(f"{self.phase}: {self.what} {name}")
-        self.jr.prog.callback(f"{self.phase}: {self.what} {name} (journal)", 0)
-        return recs
-
-    def compared(self, sizes: Mapping[str, int], recs: list[dict[str, Any]], errors: list[str]) -> None:
-        name, key = self._part(sizes)
-        self.jr.writer.part(self.phase, self.what, name, key, recs, errors)
-
-
 def _command(cfg: RunConfig) -> str:
     return ("xdeploy run" + (" --full" if cfg.full else "") + (" --smoke" if cfg.smoke else "")
             + (" --resume" if cfg.resume else ""))
@@ -775,42 +327,64 @@ def sequential_budget(cfg: RunConfig) -> Budget:
     return Budget(10.0 if cfg.smoke else 300.0 if cfg.full else 90.0, comparisons=max(n, 1))
 
 
-def _run_steps(cfg: RunConfig, prog: _Progress, jr: _Journal, guard: _Guard,
-               attempt: Callable[[str, Callable[[], list[dict[str, Any]]]], None]) -> None:
-    """Every step of the plan, each through the journal (run, or reused by --resume) and the memory guard."""
-    budget = sequential_budget(cfg)
+@dataclass
+class _Steps:
+    """The job while it takes its steps: each step goes through the journal (run, or reused by --resume) and
+    the memory guard; a step that cannot run here is one of the run's errors, and the run goes on."""
+
+    cfg: RunConfig
+    prog: _Progress
+    jr: RunJournal
+    guard: RunMemoryGuard
+    budget: Budget
+    records: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def attempt(self, label: str, phase: str, what: str, key: dict[str, Any],
+                fn: Callable[[], list[dict[str, Any]]]) -> None:
+        try:
+            self.records.extend(self.jr.unit(phase, what, key, fn))
+        except XDeployError as e:
+            self.errors.append(f"{label}: {e}")
+
+
+def _run_steps(st: _Steps) -> None:
+    """Every step of the plan, in its order."""
+    cfg = st.cfg
     if cfg.runs("roofline"):
-        attempt("roofline", lambda: jr.unit("roofline", "machine peaks", jr.step_key("roofline", None),
-                                            lambda: roofline_records(cfg, prog)))
+        st.attempt("roofline", "roofline", "machine peaks", st.jr.step_key("roofline"),
+                   functools.partial(roofline_records, cfg, st.prog))
     for model in cfg.models:
-        preset = cfg.preset(model)
-        paths = export_all(cfg, model, prog, jr.export)  # nothing runs without the artifacts: errors propagate
-        for prec, path in paths.items():
-            shapes = guard.parity(model, preset, prec, path, paths["fp32"], parity_shapes(cfg))
-            if shapes:
-                attempt(f"parity {model}", lambda: jr.unit(  # noqa: B023
-                    "parity", f"{model} {preset} {prec}", jr.step_key("parity", model, {prec: path}),  # noqa: B023
-                    lambda: parity_all(cfg, model, {prec: path}, prog, shapes)))  # noqa: B023
-        if cfg.runs("bench"):
-            bkey = jr.step_key("bench", model, paths)
-            attempt(f"bench {model}", lambda: jr.unit(  # noqa: B023
-                "bench", f"{model} {preset}", bkey,  # noqa: B023
-                lambda: bench_all(cfg, model, paths, prog, guard,  # noqa: B023
-                                  jr.parts("bench", f"{model} {preset}", bkey), budget)))  # noqa: B023
-        if _family(model).capabilities.generates and cfg.runs("decode"):
-            new = 16 if cfg.smoke else (128 if cfg.full else 64)
-            prompt = 8 if cfg.smoke else 32
-            if guard.decode(model, preset, paths["fp32"], prompt, new) is None:
-                group = guard.decode_group(paths["fp32"], prompt, new)
-                attempt(f"decode {model}", lambda: jr.unit(  # noqa: B023
-                    "decode", f"{model} {preset}", jr.step_key("decode", model, paths),  # noqa: B023
-                    lambda: decode_all(cfg, model, paths, prog, max_group=group, budget=budget)))  # noqa: B023
+        _model_steps(st, model)
     for model in _scale_models(cfg) if cfg.runs("scale") else []:
-        max_t = guard.scale_max_t(model)
+        max_t = st.guard.scale_max_t(model, "tiny" if cfg.smoke else cfg.preset(model), scale_max_t(cfg))
         if max_t is not None:
-            attempt(f"scale {model}", lambda: jr.unit(  # noqa: B023
-                "scale", model, jr.step_key("scale", model) | {"max_t": max_t},  # noqa: B023
-                lambda: scale_all(cfg, model, prog, max_t)))  # noqa: B023
+            key = st.jr.step_key("scale", model, cfg.preset(model)) | {"max_t": max_t}
+            st.attempt(f"scale {model}", "scale", model, key, functools.partial(scale_all, cfg, model, st.prog, max_t))
+
+
+def _model_steps(st: _Steps, model: str) -> None:
+    """One model's export, parity, bench and decode steps."""
+    cfg, jr, prog, guard = st.cfg, st.jr, st.prog, st.guard
+    preset = cfg.preset(model)
+    paths = export_all(cfg, model, prog, jr.export)  # nothing runs without the artifacts: errors propagate
+    for prec, path in paths.items():
+        shapes = guard.parity(model, preset, prec, paths["fp32"], parity_shapes(cfg))
+        if shapes:
+            st.attempt(f"parity {model}", "parity", f"{model} {preset} {prec}",
+                       jr.step_key("parity", model, preset, {prec: path}),
+                       functools.partial(parity_step, cfg, model, prec, path, prog, shapes))
+    if cfg.runs("bench"):
+        key = jr.step_key("bench", model, preset, paths)
+        parts = jr.parts("bench", f"{model} {preset}", key)
+        st.attempt(f"bench {model}", "bench", f"{model} {preset}", key,
+                   functools.partial(bench_all, cfg, model, paths, prog, guard, parts, st.budget))
+    if _family(model).capabilities.generates and cfg.runs("decode"):
+        prompt, new = decode_sizes(cfg)
+        if guard.decode(model, preset, paths["fp32"], prompt, new) is None:
+            group = guard.decode_group(paths["fp32"], prompt, new)
+            st.attempt(f"decode {model}", "decode", f"{model} {preset}", jr.step_key("decode", model, preset, paths),
+                       functools.partial(decode_step, cfg, model, paths, prog, group, st.budget))
 
 
 # ------------------------------------------------------------------------------------------- the job ----
@@ -829,8 +403,6 @@ def run_job(cfg: RunConfig, *, progress: Callable[[str, int], None] | None = Non
     check_report_dir(Path(cfg.out))  # before any work: never run for minutes and then refuse the directory
     t0 = time.perf_counter()
     prog = _Progress(progress)
-    records: list[dict[str, Any]] = []
-    errors: list[str] = []
     from xdeploy.bench.suite import apply_thread_env
 
     # before torch loads OpenMP in this process (decode runs here): passive waiting; and before the journal's
@@ -838,34 +410,32 @@ def run_job(cfg: RunConfig, *, progress: Callable[[str, int], None] | None = Non
     # test - sees OMP_WAIT_POLICY "changed" and --resume re-measures everything)
     apply_thread_env()
     # journaled with the settings as given (threads 0 = "the free cores"), so a resume keys on what was asked
-    jr = _Journal(cfg, prog, plan(cfg))
+    # the settings that shape a step's result are in every step's key
+    settings = {"smoke": cfg.smoke, "full": cfg.full, "threads": cfg.threads, "runners": list(cfg.runners),
+                "tolerances": list(cfg.tolerances), "memory_limit": cfg.memory_limit}
+    jr = RunJournal(Path(cfg.out), resume=cfg.resume, config=config_json(cfg), settings=settings,
+                    command=_command(cfg), steps=plan(cfg), notes=prog.notes.append, progress=prog.callback)
     if not cfg.threads:  # runners never oversubscribe: threads = the cores free now (--threads overrides)
         from xdeploy.bench.interleave import resolve_threads
 
         cfg = dataclasses.replace(cfg, threads=resolve_threads(0))
-    guard = _Guard(cfg, prog, jr.writer.skip)
-
-    def attempt(what: str, fn: Callable[[], list[dict[str, Any]]]) -> None:
-        try:
-            records.extend(fn())
-        except XDeployError as e:
-            errors.append(f"{what}: {e}")
-
+    st = _Steps(cfg, prog, jr, RunMemoryGuard(cfg.memory_limit, jr.writer.skip, prog.notes.append),
+                sequential_budget(cfg))
     from xdeploy.core.records import record_sink
 
     # every record made while the job runs (core/records.py's constructor) is journaled the moment it exists
     try:
         with record_sink(jr.sink):
             try:
-                _run_steps(cfg, prog, jr, guard, attempt)
+                _run_steps(st)
             except KeyboardInterrupt:
                 jr.writer.interrupted("SIGINT")
                 raise
             from xdeploy.bench.roofline import reconcile
 
             # no record above 100% of its peak: a peak it beats is measured again (corrections journaled too)
-            records = reconcile(records)
-        errors += prog.notes
+            records = reconcile(st.records)
+        errors = st.errors + prog.notes
         failures = tuple(f"{r['model']} {r.get('preset')} {r['artifact_precision']} {r['runner']} "
                          f"{r['graph']}/{r['output']}: {r['reason']}" for r in records
                          if r["kind"] == "parity" and not r["passed"])
