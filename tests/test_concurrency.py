@@ -1,4 +1,5 @@
-"""Every CPU runner used from 8 threads for 1,000 requests gives exactly the single-threaded results."""
+"""Every registered runner used from 8 threads for 1,000 requests gives exactly the single-threaded results
+(tests/runners.py: the registry's runners, each skipped by what this machine lacks to open it)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-
-from xdeploy.deploy.registry import RUNNERS, open_runner
-from xdeploy.models.spec import make_feeds
-
-CPU_RUNNERS = [r for r in ("torch", "ort", "ov") if r in RUNNERS]
-N_REQUESTS, N_THREADS = 1000, 8
+from runners import N_REQUESTS, N_THREADS, check_thread_safe, params, require
 
 
 @pytest.fixture(scope="module")
@@ -19,21 +15,10 @@ def art(tiny_export):
     return tiny_export("bert")
 
 
-@pytest.mark.parametrize("runner", CPU_RUNNERS)
+@pytest.mark.parametrize("runner", params(variants=False))
 def test_runner_is_thread_safe(art, runner):
-    with open_runner(runner, art) as r:
-        # 16 distinct requests of different shapes, each issued many times from 8 threads at once.
-        requests = [make_feeds(r.graph, {"batch": 1 + i % 3, "seq": 3 + 5 * i}, seed=i) for i in range(16)]
-        expected = [r.infer(f) for f in requests]
-
-        def one(i: int) -> bool:
-            got = r.infer(requests[i % len(requests)])
-            want = expected[i % len(requests)]
-            return all(np.array_equal(got[k], want[k]) for k in want)
-
-        with ThreadPoolExecutor(N_THREADS) as pool:
-            results = list(pool.map(one, range(N_REQUESTS)))
-    assert all(results), f"{results.count(False)} of {N_REQUESTS} concurrent results differ"
+    require(runner)
+    check_thread_safe(runner, art)
 
 
 @pytest.mark.parametrize("sessions", ["shared", "per-thread"])

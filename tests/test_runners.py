@@ -1,34 +1,23 @@
-"""torch, ort and ov run every exported tiny model (every graph, every export precision) and match the torch
-fp32 reference; runner options, info(), zero-copy binding, and clean errors for the GPU-only runners here."""
+"""Every registered runner that runs the artifact's graph (ort, ov, ov:bf16, ...: deploy/registry.specs, never a
+list of names; tests/runners.py) runs every exported tiny model (every graph, every export precision) and matches
+the torch fp32 reference; runner options, info(), zero-copy binding, and clean errors for the GPU-only runners here."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from families import n_graphs, names
+from runners import check_bind_with_pruned_outputs, check_outputs_option, params, reference_failures, require
+from runners import close as _close
 
 from xdeploy.core.errors import XDeployError
-from xdeploy.deploy.metrics import cosine
-from xdeploy.deploy.registry import RUNNERS, open_runner, runner_class
+from xdeploy.deploy.registry import RUNNERS, compute_precision, gaps, needs_gpu, open_runner, runner_class, specs
 from xdeploy.export.artifact import load_artifact
 from xdeploy.export.precision import EXPORT_PRECISIONS
-from xdeploy.models.spec import DEFAULT_TOLERANCES, Tolerance, make_feeds
+from xdeploy.models.spec import DEFAULT_TOLERANCES, make_feeds
 
 MODELS = names()  # every registered family
 SIZES = {"batch": 2, "seq": 5, "src_seq": 4, "cache": 3}
-# runner spec -> the compute precision whose tolerance applies to it (None: the artifact's own precision)
-CPU_RUNNERS = {"ort": None, "ov": None, "ov:bf16": "bf16"}
-
-
-def _close(ref: np.ndarray, got: np.ndarray, tol: Tolerance, *, cosine_only: bool) -> tuple[bool, str]:
-    """The manifest criterion: elementwise within atol + rtol*|ref|, or cosine similarity >= tol.cosine.
-    Reduced precisions are judged on direction only (cosine), fp32 on values first."""
-    assert got.shape == ref.shape and np.isfinite(got).all()
-    a, b = ref.astype(np.float64).ravel(), got.astype(np.float64).ravel()
-    cos = cosine(a, b)
-    err = float(np.max(np.abs(a - b) - tol.rtol * np.abs(a))) if a.size else 0.0
-    ok = cos >= tol.cosine if cosine_only else (err <= tol.atol or cos >= tol.cosine)
-    return ok, f"cosine {cos:.6f} (need {tol.cosine}), max excess error {err:.3g} (atol {tol.atol})"
 
 
 @pytest.fixture(scope="module")
@@ -69,21 +58,13 @@ MATRIX = [pytest.param(m, p, marks=[pytest.mark.slow] if n_graphs(m) >= 3 and p 
 
 @pytest.mark.parametrize("model,precision", MATRIX)
 def test_cpu_runners_match_torch_fp32(artifacts, reference, model, precision):
+    """Every CPU spec that runs the graph; the GPU specs have their own gpu-marked check below (the GPU check,
+    `make gpu-check`, knows which export precisions each GPU runner takes). A spec that cannot open here (ov
+    without openvino) is left out by what it lacks; at least one runs."""
     art = artifacts(model, precision)
-    failures = []
-    for graph in art.spec.graphs:
-        feeds, ref = reference(model, graph.name)
-        for spec, compute in CPU_RUNNERS.items():
-            # a bf16 runner on an fp16/int8 artifact is held to the looser of the two tolerances
-            tols = [DEFAULT_TOLERANCES[p] for p in {precision, compute or precision}]
-            tol = min(tols, key=lambda t: t.cosine)
-            with open_runner(spec, art, graph.name, threads=2) as r:
-                got = r.infer({k: v.copy() for k, v in feeds.items()})
-            assert set(got) == set(ref)
-            for name in ref:
-                ok, why = _close(ref[name], got[name], tol, cosine_only=tol is not DEFAULT_TOLERANCES["fp32"])
-                if not ok:
-                    failures.append(f"{spec} {model}/{graph.name}/{name} @ {precision}: {why}")
+    here = [s for s in specs(runs_graph=True) if not needs_gpu(s) and not gaps(s)]
+    assert here, "no CPU runner of the graph can open here"
+    failures = [f for spec in here for f in reference_failures(spec, art, lambda g: reference(model, g))]
     assert not failures, "\n".join(failures)
 
 
@@ -133,26 +114,11 @@ def test_ov_options_cache_dir_and_hints(artifacts, tmp_path):
         open_runner("ov", art, precision="bf16")
 
 
-@pytest.mark.parametrize("spec", ["torch", "ort", "ov", "ov:bf16"])
+@pytest.mark.parametrize("spec", params())
 def test_outputs_option_returns_only_the_named_outputs(artifacts, reference, spec):
-    """outputs=[name]: only that output comes back (every call path), equal to the full run's; OpenVINO compiles
-    a model without the other results (BERT's pooler branch pruned); a wrong name is one clean error."""
-    art = artifacts("bert", "fp32")
+    require(spec)
     feeds, ref = reference("bert", "model")
-    names_ = [t.name for t in art.graph("model").outputs]
-    assert len(names_) >= 2
-    first = names_[0]
-    with open_runner(spec, art, threads=1, outputs=[first]) as r:
-        assert r.output_names == [first]
-        got = r.infer(feeds)
-        assert list(got) == [first]
-        tol = DEFAULT_TOLERANCES["bf16" if spec.endswith("bf16") else "fp32"]
-        ok, why = _close(ref[first], got[first], tol, cosine_only=spec.endswith("bf16"))
-        assert ok, why
-        if spec.startswith("ov"):
-            assert [n for p in r.compiled.outputs for n in p.get_names()] == [first]
-    with pytest.raises(XDeployError, match=r"unknown output\(s\) \['nope'\]"):
-        open_runner(spec, art, threads=1, outputs=["nope"])
+    check_outputs_option(spec, artifacts("bert", "fp32"), feeds, ref)
 
 
 def test_ov_prepare_and_bind_are_zero_copy(artifacts):
@@ -184,19 +150,11 @@ def test_ov_prepare_and_bind_are_zero_copy(artifacts):
             r.bind(feeds, {"hidden": np.zeros(1, np.float32)})
 
 
-@pytest.mark.parametrize("spec", ["ort", "ov"])
+@pytest.mark.parametrize("spec", params(variants=False))
 def test_bind_with_pruned_outputs_checks_the_requested_outputs(artifacts, spec):
-    """A runner opened with outputs= binds only those: a graph output it does not compute is refused in one line
-    (OpenVINO raised a bare KeyError from its output ports), a requested one binds and is written in place."""
-    art = artifacts("bert", "fp32")
-    feeds = make_feeds(art.graph(), {"batch": 1, "seq": 4})
-    with open_runner(spec, art, outputs=["last_hidden_state"]) as r:
-        want = r.infer(feeds)["last_hidden_state"]  # [1, 4, d]
-        with pytest.raises(XDeployError, match=r"unknown output\(s\) \['pooler_output'\]"):
-            r.bind(feeds, {"pooler_output": np.zeros((1, want.shape[-1]), np.float32)})
-        hidden = np.zeros_like(want)
-        r.bind(feeds, {"last_hidden_state": hidden})()
-        np.testing.assert_allclose(hidden, want, atol=1e-5)
+    """(OpenVINO raised a bare KeyError from its output ports for the output it does not compute.)"""
+    require(spec)
+    check_bind_with_pruned_outputs(spec, artifacts("bert", "fp32"))
 
 
 def test_ov_validates_feeds_like_every_runner(artifacts):
@@ -243,40 +201,42 @@ def test_ov_close_releases_every_threads_infer_request(artifacts):
     ("torch:fp16", "runner 'torch:fp16' runs on CUDA only; no CUDA device"),
 ])
 def test_bad_specs_and_missing_gpu_give_one_line_errors(artifacts, spec, msg):
-    import torch
-
-    if spec.startswith(("trt", "ort-", "torch:fp16")) and torch.cuda.is_available():
-        pytest.skip("a GPU is present: the GPU runners are expected to work here")
+    try:
+        opens = not gaps(spec)
+    except XDeployError:  # an unknown runner or variant: the error under test
+        opens = False
+    if opens:
+        pytest.skip(f"{spec} can open here: its missing-GPU error cannot be seen")
     with pytest.raises(XDeployError) as e:
         open_runner(spec, artifacts("bert", "fp32"))
     assert msg in str(e.value) and "\n" not in str(e.value)
 
 
 def test_every_registered_runner_imports_without_its_backend():
-    """Optional backends (tensorrt, onnxruntime-gpu) are imported only when a runner is opened."""
+    """Optional backends (tensorrt, onnxruntime-gpu) are imported only when a runner is opened: not to read its
+    capabilities, nor to ask what this machine lacks to open it."""
     import sys
 
     for name in RUNNERS:
         assert runner_class(name).name == name
+    for spec in specs():
+        assert all(isinstance(g, str) and g and "\n" not in g for g in gaps(spec))
+        assert compute_precision(spec) in (None, *DEFAULT_TOLERANCES)
     assert "tensorrt" not in sys.modules
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("spec", ["ort-cuda", "ort-trt", "ort-trt:fp16", "torch:fp16"])
+@pytest.mark.parametrize("spec", [s for s in specs() if needs_gpu(s)])
 def test_gpu_runners_match_ort_cpu(artifacts, reference, spec):
-    import onnxruntime as ort
-    import torch
-
-    if not torch.cuda.is_available() or "CUDAExecutionProvider" not in ort.get_available_providers():
-        pytest.skip("needs an NVIDIA GPU with onnxruntime-gpu (and TensorRT for ort-trt)")
+    require(spec)
     art = artifacts("bert", "fp32")
     feeds, ref = reference("bert", "model")
     with open_runner(spec, art) as r:
         got = r.infer(feeds)
         r.prepare(feeds)()
-    tol = DEFAULT_TOLERANCES["fp16" if "fp16" in spec else "fp32"]
+    tol = DEFAULT_TOLERANCES[compute_precision(spec) or "fp32"]
     for name in ref:
-        ok, why = _close(ref[name], got[name], tol, cosine_only="fp16" in spec)
+        ok, why = _close(ref[name], got[name], tol, cosine_only=compute_precision(spec) is not None)
         assert ok, why
 
 
