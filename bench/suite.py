@@ -37,12 +37,11 @@ from xdeploy.core.fingerprint import fingerprint
 from xdeploy.core.records import best, identity, make_record, speedup_interval, speedup_wide, speedups, unstable
 from xdeploy.core.targets import TARGETS
 from xdeploy.export.cache import cached_artifact
+from xdeploy.models.spec import token_axes, token_count
 
 from .interleave import Budget
 from .memory import MemoryStats, Probe, run_isolated
 from .roofline import pct_text
-
-SEQ_AXES = ("seq", "src_seq")  # token axes: both set to the requested --seq (transformer: source and target)
 
 
 @dataclass(frozen=True)
@@ -201,7 +200,7 @@ def bench_configs(art: Any, batches: Sequence[int], seqs: Sequence[int], graph: 
     axes = art.spec.axes
     configs: list[dict[str, int]] = []
     skipped: list[str] = []
-    seq_axes = [a for a in SEQ_AXES if a in used]
+    seq_axes = [a for a in token_axes(art.capabilities) if a in used]
     for b in batches:
         for s in (seqs if seq_axes else [None]):
             sizes = {"batch": b} | {a: s for a in seq_axes}
@@ -218,10 +217,12 @@ def bench_configs(art: Any, batches: Sequence[int], seqs: Sequence[int], graph: 
 
 def tokens_per_call(art: Any, sizes: Mapping[str, int]) -> float | None:
     """Tokens processed per call: batch * (sum of token axes), or batch * the fixed token count (ViT)."""
-    seq = sum(sizes[a] for a in SEQ_AXES if a in sizes)
+    seq = sum(sizes[a] for a in token_axes(art.capabilities) if a in sizes)
     if seq:
         return float(sizes["batch"] * seq)
-    n = getattr(art.config, "n_tokens", None) if art.foreign is None else None
+    from xdeploy.models.registry import dims
+
+    n = dims(art.config).fixed_tokens if art.foreign is None else None
     return float(sizes["batch"] * n) if n else None
 
 
@@ -258,7 +259,7 @@ def latency_record(art: Any, job: BenchJob, result: dict[str, Any], mem: MemoryS
         "latency", result["fingerprint"], model=art.model, preset=art.manifest.get("preset"), graph=job.graph,
         runner=info["runner"], device=info["device"], precision=info["precision"],
         artifact_precision=art.precision, opset=art.opset, attn_impl=art.manifest.get("attn_impl"),
-        threads=int(info["threads"]), batch=sizes["batch"], seq=sizes.get("seq"), sizes=sizes,
+        threads=int(info["threads"]), batch=sizes["batch"], seq=token_count(art.capabilities, sizes), sizes=sizes,
         latency_s={k: st[k] for k in ("p50", "p90", "p99", "mean", "std", "min", "max")},
         iterations=int(st["n"]), timed_s=st["total_s"], items_per_s=sizes["batch"] / st["p50"],
         tokens_per_s=tokens / st["p50"] if tokens else None, flops=flops, achieved_flops=achieved,

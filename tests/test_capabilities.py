@@ -110,10 +110,6 @@ def echo(monkeypatch):
 
 # ------------------------------------------------------------------------------------- the proof ----
 
-# bench/suite.py still sets the axes it names itself ("seq", "src_seq"), not the declared token axes: the bench
-# block below fails on the `length` axis until it reads models/spec.py token_axes / token_count (#29 item 2);
-# strict, so the marker goes as soon as it does
-@pytest.mark.xfail(strict=True, reason="bench/suite.py does not read the declared token axes yet (#29 item 2)")
 def test_fifth_family_goes_through_export_parity_bench_report_and_embedder(echo, tmp_path):
     from xdeploy.bench.suite import bench_artifacts
     from xdeploy.deploy.embedder import Embedder
