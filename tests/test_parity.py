@@ -247,8 +247,18 @@ def test_fp16_overflow_is_caught_and_located(arts, tmp_path):
 def test_cli_passes_with_json_records(arts, tmp_path, capsys):
     out = tmp_path / "p.json"
     assert main(["parity", str(arts["vit"].path), "--runners", "torch,ort", "--shapes", "1x1,4xmax",
-                 "--tolerance", "logits:cosine=0.9999", "--layerwise", "--json", str(out)]) == 0
+                 "--tolerance", "logits:cosine=0.9999", "--layerwise", "--json", str(out),
+                 "--records", str(tmp_path / "p.jsonl")]) == 0
     rep = json.loads(out.read_text())
+    # --records: the run's parity records (verify/parity.py parity_records), the worst of the JSON's cases
+    from xdeploy.core.records import read_records
+
+    recs = read_records(tmp_path / "p.jsonl")
+    assert {(r["runner"], r["output"], r["cases"], r["passed"]) for r in recs} == {("torch", "logits", 2, True),
+                                                                                  ("ort", "logits", 2, True)}
+    for r in recs:
+        mine = [c for c in rep["artifacts"][0]["checks"] if c["runner"] == r["runner"]]
+        assert r["max_abs"] == max(c["max_abs"] for c in mine) and r["model"] == "vit" and r["min_cosine"] == 0.9999
     checks = rep["artifacts"][0]["checks"]
     assert rep["passed"] and len(checks) == 4 and all(isinstance(c["max_abs"], float) for c in checks)
     assert {c["min_cosine"] for c in checks} == {0.9999} and all(c["top1"] == 1.0 for c in checks)

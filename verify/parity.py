@@ -293,7 +293,7 @@ def _layerwise(artifact: Any, g: Any, cases: list[InputCase], failed: list[tuple
 
 # ------------------------------------------------------------------------------------------ records ----
 
-def parity_records(report: ParityReport, model: str, preset: str) -> list[dict[str, Any]]:
+def parity_records(report: ParityReport, model: str, preset: str | None) -> list[dict[str, Any]]:
     """One "parity" record per (graph, runner, output), worst case over the input cases."""
     from xdeploy.core.fingerprint import fingerprint
     from xdeploy.core.records import make_record

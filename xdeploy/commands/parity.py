@@ -34,6 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     lw.add_argument("--no-layerwise", action="store_true", help="never run the layerwise divergence finder")
     p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
     p.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
+    p.add_argument("--records", metavar="FILE",
+                   help="write one parity record per runner x graph x output (JSON lines; the same records "
+                        "`xdeploy run` writes, worst over the cases)")
     add_json_option(p)
 
 
@@ -67,7 +70,13 @@ def _split(text: str | None) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from xdeploy.export.artifact import load_artifact
-    from xdeploy.verify.parity import DEFAULT_SHAPES, check_artifact, parse_shapes, parse_tolerance_overrides
+    from xdeploy.verify.parity import (
+        DEFAULT_SHAPES,
+        check_artifact,
+        parity_records,
+        parse_shapes,
+        parse_tolerance_overrides,
+    )
 
     target = Path(args.target)
     foreign = target.is_file() or (target.is_dir() and not (target / "manifest.json").exists())
@@ -86,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
                                   seed=args.seed, layerwise=mode, threads=args.threads)
 
     reports = []
+    records: list[dict[str, Any]] = []  # the run's parity records, built by the same function (verify/parity.py)
     if target.is_dir() or target.is_file():
         if args.precision or args.preset or args.checkpoint:
             raise XDeployError(f"{target} is an artifact or ONNX model: --precision/--preset/--checkpoint apply to a "
@@ -99,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         elif named:
             raise XDeployError(f"--shapes INPUT:DxD applies to an ONNX file; {target} is an artifact: give BATCHxSEQ")
         reports.append((str(target), check_artifact(art, runners, **common)))
+        records += parity_records(reports[-1][1], art.model, art.manifest.get("preset"))
     else:
         from xdeploy.export.onnx_export import export
         from xdeploy.export.precision import check_precision
@@ -120,7 +131,12 @@ def run(args: argparse.Namespace) -> int:
                 ref = (lambda g, a=fp32: a.onnx_path(g)) if fp32 is not None and prec != "fp32" else None
                 reports.append((f"{args.target} {prec}", check_artifact(arts[prec], runners, reference_onnx=ref,
                                                                         **common)))
+                records += parity_records(reports[-1][1], args.target, arts[prec].manifest.get("preset"))
     _print(reports)
+    if args.records:
+        from xdeploy.core.records import write_records
+
+        write_records(args.records, records)
     write_json(args.json, {"target": args.target, "passed": all(r.passed for _, r in reports),
                            "artifacts": [{"name": n} | r.to_json() for n, r in reports]})
     failures = [c for _, r in reports for c in r.failures]
