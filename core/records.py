@@ -332,7 +332,8 @@ def is_baseline(rec: Mapping[str, Any], baseline: str = "torch") -> bool:
     return rec.get("kind") == "latency" and rec.get("runner") == baseline and rec.get("precision") == "fp32"
 
 
-def _stability(rec: Mapping[str, Any]) -> Mapping[str, Any] | None:
+def stability_block(rec: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """A record's `stability` block (interleaved comparisons, bench/interleave.py); None for older records."""
     st = rec.get("stability")
     return st if isinstance(st, dict) else None
 
@@ -351,7 +352,7 @@ def speedups(records: Iterable[Mapping[str, Any]], baseline: str = "torch") -> d
             base.setdefault(config_key(r), float(r["latency_s"]["p50"]))
     out: dict[tuple[Any, ...], float] = {}
     for r in lat:
-        st = _stability(r)
+        st = stability_block(r)
         if st is not None:
             if st["stable"] and st.get("speedup"):
                 out[identity(r)] = float(st["speedup"]["median"])
@@ -365,19 +366,19 @@ def speedups(records: Iterable[Mapping[str, Any]], baseline: str = "torch") -> d
 def unstable(records: Iterable[Mapping[str, Any]]) -> dict[tuple[Any, ...], str]:
     """identity(latency record) -> "load" | "noise": interleaved comparisons that stayed unstable."""
     return {identity(r): str(st.get("cause") or "noise") for r in records if r.get("kind") == "latency"
-            and (st := _stability(r)) is not None and not st["stable"]}
+            and (st := stability_block(r)) is not None and not st["stable"]}
 
 
 def speedup_wide(rec: Mapping[str, Any]) -> bool:
     """A steady paired speed-up whose 95% interval stayed wider than the comparison's target (bench/interleave.py:
     "wide"): a figure, printed with its interval and the word."""
-    st = _stability(rec)
+    st = stability_block(rec)
     return bool(st is not None and st["stable"] and st.get("wide") and st.get("speedup"))
 
 
 def speedup_interval(rec: Mapping[str, Any]) -> tuple[float, float] | None:
     """The 95% interval of a stable paired speed-up; None for p50-ratio records and unstable ones."""
-    st = _stability(rec)
+    st = stability_block(rec)
     if st is None or not st["stable"] or not st.get("speedup"):
         return None
     return float(st["speedup"]["low"]), float(st["speedup"]["high"])
