@@ -521,15 +521,3 @@ def compare(calls: Mapping[str, Callable[[], Any]], *, baseline: str | None = No
                 f"({done + 1}/{attempts})")
     assert best is not None
     return replace(best, attempts=done, extra_s=extra)
-
-
-def speedup_text(stability: Mapping[str, Any] | None, *, digits: int = 2) -> str:
-    """'3.41x (3.30-3.52)', '1.07x (1.02-1.47) wide' when the interval stayed wider than the target, or
-    'unstable (load)' when the comparison was unstable; '-' without a figure."""
-    if not stability or not stability.get("speedup"):
-        return "-"
-    if not stability["stable"]:
-        return f"unstable ({stability['cause']})"
-    sp = stability["speedup"]
-    text = f"{sp['median']:.{digits}f}x ({sp['low']:.{digits}f}-{sp['high']:.{digits}f})"
-    return text + (" wide" if stability.get("wide") else "")

@@ -19,7 +19,7 @@ import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -359,16 +359,6 @@ def reconcile(records: list[dict[str, Any]], *, log: Callable[[str], None] | Non
     return out
 
 
-def pct_text(pct: float | None, digits: int = 0) -> str:
-    """'87%', '-' when not measured, and never a figure above 100%: such a record beat a peak that was
-    underestimated (`reconcile` re-measures it; older records may still carry one)."""
-    if pct is None:
-        return "-"
-    if pct > 100.0:
-        return "> peak (peak underestimated)"
-    return f"{pct:.{digits}f}%"
-
-
 def get_roofline(*, refresh: bool = False, quick: bool = False,
                  log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Cached result, or measure and cache it."""
@@ -379,18 +369,11 @@ def get_roofline(*, refresh: bool = False, quick: bool = False,
     return data
 
 
-def render(data: dict[str, Any], console: Any) -> None:
-    from rich.table import Table
+def peak_rows(data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The cached result's peaks as roofline-record-shaped rows (measure, precision, value, unit, path): read from
+    its tables, not its records, which `reconcile` does not rewrite when it re-measures a peak."""
+    rows = [{"measure": "gemm", "precision": prec, "value": v["value"], "unit": "FLOP/s", "path": v["path"]}
+            for prec, v in data["gemm"].items()]
+    return rows + [{"measure": kind, "precision": None, "value": data[kind]["value"], "unit": "B/s",
+                    "path": data[kind]["path"]} for kind in ("memory_read", "memory_copy") if data.get(kind)]
 
-    from xdeploy.core.fingerprint import summary
-
-    t = Table(title="machine roofline (best of several paths; min call time)",
-              caption=summary(data["records"][0]["fingerprint"]) if data.get("records") else None)
-    for col in ("measure", "precision", "peak", "reached by"):
-        t.add_column(col, justify="right" if col == "peak" else "left")
-    for prec, v in data["gemm"].items():
-        t.add_row("GEMM", prec, f"{v['value'] / 1e9:.1f} GFLOP/s", v["path"])
-    for kind in ("memory_read", "memory_copy"):
-        if data.get(kind):
-            t.add_row(kind.replace("_", " "), "", f"{data[kind]['value'] / 1e9:.1f} GB/s", data[kind]["path"])
-    console.print(t)

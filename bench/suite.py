@@ -34,14 +34,13 @@ import numpy as np
 
 from xdeploy.core.errors import XDeployError
 from xdeploy.core.fingerprint import fingerprint
-from xdeploy.core.records import best, identity, make_record, speedup_interval, speedup_wide, speedups, unstable
+from xdeploy.core.records import best, make_record
 from xdeploy.core.targets import TARGETS
 from xdeploy.export.cache import cached_artifact
 from xdeploy.models.spec import token_axes, token_count
 
 from .interleave import Budget
 from .memory import MemoryStats, Probe, run_isolated
-from .roofline import pct_text
 
 
 @dataclass(frozen=True)
@@ -460,9 +459,7 @@ def bench_artifacts(arts: Sequence[Any], *, runners: Sequence[str], batches: Seq
             rec = latency_record(art, job, {"stats": res["stats"], "info": res["info"],
                                             "fingerprint": cres["fingerprint"]}, mem, peaks, parity=ok, note=note,
                                  stability=res["stability"])
-            records.append(rec)
-            if log:
-                log(row_text(rec))
+            records.append(rec)  # made by make_record: a record_sink sees it now (`xdeploy bench` prints it)
         if compared:
             compared(sizes, records[n_rec:], failures[n_fail:])
     if failures and not records:
@@ -470,64 +467,6 @@ def bench_artifacts(arts: Sequence[Any], *, runners: Sequence[str], batches: Seq
     if not records:
         raise XDeployError(f"nothing ran: every configuration was skipped ({'; '.join(all_skipped[:3])})")
     return records
-
-
-def row_text(r: Mapping[str, Any]) -> str:
-    lat = r["latency_s"]
-    pct = pct_text(r["pct_of_peak"])
-    return (f"{r['runner']:>10s} {r['artifact_precision']:>5s} b{r['batch']} s{r['seq'] or '-'}: "
-            f"p50 {lat['p50'] * 1e3:.2f} ms p99 {lat['p99'] * 1e3:.2f} ms, "
-            f"{r['achieved_flops'] / 1e9:.1f} GFLOP/s ({pct} of peak)")
-
-
-def _mib(x: float | None) -> str:
-    return "-" if x is None else f"{x / 2**20:.0f}"
-
-
-def latency_table(records: Sequence[Mapping[str, Any]], *, baseline: str | None = "torch") -> Any:
-    """A rich table of latency records. The speed-up is core/records.py's `speedups`: the paired one from the
-    interleaved rounds (median and 95% interval), "unstable (load|noise)" where the comparison stayed unstable;
-    records without a `stability` block (older files) fall back to the baseline's fp32 p50 / p50."""
-    from rich.table import Table
-
-    from xdeploy.core.fingerprint import summary
-
-    sp = speedups(records, baseline) if baseline else {}
-    unst = unstable(records)
-    models = sorted({f"{r['model']} {r['preset'] or ''}".strip() for r in records})
-    caption = summary(records[0]["fingerprint"]) if records else None
-    t = Table(title=f"xdeploy bench {', '.join(models)} — latency per call, memory = child RSS (MiB)",
-              caption=caption)
-    cols = ("runner", "prec", "b", "seq", "p50 ms", "p99 ms", "±std", "n", "tokens/s", "GFLOP/s", "%peak",
-            f"×{baseline}" if baseline else "×", "weights", "activ", "parity")
-    for c in cols:
-        t.add_column(c, justify="left" if c in ("runner", "prec", "parity") else "right")
-    for r in records:
-        lat, ident = r["latency_s"], identity(r)
-        prec = r["precision"] if r["precision"] == r["artifact_precision"] else \
-            f"{r['artifact_precision']}>{r['precision']}"
-        m = r["memory"]
-        t.add_row(
-            f"{r['model']} {r['runner']}" if len(models) > 1 else r["runner"], prec, str(r["batch"]),
-            str(r["seq"]) if r["seq"] is not None else "-",
-            f"{lat['p50'] * 1e3:.2f}", f"{lat['p99'] * 1e3:.2f}", f"{lat['std'] * 1e3:.2f}", str(r["iterations"]),
-            f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else f"{r['items_per_s']:.1f}/s",
-            f"{r['achieved_flops'] / 1e9:.1f}", pct_text(r["pct_of_peak"]),
-            _speedup_text(sp.get(ident), speedup_interval(r), unst.get(ident), speedup_wide(r)),
-            _mib(m["weights_bytes"]), _mib(m["activations_bytes"]),
-            {True: "pass", False: "FAIL", None: "-"}[r["parity_passed"]])
-    return t
-
-
-def _speedup_text(x: float | None, interval: tuple[float, float] | None, unstable: str | None,
-                  wide: bool = False) -> str:
-    """'3.41x (3.30-3.52)' (paired, 95% interval; 'wide' after it when the interval stayed wider than the
-    target), '3.41x' (p50 ratio), 'unstable (load)', or '-'."""
-    if unstable:
-        return f"unstable ({unstable})"
-    if x is None:
-        return "-"
-    return f"{x:.2f}x" + (f" ({interval[0]:.2f}-{interval[1]:.2f})" if interval else "") + (" wide" if wide else "")
 
 
 def best_vs_baseline(records: Sequence[Mapping[str, Any]], baseline: str = "torch") -> list[dict[str, Any]]:
@@ -547,20 +486,3 @@ def best_vs_baseline(records: Sequence[Mapping[str, Any]], baseline: str = "torc
                     "meets_speedup": speedup.met(b.speedup), "meets_peak": peak.met(r["pct_of_peak"]),
                     "baseline": "PyTorch eager fp32" if baseline == "torch" else f"{baseline} on the first target"})
     return out
-
-
-def best_text(b: Mapping[str, Any]) -> str:
-    pct = pct_text(b["pct_of_peak"])
-    parity = {True: "parity pass", None: "parity not checked"}.get(b["parity_passed"], "parity FAIL")
-    speedup, peak = TARGETS["speedup_vs_eager"], TARGETS["pct_of_gemm_peak"]
-    if b["speedup"] is None:
-        sp = f"speed-up unstable ({b['unstable']}) vs {b.get('baseline', 'PyTorch eager fp32')}"
-    else:
-        ci = f" (95% {b['speedup_interval'][0]:.2f}-{b['speedup_interval'][1]:.2f})" if b["speedup_interval"] else ""
-        sp = (f"{b['speedup']:.2f}x{ci} {b.get('baseline', 'PyTorch eager fp32')} "
-              f"({'meets' if b['meets_speedup'] else 'misses'} "
-              f"{speedup.text()})")
-    return (f"best for {b['model']} {b['preset'] or ''} b{b['batch']} s{b['seq'] or '-'}: {b['runner']} "
-            f"({b['artifact_precision']} graph, {b['precision']} compute) p50 {b['p50_s'] * 1e3:.2f} ms = {sp}, "
-            f"{pct} of the {b['precision']} GEMM peak ({'meets' if b['meets_peak'] else 'misses'} {peak.text()}), "
-            f"{parity}")

@@ -183,7 +183,7 @@ def render_table(c: Comparison, title: str = "") -> Any:
     """A rich Table of the comparison (regressions in red, improvements in green)."""
     from rich.table import Table
 
-    from xdeploy.reports.render import _fmt_s
+    from xdeploy.reports.text import NONE, fmt_num, fmt_s
 
     t = Table(title=title or f"report compare (threshold {100 * c.threshold:.0f}%, noise = p90-p50 of A + B)")
     for col, just in (("kind", "left"), ("configuration", "left"), ("metric", "left"), ("A", "right"),
@@ -191,8 +191,8 @@ def render_table(c: Comparison, title: str = "") -> Any:
         t.add_column(col, justify=just)  # type: ignore[arg-type]
     style = {"regression": "bold red", "improvement": "green", "noise": "yellow", "other machine": "yellow"}
     for r in c.rows:
-        fmt = (lambda v: "–" if v is None else f"{v:.3g}") if r.kind == "parity" else _fmt_s
+        fmt = fmt_num if r.kind == "parity" else fmt_s
         t.add_row(r.kind, r.key, r.metric, fmt(r.a), fmt(r.b),
-                  "–" if r.change is None else f"{100 * r.change:+.1f}%", _fmt_s(r.spread) if r.spread else "–",
+                  NONE if r.change is None else f"{100 * r.change:+.1f}%", fmt_s(r.spread) if r.spread else NONE,
                   f"[{style[r.status]}]{r.status}[/]" if r.status in style else r.status)
     return t

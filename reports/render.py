@@ -16,7 +16,8 @@ writes, atomically (a temp dir renamed into place, so a crash leaves the previou
 Records are those of core/records.py (every kind declared there, built by `make_record`, checked by
 `validate_record`); kinds without a section of their own (`SECTIONS`) are listed under "Other records".
 Speed-ups and the fastest record per configuration are core/records.py's `speedups` / `unstable` / `best`,
-keyed by record identity. Numbers stay floats until `_fmt_*` renders them.
+keyed by record identity. Numbers stay floats until reports/text.py formats them (reports/tables.py: the
+tables summary.md shares with the commands' terminal output).
 """
 
 from __future__ import annotations
@@ -32,8 +33,6 @@ from typing import Any
 
 import numpy as np
 
-from xdeploy.bench.interleave import speedup_text
-from xdeploy.bench.roofline import pct_text
 from xdeploy.core.errors import XDeployError
 from xdeploy.core.fingerprint import machine_class
 from xdeploy.core.fsutil import atomic_dir
@@ -41,15 +40,41 @@ from xdeploy.core.journal import JOURNAL_NAME
 from xdeploy.core.records import (
     Best,
     best,
-    config_key,
     identity,
     is_baseline,
-    speedup_interval,
     speedup_wide,
     speedups,
+    stability_block,
     unstable,
     upgrade_legacy,
     validate_record,
+)
+
+from .tables import (
+    NOISY,
+    decode_table,
+    fastest_table,
+    is_noisy,
+    latency_table,
+    memory_table,
+    model_label,
+    noisy_ids,
+    profile_table,
+    roofline_table,
+    scale_fits,
+    scale_fits_table,
+)
+from .text import (
+    NONE,
+    TIMES,
+    fmt_bytes,
+    fmt_num,
+    fmt_s,
+    markdown_table,
+    record_speedup,
+    speedup,
+    speedup_of,
+    unstable_text,
 )
 
 REPORT_SCHEMA = "xdeploy-report"
@@ -72,48 +97,22 @@ def fitted_exponent(ts: Sequence[float], ys: Sequence[float]) -> float | None:
     return fit_exponent([t for t, _ in sel], [y for _, y in sel])
 
 
-NOISY = 1.5  # p90 / p50 above this: the timing was disturbed (shared machine); speedups get a dagger
-
-
-def is_noisy(r: Mapping[str, Any]) -> bool:
-    lat = r["latency_s"]
-    return lat["p50"] > 0 and lat["p90"] / lat["p50"] > NOISY
-
-
-def _stability(r: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    st = r.get("stability")
-    return st if isinstance(st, dict) else None
-
-
-def speedup_cell(r: Mapping[str, Any], sp: Mapping[tuple[Any, ...], float],
-                 unst: Mapping[tuple[Any, ...], str]) -> str:
-    """'3.41× (3.30–3.52)' (paired median, 95% interval), '1.07× (1.02–1.47) wide' (the interval stayed wider
-    than the target), 'unstable (load)', or '–'."""
-    ident = identity(r)
-    if ident in unst:
-        return f"unstable ({unst[ident]})"
-    if ident not in sp:
-        return "–"
-    ci = speedup_interval(r)
-    return f"{sp[ident]:.2f}×" + (f" ({ci[0]:.2f}–{ci[1]:.2f})" if ci else "") + (" wide" if speedup_wide(r) else "")
-
-
 def stability_summary(records: Sequence[Mapping[str, Any]]) -> str | None:
     """One line for the top of the summary: how many paired speed-ups reached the target width (their 95%
     interval within +-target of the median), how many stayed wide, and how many configurations were unstable
     and why."""
-    lat = [r for r in records if r.get("kind") == "latency" and _stability(r) is not None]
-    dec = [r for r in records if r.get("kind") == "decode" and _stability(r) is not None]
+    lat = [r for r in records if r.get("kind") == "latency" and stability_block(r) is not None]
+    dec = [r for r in records if r.get("kind") == "decode" and stability_block(r) is not None]
     if not lat and not dec:
         return None
     configs = _by(lat, "model", "graph", "batch", "seq") | {("decode",) + k: v for k, v in
                                                             _by(dec, "model").items()}
-    bad = {k: v for k, v in configs.items() if any(not _stability(r)["stable"] for r in v)}
-    figures = [r for r in lat + dec if _stability(r).get("speedup")]  # every paired comparison (not the baseline)
+    bad = {k: v for k, v in configs.items() if any(not stability_block(r)["stable"] for r in v)}
+    figures = [r for r in lat + dec if stability_block(r).get("speedup")]  # every paired comparison (not the baseline)
     wide = [r for r in figures if speedup_wide(r)]
-    within = [r for r in figures if _stability(r)["stable"] and not speedup_wide(r)]
-    target = max((float(_stability(r).get("target") or 0.10) for r in figures), default=0.10)
-    loads = [(_stability(r)["load"] or {}) for r in lat + dec]
+    within = [r for r in figures if stability_block(r)["stable"] and not speedup_wide(r)]
+    target = max((float(stability_block(r).get("target") or 0.10) for r in figures), default=0.10)
+    loads = [(stability_block(r)["load"] or {}) for r in lat + dec]
     other = max((ld.get("other_cores") or 0.0 for ld in loads), default=0.0)
     la = max((ld.get("loadavg_1m") or 0.0 for ld in loads), default=0.0)
     machine = (f"other processes used up to {other:.1f} cores during a measurement, 1-min load average up to "
@@ -125,7 +124,7 @@ def stability_summary(records: Sequence[Mapping[str, Any]]) -> str | None:
                 f"paired ratios; {machine}).")
     causes: dict[str, int] = {}
     for v in bad.values():
-        c = next(_stability(r)["cause"] for r in v if not _stability(r)["stable"])
+        c = next(stability_block(r)["cause"] for r in v if not stability_block(r)["stable"])
         causes[c] = causes.get(c, 0) + 1
     why = ", ".join(f"{n} {c}" for c, n in sorted(causes.items()))
     names = "; ".join(" ".join(str(x) for x in k if x is not None) for k in list(bad)[:6])
@@ -134,50 +133,6 @@ def stability_summary(records: Sequence[Mapping[str, Any]]) -> str | None:
             f"{reached}; {machine}. \"load\": other processes used more than the threshold while the rounds were "
             "dispersed, an interval stayed wide or the CPU was oversubscribed; \"noise\": the rounds were "
             "dispersed on an otherwise idle machine (docs/benchmarks.md).")
-
-
-# -------------------------------------------------------------------------------------- formatting ----
-
-def _fmt_s(s: float | None) -> str:
-    if s is None:
-        return "–"
-    if s >= 1.0:
-        return f"{s:.2f} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.2f} ms"
-    return f"{s * 1e6:.1f} µs"
-
-
-def _fmt_bytes(b: float | None) -> str:
-    if b is None:
-        return "–"
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(b) >= scale:
-            return f"{b / scale:.1f} {unit}"
-    return f"{b:.0f} B"
-
-
-def _fmt_rate(x: float | None, unit: str = "") -> str:
-    if x is None:
-        return "–"
-    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(x) >= scale:
-            return f"{x / scale:.3g} {prefix}{unit}"
-    return f"{x:.3g} {unit}".rstrip()
-
-
-def _fmt_num(x: float | None, spec: str = ".3g") -> str:
-    return "–" if x is None else format(x, spec)
-
-
-def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    """A GitHub-flavoured markdown table (summary.md, and the studies' output); `|` in cells is escaped."""
-    def cell(v: Any) -> str:
-        return str(v).replace("|", "\\|")
-
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
-    out += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
-    return "\n".join(out)
 
 
 # ------------------------------------------------------------------------------------------- plots ----
@@ -222,10 +177,6 @@ def _by(records: Iterable[Mapping[str, Any]], *keys: str) -> dict[tuple, list[Ma
     for r in records:
         out[tuple(r.get(k) for k in keys)].append(r)
     return dict(out)
-
-
-def _model_label(model: str, preset: str | None) -> str:
-    return f"{model} {preset}" if preset else model
 
 
 def plot_scale(scale: list[Mapping[str, Any]], path: Path, *, memory: bool) -> bool:
@@ -275,7 +226,7 @@ def plot_throughput(lat: list[Mapping[str, Any]], path: Path) -> bool:
         _plain_log2_x(ax, [r["batch"] for r in rs])
         ax.set_xlabel("batch size")
         ax.set_ylabel("throughput (sequences/s)")
-        ax.set_title(f"{_model_label(model, rs[0].get('preset'))} {graph}" + (f", seq {seq}" if seq else "")
+        ax.set_title(f"{model_label(model, rs[0].get('preset'))} {graph}" + (f", seq {seq}" if seq else "")
                      + ": throughput vs batch")
         ax.grid(True, which="both", alpha=0.3)
         # outside the axes: inside it hides lines whatever the placement
@@ -387,8 +338,8 @@ def _machine_section(fp: Mapping[str, Any] | None) -> list[str]:
     lines = ["## Machine", "", f"- machine class: {machine_class(fp)} — every figure in this report is for this class",
              f"- CPU: {fp.get('cpu_model')} ({fp.get('arch', '?')}), {th.get('affinity_cpus', '?')} usable of "
              f"{fp.get('logical_cpus', '?')} logical CPUs" + (f"; GPU: {fp['gpu']}" if fp.get("gpu") else "; no GPU"),
-             f"- ISA: {' '.join(fp.get('isa', [])) or '–'}",
-             f"- memory: {_fmt_bytes(fp.get('memory_bytes'))}; OS: {fp.get('os', '?')}; "
+             f"- ISA: {' '.join(fp.get('isa', [])) or NONE}",
+             f"- memory: {fmt_bytes(fp.get('memory_bytes'))}; OS: {fp.get('os', '?')}; "
              f"Python {fp.get('python', '?')}",
              "- versions: " + ", ".join(f"{k} {v}" for k, v in sorted(fp.get("versions", {}).items())),
              "- threads: " + ", ".join(f"{k}={v}" for k, v in th.items())
@@ -400,9 +351,9 @@ def _parity_section(par: list[Mapping[str, Any]]) -> list[str]:
     if not par:
         return []
     n_fail = sum(not p["passed"] for p in par)
-    rows = [(_model_label(p["model"], p.get("preset")), p["graph"], p["artifact_precision"], p["runner"],
-             p["output"], _fmt_num(p["max_abs"]), _fmt_num(p["max_rel"]), _fmt_num(p["cosine"], ".6f"),
-             p["nonfinite"], _fmt_num(None if p.get("top1") is None else 100 * p["top1"], ".1f"),
+    rows = [(model_label(p["model"], p.get("preset")), p["graph"], p["artifact_precision"], p["runner"],
+             p["output"], fmt_num(p["max_abs"]), fmt_num(p["max_rel"]), fmt_num(p["cosine"], ".6f"),
+             p["nonfinite"], fmt_num(None if p.get("top1") is None else 100 * p["top1"], ".1f"),
              "pass" if p["passed"] else f"**FAIL** {p.get('reason') or ''}"
              + (f"; first diverging node: {p['first_divergence']}" if p.get("first_divergence") else ""))
             for p in sorted(par, key=lambda p: (p["model"], p["graph"], p["artifact_precision"], p["runner"],
@@ -416,41 +367,9 @@ def _parity_section(par: list[Mapping[str, Any]]) -> list[str]:
                     "top-1 %", "verdict"], rows), ""]
 
 
-def _latency_section(lat: list[Mapping[str, Any]], sp: Mapping[int, float], picks: Sequence[Best]) -> list[str]:
+def _latency_section(lat: list[Mapping[str, Any]], picks: Sequence[Best]) -> list[str]:
     if not lat:
         return []
-    unst = unstable(lat)
-    srt = sorted(lat, key=lambda r: (r["model"], r["graph"], r["batch"], r.get("seq") or 0, r["runner"],
-                                     r["artifact_precision"]))
-    base: dict[tuple[Any, ...], Mapping[str, Any]] = {}
-    for r in lat:
-        if is_baseline(r):
-            base.setdefault(config_key(r), r)
-    # the p90/p50 dagger is for older records only: interleaved ones carry their own stability verdict
-    noisy = {identity(r) for r in srt if _stability(r) is None and (
-        is_noisy(r) or (config_key(r) in base and is_noisy(base[config_key(r)])))}
-    rows = []
-    for r in srt:
-        L = r["latency_s"]
-        rows.append((_model_label(r["model"], r.get("preset")), r["graph"], r["runner"], r["artifact_precision"],
-                     r["precision"], r["batch"], r.get("seq") or "–", _fmt_s(L["p50"]), _fmt_s(L["p90"]),
-                     _fmt_s(L["p99"]), _fmt_s(L["mean"]), _fmt_s(L["std"]), r["iterations"],
-                     _fmt_num(r["items_per_s"], ".4g"), _fmt_rate(r.get("tokens_per_s")),
-                     speedup_cell(r, sp, unst) + ("†" if identity(r) in noisy else ""),
-                     _fmt_rate(r["achieved_flops"], "FLOP/s"),
-                     pct_text(r.get("pct_of_peak"), 1).replace("-", "–")))
-    mem_rows = [(_model_label(r["model"], r.get("preset")), r["graph"], r["runner"], r["artifact_precision"],
-                 r["batch"], r.get("seq") or "–", _fmt_bytes(r["memory"]["weights_bytes"]),
-                 _fmt_bytes(r["memory"]["load_peak_bytes"]), _fmt_bytes(r["memory"]["activations_bytes"]),
-                 _fmt_bytes(r["memory"]["peak_rss_bytes"]), _fmt_bytes(r["memory"].get("device_bytes")))
-                for r in srt]
-    fastest = []
-    for b in picks:
-        r = b.record
-        dagger = "†" if identity(r) in noisy else ""
-        fastest.append((r["model"], r["graph"], r["batch"], r.get("seq") or "–",
-                        f"{r['runner']} {r['artifact_precision']}", _fmt_s(r["latency_s"]["p50"]),
-                        speedup_cell(r, sp, unst) + dagger))
     out = ["## Latency and throughput", "",
            "Per-call latency over `iterations` timed calls after warm-up (seconds rendered as ms/µs); throughput "
            "= items (sequences/images) per second at the median. PyTorch eager fp32 and every runner × precision of "
@@ -461,121 +380,66 @@ def _latency_section(lat: list[Mapping[str, Any]], sp: Mapping[int, float], pick
            "re-measuring (bench/interleave.py, docs/benchmarks.md). Achieved FLOP/s from the model's analytic "
            "FLOPs; % of peak = achieved / the measured GEMM roofline for that compute precision and thread count "
            "(never above 100%: a peak a record beats is measured again; \"–\" where it still does).", "",
-           markdown_table(["model", "graph", "runner", "artifact", "compute", "batch", "seq", "p50", "p90", "p99",
-                           "mean", "std", "iters", "items/s", "tokens/s", "speedup", "achieved", "% of peak"], rows),
-           ""]
-    if noisy:
+           latency_table(lat).markdown(), ""]
+    if noisy_ids(lat):
         out += [f"† disturbed timing: p90 > {NOISY}× p50 in this row or in its PyTorch baseline (other work was "
                 "running on the machine); that speedup is not reliable.", ""]
-    if fastest:
+    if picks:
         out += ["### Fastest per configuration (passing parity on this machine)", "",
-                markdown_table(["model", "graph", "batch", "seq", "best runner", "p50", "speedup vs eager"],
-                               fastest), ""]
+                fastest_table(picks, lat).markdown(), ""]
     out += ["## Peak memory", "",
             "Host RSS measured in an isolated child process per (runner, config): weights = RSS kept after "
             "loading, load peak = transient peak while loading, activations = extra at the peak of inference, "
             "peak RSS = highest RSS of the child (includes the Python interpreter and runtime libraries).", "",
-            markdown_table(["model", "graph", "runner", "artifact", "batch", "seq", "weights", "load peak",
-                            "activations", "peak RSS", "device"], mem_rows), ""]
+            memory_table(lat).markdown(), ""]
     return out
 
 
 def _roofline_section(roof: list[Mapping[str, Any]]) -> list[str]:
     if not roof:
         return []
-    rows = [(r["measure"], r.get("precision") or "–", _fmt_rate(r["value"], r["unit"]), r["path"])
-            for r in sorted(roof, key=lambda r: (r["measure"], r.get("precision") or ""))]
     return ["## Machine roofline", "", "Best measured value over the configurations tried (`xdeploy roofline`).", "",
-            markdown_table(["measure", "precision", "peak", "achieved by"], rows), ""]
-
-
-def scale_fits(scale: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Per (model, lowering): bench/scale.py's summary (measured time/memory exponents over the upper T range,
-    the analytic FLOPs exponent over the same T, the crossover T* = 2d + d_ff), plus p50 at the largest T."""
-    from xdeploy.bench.scale import summarize
-
-    fits = summarize(scale) if scale else []
-    for f in fits:
-        top = max((r for r in scale if r["model"] == f["model"] and r["lowering"] == f["lowering"]),
-                  key=lambda r: r["T"])
-        f["p50_at_max_T"] = top["latency_s"]["p50"]
-    return sorted(fits, key=lambda f: (f["model"], f["lowering"]))
+            roofline_table(roof).markdown(), ""]
 
 
 def _scale_section(scale: list[Mapping[str, Any]], prof: list[Mapping[str, Any]]) -> list[str]:
     out: list[str] = []
     if scale:
-        rows = [(f["model"], f["lowering"], f"{f['T_range'][0]}–{f['T_range'][1]}", f["max_T"],
-                 _fmt_num(f["time_exponent"], ".2f"), _fmt_num(f["flops_exponent"], ".2f"),
-                 _fmt_num(f["memory_exponent"], ".2f"), _fmt_s(f["p50_at_max_T"]), f"{f['crossover_T']:.0f}")
-                for f in scale_fits(scale)]
         out += ["## Attention scaling with sequence length", "",
                 "Exponent k of latency ∝ T^k fitted (least squares, log-log) over the three largest T measured; "
                 "the FLOPs exponent is the same fit of the model's analytic FLOPs (24·T·d² + 4·T²·d per layer), "
                 "so k moves from 1 towards 2 once attention dominates, above the crossover T* = 2d + d_ff. "
                 "Memory exponent: activation memory (peak RSS above the loaded model) over the same T.", "",
-                markdown_table(["model", "lowering", "fitted over T", "max T", "latency exp.", "FLOPs exp.",
-                                "memory exp.", "p50 at max T", "crossover T*"], rows), ""]
+                scale_fits_table(scale).markdown(), ""]
     if prof:
-        rows = [(r["model"], r["lowering"], r["T"], r["batch"],
-                 *(f"{100 * r['shares'][k]:.0f}%" for k in ("attention", "matmul", "normalization", "other")),
-                 _fmt_s(r["total_s"]))
-                for r in sorted(prof, key=lambda r: (r["model"], r["lowering"], r["T"]))]
         out += ["### Where the time goes (onnxruntime profiler)", "",
                 "Share of kernel time per op class at one T (attention = Attention/Softmax and the score MatMuls "
                 "around them; matmul = projections and feed-forward).", "",
-                markdown_table(["model", "lowering", "T", "batch", "attention", "matmul", "normalization", "other",
-                        "kernel time / call"], rows), ""]
+                profile_table(prof).markdown(), ""]
     return out
-
-
-def decode_stats(r: Mapping[str, Any]) -> dict[str, float | None]:
-    steps = np.asarray(r["step_s"], dtype=np.float64)
-    if steps.size == 0:
-        return {"per_token_p50": None, "per_token_p90": None}
-    p50, p90 = np.percentile(steps, [50, 90])
-    return {"per_token_p50": float(p50), "per_token_p90": float(p90)}
 
 
 def _decode_section(dec: list[Mapping[str, Any]]) -> list[str]:
     if not dec:
         return []
-    rows = []
-    for r in sorted(dec, key=lambda r: (r["model"], r["runner"], r["artifact_precision"], r["mode"])):
-        st = decode_stats(r)
-        rows.append((_model_label(r["model"], r.get("preset")), r["runner"], r["artifact_precision"], r["mode"],
-                     r["batch"], r["prompt_len"], r["new_tokens"], _fmt_s(r["ttft_s"]), _fmt_s(st["per_token_p50"]),
-                     _fmt_s(st["per_token_p90"]), f"{r['tokens_per_s']:.1f}", _decode_speedup(r),
-                     "–" if r.get("agreement") is None else f"{100 * r['agreement']:.1f}%"))
     return ["## Decoding (KV cache)", "",
             "Greedy generation; TTFT = prefill (or encoder) + first token; per-token = later decode steps; "
             "tokens/s = new tokens / the median generation time over interleaved rounds (every runner decodes the "
             "same prompt once per round, order rotated); vs torch = median of the paired ratios PyTorch round / "
             "runner round with its 95% interval, or \"unstable\"; agreement = greedy tokens identical to the "
             "PyTorch fp32 reference (position by position).", "",
-            markdown_table(["model", "runner", "artifact", "mode", "batch", "prompt", "new", "TTFT", "per-token p50",
-                    "per-token p90", "tokens/s", "vs torch", "agreement"], rows), ""]
-
-
-def _decode_speedup(r: Mapping[str, Any]) -> str:
-    st = _stability(r)
-    if st is None or not st.get("speedup"):
-        return "–"
-    if not st["stable"]:
-        return f"unstable ({st.get('cause') or 'noise'})"
-    sp = st["speedup"]
-    return f"{sp['median']:.2f}× ({sp['low']:.2f}–{sp['high']:.2f})" + (" wide" if speedup_wide(r) else "")
+            decode_table(dec).markdown(), ""]
 
 
 def _vs_peer_cell(r: Mapping[str, Any]) -> str:
-    """xdeploy vs the fastest Optimum row of its precision: '1.07x (1.02-1.11) vs optimum-intel ov bf16', or
+    """xdeploy vs the fastest Optimum row of its precision: '1.07× (1.02–1.11) vs optimum-intel ov bf16', or
     'unstable' instead of a figure; '–' for rows that are not xdeploy's or have no peer of that precision."""
     v = r.get("vs_peer")
     if not v:
-        return "–"
+        return NONE
     if not v["stable"]:
-        return f"unstable ({r['stability'].get('cause') or 'noise'}) vs {v['peer']}"
-    cell = f"{v['median']:.2f}x ({v['low']:.2f}-{v['high']:.2f}){' wide' if v.get('wide') else ''} vs {v['peer']}"
+        return f"{unstable_text(r['stability'].get('cause'))} vs {v['peer']}"
+    cell = f"{speedup(v['median'], (v['low'], v['high']), wide=bool(v.get('wide')))} vs {v['peer']}"
     if v.get("verdict"):  # the instance spread of the two rows widens the tie band (studies/peers.run_workload)
         cell += f": **{v['verdict']}** (instance spread ±{v['instance_spread']:.1%})"
     same = v.get("same_engine")
@@ -591,7 +455,7 @@ def _peers_section(peers: list[Mapping[str, Any]]) -> list[str]:
         return []
     out = ["## Peers: xdeploy vs Hugging Face Optimum", "",
            "Every system of a workload timed in the same interleaved rounds (same threads); accuracy against the "
-           "same PyTorch reference (min cosine per row). `x pytorch` = paired speed-up over eager PyTorch; "
+           "same PyTorch reference (min cosine per row). `× pytorch` = paired speed-up over eager PyTorch; "
            "`vs fastest Optimum` = an xdeploy row's paired speed-up over the fastest Optimum row of the same "
            "precision (>1: xdeploy faster), 95% interval in brackets; *unstable* rows are not results. With "
            "several instances per system (`--replicas`), a row's rounds are its instances' mean and a speed-up "
@@ -609,14 +473,14 @@ def _peers_section(peers: list[Mapping[str, Any]]) -> list[str]:
         order = {"pytorch": 0, "xdeploy": 1}
         for r in sorted(rs, key=lambda r: (r["precision"], order.get(r["system"], 2), r["latency_s"]["p50"])):
             st = r["stability"]
-            speed = _fmt_s(r["latency_s"]["p50"]) if r["rate_unit"] != "sentences/s" else \
+            speed = fmt_s(r["latency_s"]["p50"]) if r["rate_unit"] != "sentences/s" else \
                 f"{r['rate']:.0f} sent/s"
             rows.append((r["precision"], r["system"], r["config"], speed + ("" if st["stable"] else " *unstable*"),
-                         f"{st['rel_iqr']:.0%}", speedup_text(st) if st.get("speedup") else "1x (reference)",
-                         _fmt_num(r["max_abs_err"]), _fmt_num(r["min_cosine"], ".6f"),
+                         f"{st['rel_iqr']:.0%}", speedup_of(st) if st.get("speedup") else f"1{TIMES} (reference)",
+                         fmt_num(r["max_abs_err"]), fmt_num(r["min_cosine"], ".6f"),
                          "ok" if r["accuracy_ok"] else "**below floor**", _vs_peer_cell(r)))
-        out += [markdown_table(("precision", "system", "config", "p50 / rate", "round IQR", "x pytorch", "max abs err",
-                        "min cosine", "accuracy", "vs fastest Optimum"), rows), ""]
+        out += [markdown_table(("precision", "system", "config", "p50 / rate", "round IQR", f"{TIMES} pytorch",
+                                "max abs err", "min cosine", "accuracy", "vs fastest Optimum"), rows), ""]
     return out
 
 
@@ -628,7 +492,7 @@ def _other_section(other: list[Mapping[str, Any]]) -> list[str]:
         keys = [k for k in rs[0] if k not in ("schema", "version", "kind", "timestamp", "fingerprint", "note")
                 and all(isinstance(r.get(k), (str, int, float, bool, type(None))) for r in rs)][:12]
         out += [f"### {kind[0]}", "",
-                markdown_table(keys, [[_fmt_num(r.get(k), ".4g") if isinstance(r.get(k), float) else r.get(k, "–")
+                markdown_table(keys, [[fmt_num(r.get(k), ".4g") if isinstance(r.get(k), float) else r.get(k, NONE)
                                for k in keys] for r in rs]), ""]
     return out
 
@@ -657,10 +521,10 @@ def deploy_here(picks: Sequence[Best], sp: Mapping[tuple[Any, ...], float], unst
     if not picks:
         return []
     where = machine_class(dict(fp)) if fp else "this machine"
-    rows = [f"- {_model_label(b.record['model'], b.record.get('preset'))} {b.record['graph']}, batch "
+    rows = [f"- {model_label(b.record['model'], b.record.get('preset'))} {b.record['graph']}, batch "
             f"{b.record['batch']}" + (f", seq {b.record['seq']}" if b.record.get("seq") else "")
-            + f": **{b.record['runner']} {b.record['artifact_precision']}** {_fmt_s(b.record['latency_s']['p50'])}, "
-            f"{speedup_cell(b.record, sp, unst)} vs PyTorch eager fp32" for b in picks]
+            + f": **{b.record['runner']} {b.record['artifact_precision']}** {fmt_s(b.record['latency_s']['p50'])}, "
+            f"{record_speedup(b.record, sp, unst)} vs PyTorch eager fp32" for b in picks]
     return [f"**Deploy on this machine** ({where}): the fastest configuration per model and batch among those that "
             "pass parity here:", "", *rows, ""]
 
@@ -700,7 +564,7 @@ def render_summary(records: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]
         lines += ["## Skipped or failed", "", *[f"- {e}" for e in meta["errors"]], ""]
     lines += _machine_section(fp)
     lines += _parity_section(par)
-    lines += _latency_section(lat, sp, picks)
+    lines += _latency_section(lat, picks)
     lines += _roofline_section(get("roofline"))
     lines += _decode_section(get("decode"))
     lines += _scale_section(get("scale"), get("profile"))

@@ -10,6 +10,7 @@ import pytest
 
 from xdeploy.bench import interleave as il
 from xdeploy.core.errors import XDeployError
+from xdeploy.reports.text import speedup_of
 
 QUIET = il.Load(wall_s=1.0, loadavg_1m=0.1, other_cores=0.0, own_cores=1.0, cores=2)
 BUSY = il.Load(wall_s=1.0, loadavg_1m=3.0, other_cores=1.0, own_cores=1.0, cores=2)
@@ -60,10 +61,10 @@ def test_always_noisy_series_is_flagged_and_steady_one_is_not() -> None:
     bad = il.judge(_attempt({"torch": steady * 3, "ort": noisy}), baseline="torch")
     assert not bad.stable and bad.cause == "noise"
     assert any(who == "ort" and why.startswith("ort: round times IQR") for who, why in bad.reasons)
-    assert il.speedup_text(bad.stability("ort")) == "unstable (noise)"
+    assert speedup_of(bad.stability("ort")) == "unstable (noise)"
     loaded = il.judge(_attempt({"torch": steady * 3, "ort": noisy}, BUSY), baseline="torch")
-    assert loaded.cause == "load" and il.speedup_text(loaded.stability("ort")) == "unstable (load)"
-    assert il.speedup_text(ok.stability("ort")).endswith(")") and "x (" in il.speedup_text(ok.stability("ort"))
+    assert loaded.cause == "load" and speedup_of(loaded.stability("ort")) == "unstable (load)"
+    assert speedup_of(ok.stability("ort")).endswith(")") and "× (" in speedup_of(ok.stability("ort"))
     # the verdict is per candidate: a steady candidate beside a noisy one keeps its figure
     three = il.judge(_attempt({"torch": steady * 3, "ort": noisy, "ov": steady * 1.5}), baseline="torch")
     assert not three.stable and three.stability("ov")["stable"] and not three.stability("ort")["stable"]
@@ -79,7 +80,7 @@ def test_steady_rounds_on_an_oversubscribed_cpu_are_flagged_as_load() -> None:
     rounds = {"torch": steady * 3, "ort": steady}
     contended = il.Load(wall_s=1.0, loadavg_1m=3.0, other_cores=1.0, own_cores=1.0, cores=2, cpu_pressure=0.6)
     c = il.judge(_attempt(rounds, contended), baseline="torch")
-    assert not c.stable and c.cause == "load" and il.speedup_text(c.stability("ort")) == "unstable (load)"
+    assert not c.stable and c.cause == "load" and speedup_of(c.stability("ort")) == "unstable (load)"
     assert any("oversubscribed 60%" in why for _, why in c.reasons)
     for load in (dataclasses.replace(contended, other_cores=0.1), dataclasses.replace(contended, cpu_pressure=0.02),
                  dataclasses.replace(contended, cpu_pressure=None)):  # self-contention, room left, no PSI
@@ -188,13 +189,13 @@ def test_busy_core_halfway_gives_the_quiet_speedup_or_unstable(tmp_path_factory:
     quiet, wall = run(None)
     timed = quiet["load"]["wall_s"] * quiet["attempts"]  # the rounds; the rest of `wall` is start-up
     busy, _ = run(max(wall - timed, 0.0) + timed / 2)  # the busy loop starts halfway through the rounds
-    printed = [il.speedup_text(st) for st in (quiet, busy)]
+    printed = [speedup_of(st) for st in (quiet, busy)]
     print(f"threads {job.threads}: as is {printed[0]}, busy core halfway {printed[1]} "
           f"(other processes: {quiet['load']['other_cores']:.2f} / {busy['load']['other_cores']:.2f} cores)")
     for st, text in zip((quiet, busy), printed):
         assert st["speedup"]["low"] <= st["speedup"]["median"] <= st["speedup"]["high"]
         assert text == "unstable (load)" or text == "unstable (noise)" or text.startswith(
-            f"{st['speedup']['median']:.2f}x (")
+            f"{st['speedup']['median']:.2f}× (")
     if busy["stable"]:
         ratio = busy["speedup"]["median"] / quiet["speedup"]["median"]
         assert 1 / 1.35 <= ratio <= 1.35, f"printed {printed[1]} under a busy core vs {printed[0]} as is"
@@ -246,10 +247,10 @@ def test_report_shows_unstable_instead_of_a_figure_and_counts_them_at_the_top() 
 
 
 def test_percent_of_peak_is_never_shown_above_100() -> None:
-    from xdeploy.bench.roofline import pct_text
+    from xdeploy.reports.text import pct_of_peak
 
-    assert pct_text(87.4) == "87%" and pct_text(None) == "-" and pct_text(100.0) == "100%"
-    assert pct_text(132.0) == "> peak (peak underestimated)"  # an older record's 132%: flagged, not printed
+    assert pct_of_peak(87.4) == "87%" and pct_of_peak(None) == "–" and pct_of_peak(100.0) == "100%"
+    assert pct_of_peak(132.0) == "> peak (peak underestimated)"  # an older record's 132%: flagged, not printed
 
 
 def test_timed_rounds_of_self_timing_candidates_are_rotated_and_paired():
@@ -330,14 +331,14 @@ def test_sequential_rounds_go_on_only_for_the_wide_candidates_and_stay_paired() 
     assert c.speedups["narrow"].rounds == len(att.rounds["narrow"]) and c.speedups["jumpy"].rounds == 8
     assert c.speedups["narrow"].median == pytest.approx(2.0) and c.paired("narrow", "base").median == pytest.approx(0.5)
     assert c.stable and c.wide == ("jumpy",) and c.verdict("jumpy") == "wide" and c.verdict("narrow") == "ok"
-    text = il.speedup_text(c.stability("jumpy"))
-    assert text.endswith(" wide") and text.startswith(f"{c.speedups['jumpy'].median:.2f}x (")
+    text = speedup_of(c.stability("jumpy"))
+    assert text.endswith(" wide") and text.startswith(f"{c.speedups['jumpy'].median:.2f}× (")
     assert c.stability("jumpy")["wide"] and not c.stability("narrow")["wide"]
     # the same rounds on a busy machine: no figure ("load"), never a wide figure taken under load
     busy = il.judge(dataclasses.replace(att, load=BUSY), "base")
-    assert il.speedup_text(busy.stability("jumpy")) == "unstable (load)" and busy.cause == "load"
+    assert speedup_of(busy.stability("jumpy")) == "unstable (load)" and busy.cause == "load"
     # a narrow, steady pair keeps its figure (as before: load alone flags dispersion, width or oversubscription)
-    assert il.speedup_text(busy.stability("narrow")) == "2.00x (2.00-2.00)"
+    assert speedup_of(busy.stability("narrow")) == "2.00× (2.00–2.00)"
 
 
 def test_dispersed_paired_ratios_are_unstable_not_wide() -> None:
@@ -346,7 +347,7 @@ def test_dispersed_paired_ratios_are_unstable_not_wide() -> None:
     base = np.array([0.010, 0.014] * 10)
     cand = np.array([0.004, 0.0035] * 10)
     c = il.judge(_attempt({"a": base, "b": cand}), baseline="a")
-    assert c.speedups["b"].rel_iqr > 0.25 and not c.stable and il.speedup_text(c.stability("b")) == "unstable (noise)"
+    assert c.speedups["b"].rel_iqr > 0.25 and not c.stable and speedup_of(c.stability("b")) == "unstable (noise)"
 
 
 def test_burn_in_rounds_are_untimed() -> None:

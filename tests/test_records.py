@@ -157,14 +157,15 @@ def test_best_skips_a_deployment_whose_parity_records_failed_on_this_machine():
 
 
 def test_bench_best_text_reads_the_targets_table():
-    from xdeploy.bench.suite import best_text, best_vs_baseline
+    from xdeploy.bench.suite import best_vs_baseline
+    from xdeploy.reports.text import best_line
 
     (b,) = best_vs_baseline([lat("torch", 7e-3), lat("ort", 1e-3)])
     assert b["speedup"] == pytest.approx(7.0) and b["meets_speedup"] and not b["meets_peak"]
-    text = best_text(b)
+    text = best_line(b)
     assert f"meets {TARGETS['speedup_vs_eager'].text()}" in text and "misses >= 70%" in text
     (b,) = best_vs_baseline([lat("torch", 5e-3), lat("ort", 1e-3)])
-    assert not b["meets_speedup"] and "misses >= 6x" in best_text(b)
+    assert not b["meets_speedup"] and "misses >= 6x" in best_line(b)
 
 
 def test_targets_table():
@@ -204,10 +205,11 @@ def test_paired_speedups_come_from_the_interleaved_rounds_and_unstable_ones_give
     assert identity(ov) not in speedups([torch_, ort, ov]) and unstable([torch_, ort, ov]) == {identity(ov): "load"}
     (b,) = best([torch_, ort, ov])
     assert b.record is ov and b.speedup is None and b.unstable == "load" and b.interval is None
-    from xdeploy.bench.suite import best_text, best_vs_baseline
+    from xdeploy.bench.suite import best_vs_baseline
+    from xdeploy.reports.text import best_line
 
     (d,) = best_vs_baseline([torch_, ort, ov])
-    assert d["speedup"] is None and not d["meets_speedup"] and "unstable (load)" in best_text(d)
+    assert d["speedup"] is None and not d["meets_speedup"] and "unstable (load)" in best_line(d)
 
 
 def test_revise_is_a_validated_emitted_copy_of_the_same_measurement():

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
+from typing import Any
 
 from xdeploy.commands import THREADS_HELP_TIMED, add_json_option, step_log, write_json
 from xdeploy.commands import console as make_console
@@ -64,8 +66,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from xdeploy.bench.interleave import Budget
     from xdeploy.bench.roofline import get_roofline, load_peaks
-    from xdeploy.bench.suite import best_text, best_vs_baseline, latency_table, run_bench
-    from xdeploy.core.records import write_records
+    from xdeploy.bench.suite import best_vs_baseline, run_bench
+    from xdeploy.core.fingerprint import summary
+    from xdeploy.core.records import record_sink, write_records
+    from xdeploy.reports.tables import latency_table, memory_table
+    from xdeploy.reports.text import best_line, latency_line
 
     if args.threads < 0:
         raise XDeployError(f"--threads must be >= 0, got {args.threads}")
@@ -91,21 +96,29 @@ def run(args: argparse.Namespace) -> int:
         log("no roofline cached for this machine: measuring a quick one (`xdeploy roofline` for the "
                       "full measurement)")
         peaks = {k: float(v["value"]) for k, v in get_roofline(quick=True)["gemm"].items()}
-    records = run_bench(args.target, runners=runners, shapes=shapes, baseline=baseline, preset=args.preset,
-                        precisions=args.precision,
-                        batches=args.batch, seqs=args.seq, opset=args.opset, attn_impl=args.attn_impl,
-                        threads=args.threads, warmup=args.warmup, min_iters=args.min_iters,
-                        max_iters=args.max_iters, max_seconds=args.max_seconds, isolate=not args.no_isolate,
-                        parity=args.parity, peaks=peaks, fresh=args.fresh, log=log,
-                        budget=Budget(args.extra_seconds, comparisons=len(args.batch) * len(args.seq)))
+
+    def progress(rec: Mapping[str, Any]) -> None:  # each latency record as it is made (bench/ returns numbers)
+        if rec["kind"] == "latency":
+            log(latency_line(rec))
+
+    with record_sink(progress):
+        records = run_bench(args.target, runners=runners, shapes=shapes, baseline=baseline, preset=args.preset,
+                            precisions=args.precision, batches=args.batch, seqs=args.seq, opset=args.opset,
+                            attn_impl=args.attn_impl, threads=args.threads, warmup=args.warmup,
+                            min_iters=args.min_iters, max_iters=args.max_iters, max_seconds=args.max_seconds,
+                            isolate=not args.no_isolate, parity=args.parity, peaks=peaks, fresh=args.fresh, log=log,
+                            budget=Budget(args.extra_seconds, comparisons=len(args.batch) * len(args.seq)))
     if peaks:  # no record above 100% of its peak: a peak a record beats is measured again
         from xdeploy.bench.roofline import reconcile
 
         records = reconcile(records, log=log)
-    console.print(latency_table(records, baseline=baseline))
+    models = sorted({f"{r['model']} {r['preset'] or ''}".strip() for r in records})
+    console.print(latency_table(records, baseline=baseline, title=f"xdeploy bench {', '.join(models)} — latency per "
+                                "call", caption=summary(records[0]["fingerprint"]) if records else None).rich())
+    console.print(memory_table(records, title="memory of each runner's isolated child").rich())
     best = best_vs_baseline(records, baseline)
     for b in best:
-        console.print(best_text(b))
+        console.print(best_line(b))
     if args.records:
         write_records(args.records, records)
     write_json(args.json, {"records": records, "best": best})

@@ -40,19 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def render(records: Sequence[dict[str, Any]]) -> None:
-    from rich.table import Table
+    from xdeploy.reports.tables import loadtest_table
 
-    t = Table(title=f"loadtest {records[-1]['target']} model {records[-1]['model']!r}, "
-                    f"{records[-1]['batch']} sentences/request")
-    t.add_column("server")
-    for col in ("conc", "req", "errors", "req/s", "sent/s", "p50 ms", "p90 ms", "p99 ms"):
-        t.add_column(col, justify="right")
-    for r in records:
-        lat = r["latency_s"]
-        kind = "local" if r["protocol"] == "none" else r["protocol"]  # local: in-process Embedder baseline
-        t.add_row(kind, str(r["concurrency"]), str(r["requests"]), str(r["errors"]), f"{r['requests_per_s']:.1f}",
-                  f"{r['sentences_per_s']:.1f}", *(f"{lat[k] * 1e3:.1f}" for k in ("p50", "p90", "p99")))
-    make_console().print(t)
+    make_console().print(loadtest_table(records).rich())
     for r in records:
         if r["note"]:
             print(f"{'baseline' if r['protocol'] == 'none' else 'concurrency'} {r['concurrency']}: {r['note']}")

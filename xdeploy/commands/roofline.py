@@ -18,13 +18,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from xdeploy.bench.roofline import CACHE_FILE, get_roofline, render
+    from xdeploy.bench.roofline import CACHE_FILE, get_roofline, peak_rows
+    from xdeploy.core.fingerprint import summary
     from xdeploy.core.records import write_records
     from xdeploy.export.cache import cache_root
+    from xdeploy.reports.tables import roofline_table
 
     console = make_console()
     data = get_roofline(refresh=not args.cached, quick=args.quick, log=step_log(console))
-    render(data, console)
+    console.print(roofline_table(peak_rows(data), title="machine roofline (best of several paths; min call time)",
+                                 caption=summary(data["records"][0]["fingerprint"]) if data.get("records") else None
+                                 ).rich())
     console.print(f"cached in {cache_root() / CACHE_FILE}")
     if args.records:
         write_records(args.records, data["records"])

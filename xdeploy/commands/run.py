@@ -128,46 +128,31 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_summary(console: Console, result: RunResult) -> None:
     from rich.markup import escape
-    from rich.table import Table
 
-    from xdeploy.bench.interleave import speedup_text
     from xdeploy.core.fingerprint import fingerprint, machine_class
-    from xdeploy.core.records import best, config_key, identity, speedups, unstable
-    from xdeploy.reports.render import _fmt_s, speedup_cell, stability_summary
+    from xdeploy.core.records import best
+    from xdeploy.reports.render import stability_summary
+    from xdeploy.reports.tables import decode_table, fastest_table
 
     recs = list(result.records)
     par = [r for r in recs if r["kind"] == "parity"]
-    sp, unst = speedups(recs), unstable(recs)
+    lat = [r for r in recs if r["kind"] == "latency"]
     fp = next((r["fingerprint"] for r in recs if isinstance(r.get("fingerprint"), dict)), None) or fingerprint()
     console.print(f"[bold]machine class:[/] {machine_class(fp)} (every figure below is for this class)",
                   soft_wrap=True)
-    t = Table(title="xdeploy run: best runner per model (speedup vs PyTorch eager fp32, same batch and seq: "
-                    "median of paired interleaved rounds, 95% interval)")
-    for col in ("model", "batch", "seq", "best", "p50", "speedup", "parity"):
-        t.add_column(col)
-    order = {m: i for i, m in enumerate(dict.fromkeys(r["model"] for r in recs if r["kind"] == "latency"))}
-    fastest = best(recs)
-    for b in sorted(fastest, key=lambda b: (order[b.record["model"]], b.record["batch"], b.record["seq"] or 0)):
-        r = b.record
-        ps = [p for p in par if p["model"] == r["model"] and p["runner"] == r["runner"]
-              and p["artifact_precision"] == r["artifact_precision"]]
-        ok = "–" if not ps else ("pass" if all(p["passed"] for p in ps) else "[red]FAIL[/]")
-        n_unst = sum(1 for x in recs if x["kind"] == "latency" and identity(x) in unst and config_key(x) == b.config)
-        cell = speedup_cell(r, sp, unst)
-        t.add_row(f"{r['model']} {r.get('preset') or ''}", str(r["batch"]), str(r.get("seq") or "–"),
-                  f"{r['runner']} {r['artifact_precision']}", _fmt_s(r["latency_s"]["p50"]),
-                  (f"[yellow]{cell}[/]" if b.unstable else cell)
-                  + (f" [yellow]({n_unst} unstable)[/]" if n_unst and not b.unstable else ""), ok)
     stab = stability_summary(recs)
     if stab:
         console.print(stab.replace("**", ""), soft_wrap=True)
-    if t.row_count:
-        console.print(t)
-    for r in (r for r in recs if r["kind"] == "decode" and r["mode"] == "cache"):
-        st = r.get("stability") or {}
-        vs = f", {speedup_text(st)} vs torch (paired)" if st.get("speedup") else ""
-        console.print(f"decode {r['model']} {r['runner']} {r['artifact_precision']}: {r['tokens_per_s']:.1f} "
-                      f"tokens/s{vs}, agreement {100 * r['agreement']:.0f}%")
+    # the rows of summary.md's "Fastest per configuration" (passing parity), in the order the models ran
+    order = {m: i for i, m in enumerate(dict.fromkeys(r["model"] for r in lat))}
+    picks = sorted(best(lat + par), key=lambda b: (order[b.record["model"]], b.record["batch"], b.record["seq"] or 0))
+    if picks:
+        console.print(fastest_table(picks, lat, title="xdeploy run: best runner per model (speedup vs PyTorch eager "
+                                    "fp32, same batch and seq: median of paired interleaved rounds, 95% interval)"
+                                    ).rich())
+    dec = [r for r in recs if r["kind"] == "decode" and r["mode"] == "cache"]
+    if dec:
+        console.print(decode_table(dec, title="decoding with the KV cache (vs torch: paired rounds)").rich())
     n_fail = len(result.parity_failures)
     console.print(f"parity: {len(par) - n_fail}/{len(par)} checks pass" + (f" — [red]{n_fail} FAIL[/]" if n_fail
                                                                              else ""))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from xdeploy.commands import THREADS_HELP, add_json_option, step_log, write_json
 from xdeploy.commands import console as make_console
@@ -40,8 +42,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_json_option(p)
 
 
+def render(records: Sequence[Mapping[str, Any]], console: Any) -> None:
+    """The sweep's tables (reports/tables.py): per T and lowering, the fitted exponents, the op profile, the
+    config sweep (ViT patch sizes) and, for scale, ViT-B's analytic attention memory down to raw pixels."""
+    from xdeploy.core.fingerprint import summary
+    from xdeploy.reports.tables import profile_table, scale_fits_table, scale_grid_table, sweep_table, vit_memory_table
+
+    scale = [r for r in records if r["kind"] == "scale" and r.get("patch_size") is None]
+    if scale:
+        console.print(scale_grid_table(scale, caption=summary(scale[0]["fingerprint"])).rich())
+        console.print(scale_fits_table(scale, title="log-log exponents over the upper range of T (time ∝ T^k)").rich())
+    prof = [r for r in records if r["kind"] == "profile"]
+    if prof:
+        console.print(profile_table(prof, top_ops=5, title="onnxruntime profile: share of kernel time").rich())
+    sweep = [r for r in records if r["kind"] == "scale" and r.get("patch_size") is not None]
+    if sweep:
+        console.print(sweep_table(sweep).rich())
+    console.print(vit_memory_table().rich())
+
+
 def run(args: argparse.Namespace) -> int:
-    from xdeploy.bench.scale import render, run_scale, summarize
+    from xdeploy.bench.scale import run_scale, summarize
     from xdeploy.core.errors import XDeployError
     from xdeploy.core.records import write_records
 
