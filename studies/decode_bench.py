@@ -39,6 +39,7 @@ import numpy as np
 
 from xdeploy.core.errors import XDeployError
 from xdeploy.core.targets import TARGETS
+from xdeploy.reports.text import pct_of_peak, speedup_of
 from xdeploy.studies import finish, machine, machine_line
 
 ROOT = Path("artifacts/decode-bench")
@@ -268,11 +269,10 @@ def run(*, new: int = 256, prompt_len: int = 32, runners: tuple[str, ...] = ("to
               "vs_hf": sp["median"] if stab["stable"] else None, "vs_hf_low": sp["low"], "vs_hf_high": sp["high"],
               "stability": stab}
         result["runs"].append({k: v for k, v in r.items() if k != "tokens"})
-        vs = f"{sp['median']:.2f}x HF ({sp['low']:.2f}-{sp['high']:.2f})" if stab["stable"] else \
-            f"vs HF unstable ({stab['cause']})"
+        vs = f"{speedup_of(stab)} vs HF"
         log(f"  {name}: ttft {r['ttft_s'] * 1e3:.1f} ms, step p50 {r['step_p50_s'] * 1e3:.2f} ms, "
             f"{r['tokens_per_s']:.1f} tok/s end to end ({vs}), agreement {ag.agreement:.3f}, "
-            f"{pct_text(r['pct_of_roofline'])} of roofline ({hb / 1e6:.0f} MB weights/token)")
+            f"{roofline_pct(r['pct_of_roofline'])} of roofline ({hb / 1e6:.0f} MB weights/token)")
 
     result["teacher_forced"] = teacher_forced(arts, hf_model, prompt + ref_tokens, log) if ref_tokens else {}
 
@@ -394,8 +394,8 @@ def render(result: dict[str, Any]) -> str:
         fd = "-" if r["first_divergence"] is None else str(r["first_divergence"])
         rows.append((r["runner"], r["precision"], f"{r['ttft_s'] * 1e3:.1f}", f"{r['step_p50_s'] * 1e3:.2f}",
                      f"{r['step_p90_s'] * 1e3:.2f}", f"{r['step_p99_s'] * 1e3:.2f}", f"{r['tokens_per_s']:.1f}",
-                     f"{r['decode_tokens_per_s']:.1f}", _vs_hf(r), f"{r['agreement']:.3f}", fd,
-                     f"{r['weight_bytes_per_token'] / 1e6:.0f}", pct_text(r["pct_of_roofline"])))
+                     f"{r['decode_tokens_per_s']:.1f}", speedup_of(r["stability"]), f"{r['agreement']:.3f}", fd,
+                     f"{r['weight_bytes_per_token'] / 1e6:.0f}", roofline_pct(r["pct_of_roofline"])))
     lines = [f"decode benchmark, gpt small (GPT-2 124M, random HF init), batch 1, prompt {result['prompt_len']}, "
              f"{result['new_tokens']} new tokens, greedy, threads {result['threads'] or 'all'}",
              machine_line(result["machine"]),
@@ -430,16 +430,10 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def pct_text(pct: float) -> str:
+def roofline_pct(pct: float) -> str:
     """Never a figure above 100% of the bandwidth roofline: above it, the bandwidth was underestimated (a busy
     machine during `read_bandwidth`)."""
-    return "> roofline (bandwidth underestimated)" if pct > 100.0 else f"{pct:.0f}%"
-
-
-def _vs_hf(r: dict[str, Any]) -> str:
-    if r.get("vs_hf") is None:
-        return f"unstable ({(r.get('stability') or {}).get('cause') or 'noise'})"
-    return f"{r['vs_hf']:.2f} ({r['vs_hf_low']:.2f}-{r['vs_hf_high']:.2f})"
+    return pct_of_peak(pct, peak="roofline", why="bandwidth underestimated")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -341,12 +341,11 @@ def concurrency_check(artifact: Any, texts: list[str], batch_size: int) -> dict[
 
 
 def render(record: dict[str, Any]) -> str:
-    from xdeploy.reports.render import markdown_table
+    from xdeploy.reports.text import markdown_table, speedup
 
     rows = [(r["engine"], r["precision"], f"{r['sentences_per_s']:.0f}",
              f"{r['min_sentences_per_s']:.0f}..{r['max_sentences_per_s']:.0f}",
-             f"{r['ratio']:.2f}x ({r['ratio_low']:.2f}-{r['ratio_high']:.2f})" if r["stable"]
-             else f"unstable ({r['cause']})",
+             speedup(r["ratio"], (r["ratio_low"], r["ratio_high"]), unstable=None if r["stable"] else r["cause"]),
              f"{r['cosine_min']:.7f}", f"{r['cosine_p1']:.7f}", f"{100 * r['retrieval_agreement']:.1f}%")
             for r in record["results"]]
     lines = [f"all-MiniLM-L6-v2, {record['sentences']} sentences, batch {record['batch_size']}, "

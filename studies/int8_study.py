@@ -254,6 +254,8 @@ def _peaks() -> dict[str, float]:
 
 
 def _print_speed(s: dict[str, Any], a: argparse.Namespace) -> None:
+    from xdeploy.reports.text import pct_of_peak, speedup, unstable_text
+
     base = s["baseline"]
     sizes = ", ".join(f"{k} {v}" for k, v in s["sizes"].items())  # the graph's own axes (no seq for ViT)
     print(f"\n{a.model} {a.preset or 'ckpt'} {sizes}, {a.threads} thread(s), interleaved "
@@ -263,9 +265,11 @@ def _print_speed(s: dict[str, Any], a: argparse.Namespace) -> None:
         print(f"  {label:30s} not run: {why}")
     for label, r in s["results"].items():
         sp = r["speedup"]
-        ratio = "–" if sp is None else (f"x{sp['median']:.2f} [{sp['low']:.2f}, {sp['high']:.2f}]" if r["stable"]
-                                        else f"unstable ({r['cause']}): x{sp['median']:.2f}")
-        pct = "" if r["pct_of_peak"] is None else f" ({r['pct_of_peak']:.1f}% of {r['peak_precision']} peak)"
+        # an unstable figure is shown after its verdict here (a study's log), never in a table
+        ratio = speedup(None) if sp is None else (speedup(sp["median"], (sp["low"], sp["high"])) if r["stable"]
+                                                  else f"{unstable_text(r['cause'])}: {speedup(sp['median'])}")
+        pct = "" if r["pct_of_peak"] is None else \
+            f" ({pct_of_peak(r['pct_of_peak'], 1)} of {r['peak_precision']} peak)"
         print(f"  {label:30s} {r['graph_format']:4s} {r['round_median_ms']:8.2f} ms  IQR {100 * r['rel_iqr']:4.1f}%  "
               f"{ratio:28s} {r['gflops']:.0f} GFLOP/s{pct}")
 

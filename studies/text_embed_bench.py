@@ -51,9 +51,10 @@ def py_times(fn: Callable[[list[str]], object], lines: list[str], reps: int) -> 
 
 
 def main() -> None:
-    from xdeploy.bench.interleave import judge, run_timed_rounds, speedup_text
+    from xdeploy.bench.interleave import judge, run_timed_rounds
     from xdeploy.core.fingerprint import fingerprint, summary
     from xdeploy.deploy.embedder import Embedder
+    from xdeploy.reports.text import speedup_of
 
     p = argparse.ArgumentParser()
     p.add_argument("artifact")
@@ -73,14 +74,14 @@ def main() -> None:
             for k, s in cmp.series.items():
                 print(f"  {k:9s} {s.median_s * 1e3:8.3f} ms/call  {batch / s.median_s:9.1f} sentences/s  "
                       f"(round times IQR {s.rel_iqr:.0%} of median)")
-            print(f"  cpp vs py-hf (py-hf time / cpp time, paired rounds): {speedup_text(cmp.stability('cpp'))}")
+            print(f"  cpp vs py-hf (py-hf time / cpp time, paired rounds): {speedup_of(cmp.stability('cpp'))}")
             # tokenization alone: C++ tokenize() in process vs Embedder.tokenize (cut, tokenize, truncate)
             toks = {"cpp": lambda ln=lines: cpp_times(a.binary, a.artifact, ln, a.reps * 10, tokenize_only=True),
                     "py-hf": lambda ln=lines: py_times(hf.tokenize, ln, a.reps * 10)}
             tok = judge(run_timed_rounds(toks, rounds=a.rounds), baseline="py-hf")
             print(f"  tokenize only: cpp {tok.series['cpp'].median_s * 1e6:.1f} us, py-hf "
                   f"{tok.series['py-hf'].median_s * 1e6:.1f} us per call; cpp vs py-hf (py-hf time / cpp time): "
-                  f"{speedup_text(tok.stability('cpp'))}")
+                  f"{speedup_of(tok.stability('cpp'))}")
 
 
 if __name__ == "__main__":
