@@ -38,7 +38,7 @@ demo: install
 PYTEST_WORKERS ?= 2
 test: install cpp serve-env
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=15
 
 # C++ embedding runtime (deploy/cpp): links the wheel's libonnxruntime; CMake fetches the ORT headers from Debian's
 # libonnxruntime-dev into .cache/ort-headers on first configure (deploy/cpp/fetch_ort_headers.sh).
