@@ -87,17 +87,21 @@ KINDS: dict[str, dict[str, tuple[str, bool]]] = {
     "peers": {  # studies/peers.py: one system on one workload, timed interleaved with every other system
         "workload": (_STR, False), "model": (_STR, False), "task": (_STR, False),
         "batch": (_INT, False), "seq": (_INT, True), "items": (_INT, False),  # items per timed call
-        "system": (_STR, False),  # "pytorch" | "xdeploy" | "optimum-onnx" | "optimum-intel"
+        # "pytorch" | "xdeploy" | "optimum-onnx" | "optimum-intel" | "sentence-transformers" | "fastembed"
+        "system": (_STR, False),
         "config": (_STR, False), "runtime": (_STR, False), "precision": (_STR, False),  # compute precision
         "threads": (_INT, False), "latency_s": (_OBJ, False),  # per timed call
         "rate": (_NUM, False), "rate_unit": (_STR, False),  # items / median round time
         "max_abs_err": (_NUM, False), "min_cosine": (_NUM, False),  # vs the PyTorch reference, per row
         "accuracy_ok": (_BOOL, False),  # min_cosine >= the precision's floor (studies/peers.MIN_COSINE)
-        # xdeploy rows: paired speed-up over the fastest Optimum row of the same precision
-        # {peer, median, low, high, stable}; null for other systems or without a peer of that precision
+        # sentence workloads: fraction of sentences whose nearest other sentence of the corpus (cosine) is the
+        # reference's; null for the other workloads
+        "nn_agreement": (_NUM, True),
+        # xdeploy rows: paired speed-up over the fastest peer row (any system but pytorch and xdeploy) of the same
+        # precision {peer, median, low, high, stable}; null for other systems or without a peer of that precision
         # + instance_spread (the rows' larger A/A deviation) and verdict: "ahead" | "behind" | "tie" (the
         # interval outside / inside the band 1 ± instance_spread); same_engine: the same against the fastest
-        # Optimum row on the row's own runtime (e.g. ov f32 vs optimum-intel ov f32), when that is another row
+        # peer row on the row's own runtime (e.g. ov f32 vs optimum-intel ov f32), when that is another row
         "vs_peer": (_OBJ, True),
         "stability": (_OBJ, False),  # bench/interleave.py Comparison.stability (vs the pytorch row)
         "versions": (_OBJ, False),
@@ -150,7 +154,7 @@ IDENTITY: dict[str, tuple[str, ...]] = {
 }
 # Fields added after version 1 was written: older records may lack them (read as null); new ones must have them.
 ADDED: dict[str, frozenset[str]] = {"latency": frozenset({"stability"}), "decode": frozenset({"threads", "stability"}),
-                                    "peers": frozenset({"replicas"})}
+                                    "peers": frozenset({"replicas", "nn_agreement"})}
 
 # A latency record's configuration: the same work, whichever runner and precision did it (speed-ups compare these).
 CONFIG: tuple[str, ...] = ("model", "preset", "graph", "batch", "seq")

@@ -432,7 +432,7 @@ def _decode_section(dec: list[Mapping[str, Any]]) -> list[str]:
 
 
 def _vs_peer_cell(r: Mapping[str, Any]) -> str:
-    """xdeploy vs the fastest Optimum row of its precision: '1.07× (1.02–1.11) vs optimum-intel ov bf16', or
+    """xdeploy vs the fastest peer row of its precision: '1.07× (1.02–1.11) vs optimum-intel ov bf16', or
     'unstable' instead of a figure; '–' for rows that are not xdeploy's or have no peer of that precision."""
     v = r.get("vs_peer")
     if not v:
@@ -453,10 +453,11 @@ def _peers_section(peers: list[Mapping[str, Any]]) -> list[str]:
     """The peers table (studies/peers.py): per workload every system, its speed, accuracy and verdicts."""
     if not peers:
         return []
-    out = ["## Peers: xdeploy vs Hugging Face Optimum", "",
+    out = ["## Peers: xdeploy vs Optimum, sentence-transformers and fastembed", "",
            "Every system of a workload timed in the same interleaved rounds (same threads); accuracy against the "
-           "same PyTorch reference (min cosine per row). `× pytorch` = paired speed-up over eager PyTorch; "
-           "`vs fastest Optimum` = an xdeploy row's paired speed-up over the fastest Optimum row of the same "
+           "same PyTorch reference (min cosine per row; for sentences, `nn agreement`: the share of sentences "
+           "whose nearest other sentence is the reference's). `× pytorch` = paired speed-up over eager PyTorch; "
+           "`vs fastest peer` = an xdeploy row's paired speed-up over the fastest peer row of the same "
            "precision (>1: xdeploy faster), 95% interval in brackets; *unstable* rows are not results. With "
            "several instances per system (`--replicas`), a row's rounds are its instances' mean and a speed-up "
            "is a **tie** unless its interval clears 1 ± the instance spread (the larger A/A deviation of the "
@@ -478,9 +479,10 @@ def _peers_section(peers: list[Mapping[str, Any]]) -> list[str]:
             rows.append((r["precision"], r["system"], r["config"], speed + ("" if st["stable"] else " *unstable*"),
                          f"{st['rel_iqr']:.0%}", speedup_of(st) if st.get("speedup") else f"1{TIMES} (reference)",
                          fmt_num(r["max_abs_err"]), fmt_num(r["min_cosine"], ".6f"),
+                         fmt_num(r.get("nn_agreement"), ".1%"),
                          "ok" if r["accuracy_ok"] else "**below floor**", _vs_peer_cell(r)))
         out += [markdown_table(("precision", "system", "config", "p50 / rate", "round IQR", f"{TIMES} pytorch",
-                                "max abs err", "min cosine", "accuracy", "vs fastest Optimum"), rows), ""]
+                                "max abs err", "min cosine", "nn agreement", "accuracy", "vs fastest peer"), rows), ""]
     return out
 
 

@@ -1,4 +1,4 @@
-"""Peers: xdeploy against what a user would pick instead (Hugging Face Optimum), same checkpoints, one run.
+"""Peers: xdeploy against what a user would pick instead (Optimum, sentence-transformers, fastembed), one run.
 
     make peers                                   # builds .venv-peers (requirements-peers.txt), runs this, renders
     .venv-peers/bin/python -m xdeploy.studies.peers --out reports/peers [--quick] [--workloads bert-b1,minilm]
@@ -18,16 +18,34 @@ the same PyTorch reference (the Hugging Face model in eager fp32, or sentence-tr
   optimum-onnx    ORTModel export (plain), ORTOptimizer O2, ORTQuantizer dynamic int8 (avx512_vnni config)
   optimum-intel   OVModel export, compiled with INFERENCE_PRECISION_HINT f32 and bf16 (explicit: without a hint
                   OpenVINO computes in bf16 on AMX machines)
+  sentence-transformers  (sentences only; its torch backend is the reference row) its own backends, each from its
+                  own export function: onnx, onnx O3 (export_optimized_onnx_model), onnx qint8
+                  (export_dynamic_quantized_onnx_model, avx512_vnni), openvino f32 / bf16 (explicit hint) and
+                  openvino qint8 (export_static_quantized_openvino_model, calibrated on local sentences)
+  fastembed       (sentences only) TextEmbedding's all-MiniLM-L6-v2 on a local folder: sentence-transformers'
+                  ONNX export of the same checkpoint
+
+Thread budget, the same for every row: torch.set_num_threads; onnxruntime intra-op threads in the session options
+(xdeploy's own options for optimum-onnx and sentence-transformers' onnx rows; fastembed's `threads`, which sets
+intra- and inter-op threads); OpenVINO INFERENCE_NUM_THREADS (and NUM_STREAMS 1). Each peer is checked on load to
+run what its row names: the CPU provider with that many intra-op threads and its config's op in the graph
+(FastGelu for O3, MatMulInteger for dynamic int8), or the compiled model's precision hint, thread count and, for
+int8, u8/i8 FullyConnected/MatMul layers.
 
 Workloads (random weights from a config and a seed, saved as safetensors; nothing from a hub): BERT-base b1/b8
-s128 (last_hidden_state), the packaged all-MiniLM-L6-v2 (512 varied sentences, batch 32, sentences/s; each
-system through a sentence-transformers-style pipeline: length-sorted batches, mean pooling, normalization),
+s128 (last_hidden_state), the packaged all-MiniLM-L6-v2 (512 varied sentences, batch 32, sentences/s; xdeploy
+through its Embedder, Optimum through a sentence-transformers-style loop: length-sorted batches, mean pooling,
+normalization; sentence-transformers and fastembed through their own encode / embed),
 ViT-B/16 b1 (logits) and GPT-2 small prefill b1 s128 (logits; xdeploy's prefill graph also writes the KV cache,
-Optimum's model is exported without one). `--quick` uses tiny configs and 32 sentences (the test).
+Optimum's model is exported without one). `--quick` uses tiny configs and 16 sentences (the test).
+
+Accuracy: max abs error and min cosine per row against the reference; for sentences also nearest-neighbour
+agreement (each sentence's nearest other sentence of the timed corpus, vs the reference's).
 
 Records (kind "peers", core/records.py) go to <out>/records.jsonl and the report (reports/render.py, peers
-table) to <out>/summary.md. An xdeploy row's `vs_peer` is the paired speed-up over the fastest Optimum row of
-the same precision (median of the round ratios with its 95% interval); unstable comparisons say so.
+table) to <out>/summary.md. An xdeploy row's `vs_peer` is the paired speed-up over the fastest peer row (any
+system but pytorch and xdeploy) of the same precision (median of the round ratios with its 95% interval);
+unstable comparisons say so.
 """
 
 from __future__ import annotations
@@ -66,10 +84,30 @@ XDEPLOY_ROUTE = {"ort fp32": ("fp32", {}), "ort int8 dynamic": ("int8-dynamic", 
 OPTIMUM = (("optimum-onnx", "ort plain", "onnxruntime", "fp32"), ("optimum-onnx", "ort O2", "onnxruntime", "fp32"),
            ("optimum-onnx", "ort int8 dynamic avx512_vnni", "onnxruntime", "int8"),
            ("optimum-intel", "ov f32", "openvino", "fp32"), ("optimum-intel", "ov bf16", "openvino", "bf16"))
+# sentence-transformers' own backends, each exported by its own function from the same checkpoint (sentence
+# workloads only): SentenceTransformer(backend="onnx") and its save_pretrained, export_optimized_onnx_model("O3"),
+# export_dynamic_quantized_onnx_model("avx512_vnni"), SentenceTransformer(backend="openvino") and
+# export_static_quantized_openvino_model (calibrated on local sentences: no hub dataset). Its torch backend is the
+# sentence workload's reference row (pytorch eager fp32 = SentenceTransformer.encode on torch).
+SENTENCE_TRANSFORMERS = (("sentence-transformers", "onnx", "onnxruntime", "fp32"),
+                         ("sentence-transformers", "onnx O3", "onnxruntime", "fp32"),
+                         ("sentence-transformers", "onnx qint8 avx512_vnni", "onnxruntime", "int8"),
+                         ("sentence-transformers", "openvino f32", "openvino", "fp32"),
+                         ("sentence-transformers", "openvino bf16", "openvino", "bf16"),
+                         ("sentence-transformers", "openvino qint8", "openvino", "int8"))
+# fastembed's TextEmbedding (its all-MiniLM-L6-v2 model description) on a local folder: sentence-transformers'
+# ONNX export of the same checkpoint and its tokenizer files
+FASTEMBED = (("fastembed", "onnx", "onnxruntime", "fp32"),)
 REFERENCE = ("pytorch", "eager fp32", "torch", "fp32")
-SYSTEMS = ("pytorch", "xdeploy", "optimum-onnx", "optimum-intel")
+SYSTEMS = ("pytorch", "xdeploy", "optimum-onnx", "optimum-intel", "sentence-transformers", "fastembed")
 # accuracy floor per precision (min cosine per row against the PyTorch reference); docs/benchmarks.md
 MIN_COSINE = {"fp32": 0.9999, "bf16": 0.99, "int8": 0.98}
+
+
+def peer_rows(task: str) -> tuple[tuple[str, str, str, str], ...]:
+    """The peer rows (every system but pytorch and xdeploy) a workload of this task has: Optimum for every task,
+    sentence-transformers' backends and fastembed for sentences."""
+    return OPTIMUM + (SENTENCE_TRANSFORMERS + FASTEMBED if task == "sentences" else ())
 
 
 def rows_here(rows: Sequence[tuple[str, str, str, str]], fp: dict[str, Any]) -> tuple[tuple[str, str, str, str], ...]:
@@ -99,6 +137,7 @@ class Workload:
     seq: int | None
     hf_config: dict[str, Any] = field(default_factory=dict)  # config.json fields (random-weight checkpoints)
     sentences: int = 0
+    calibration: int = 300  # sentences for sentence-transformers' static int8 (its default num_samples)
 
 
 _BERT_BASE = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
@@ -118,7 +157,7 @@ FULL = (Workload("bert-base-b1", "bert", "features", 1, 128, _BERT_BASE),
         Workload("vit-b16-b1", "vit", "image-classification", 1, None, _VIT_B16),
         Workload("gpt2-small-prefill", "gpt", "causal-lm", 1, 128, _GPT2_SMALL))
 QUICK = (Workload("bert-tiny-b2", "bert", "features", 2, 16, _BERT_TINY),
-         Workload("minilm-sentences", "bert", "sentences", 16, None, sentences=32),
+         Workload("minilm-sentences", "bert", "sentences", 8, None, sentences=16, calibration=8),
          Workload("vit-tiny-b1", "vit", "image-classification", 1, None, _VIT_TINY),
          Workload("gpt2-tiny-prefill", "gpt", "causal-lm", 1, 16, _GPT2_TINY))
 
@@ -235,16 +274,153 @@ def _load_optimum(w: Workload, runtime: str, precision: str, path: Path, file_na
     if runtime == "onnxruntime":
         if file_name:
             kw["file_name"] = file_name
-        return ort_cls.from_pretrained(path, session_options=_ort_options(threads),
-                                       provider="CPUExecutionProvider", **kw)
+        m = ort_cls.from_pretrained(path, session_options=_ort_options(threads),
+                                    provider="CPUExecutionProvider", **kw)
+        _check_ort(m.session, threads, f"optimum-onnx's {path}")
+        return m
     m = ov_cls.from_pretrained(path, ov_config=_ov_options(precision, threads), compile=True, **kw)
     # the compiled model: `request` is one for encoders, an infer request on one for decoders
-    compiled = m.request if hasattr(m.request, "get_property") else m.request.get_compiled_model()
-    got = compiled.get_property("INFERENCE_PRECISION_HINT").to_string()  # the hint must have been applied
+    _check_ov(m.request if hasattr(m.request, "get_property") else m.request.get_compiled_model(), precision,
+              threads, f"optimum-intel compiled {path}")
+    return m
+
+
+def _check_ort(session: Any, threads: int, what: str, graph: Path | None = None, op: str | None = None) -> None:
+    """A peer's onnxruntime session runs on the CPU provider with `threads` intra-op threads (the study's budget),
+    and its graph file holds `op` (the op its config is about: MatMulInteger for dynamic int8, FastGelu for O3)."""
+    providers, got = session.get_providers(), session.get_session_options().intra_op_num_threads
+    if providers != ["CPUExecutionProvider"] or got != threads:
+        raise XDeployError(f"{what} runs on {providers} with {got} intra-op threads; expected "
+                           f"['CPUExecutionProvider'] with {threads}")
+    if graph is not None and op is not None:
+        import onnx
+
+        ops = {n.op_type for n in onnx.load(str(graph), load_external_data=False).graph.node}
+        if op not in ops:
+            raise XDeployError(f"{what}: {graph.name} has no {op} node; expected its config's {op}")
+
+
+def _check_ov(compiled: Any, precision: str, threads: int, what: str) -> None:
+    """A peer's compiled OpenVINO model computes in the row's precision on `threads` threads (the hint must have
+    been applied; an int8 row must run its FullyConnected/MatMul layers in u8/i8, not decompressed to f32)."""
+    got = compiled.get_property("INFERENCE_PRECISION_HINT").to_string()
     want = "bf16" if precision == "bf16" else "f32"
     if got != want:
-        raise XDeployError(f"optimum-intel compiled {path} with precision hint {got}; expected {want}")
-    return m
+        raise XDeployError(f"{what} with precision hint {got}; expected {want}")
+    n = int(compiled.get_property("INFERENCE_NUM_THREADS"))
+    if n != threads:
+        raise XDeployError(f"{what} with INFERENCE_NUM_THREADS {n}; expected {threads}")
+    if precision == "int8":
+        info = [op.get_rt_info() for op in compiled.get_runtime_model().get_ops()]
+        gemm = {i["runtimePrecision"].astype(str) for i in info
+                if i["layerType"].astype(str) in ("FullyConnected", "MatMul")}
+        if not gemm & {"u8", "i8"}:
+            raise XDeployError(f"{what} runs its FullyConnected/MatMul layers at {sorted(gemm)}; expected u8/i8")
+
+
+# sentence-transformers row -> (backend, file under its export folder, an op its graph must hold)
+ST_FILES = {"onnx": ("onnx", "onnx/model.onnx", None), "onnx O3": ("onnx", "onnx/model_O3.onnx", "FastGelu"),
+            "onnx qint8 avx512_vnni": ("onnx", "onnx/model_qint8_avx512_vnni.onnx", "MatMulInteger"),
+            "openvino f32": ("openvino", "openvino/openvino_model.xml", None),
+            "openvino bf16": ("openvino", "openvino/openvino_model.xml", None),
+            "openvino qint8": ("openvino", "openvino/openvino_model_qint8_quantized.xml", None)}
+FASTEMBED_MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # fastembed's description: mean pooling, normalized
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json", "vocab.txt")
+
+
+def _st_dirs(w: Workload, ckpt: Path, root: Path) -> tuple[Path, Path]:
+    """sentence-transformers' own export route, once per checkpoint and calibration size: (its model folder with
+    every ST_FILES file, fastembed's folder: the same onnx/model.onnx as model.onnx, and the tokenizer files)."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.backend import (
+        export_dynamic_quantized_onnx_model,
+        export_optimized_onnx_model,
+        export_static_quantized_openvino_model,
+    )
+
+    d = root / f"sentence-transformers-{ckpt.name}-cal{w.calibration}"
+    fe = root / f"fastembed-{ckpt.name}"
+    if not (d / ST_FILES["onnx"][1]).exists():
+        SentenceTransformer(str(ckpt), device="cpu", backend="onnx").save_pretrained(str(d))
+    onnx_model = None
+    for cfg, how in (("onnx O3", "O3"), ("onnx qint8 avx512_vnni", "avx512_vnni")):
+        if not (d / ST_FILES[cfg][1]).exists():
+            onnx_model = onnx_model or SentenceTransformer(str(d), device="cpu", backend="onnx")
+            export = export_optimized_onnx_model if how == "O3" else export_dynamic_quantized_onnx_model
+            export(onnx_model, how, str(d))
+    if not (d / ST_FILES["openvino qint8"][1]).exists():
+        if not (d / ST_FILES["openvino f32"][1]).exists():
+            SentenceTransformer(str(ckpt), device="cpu", backend="openvino").save_pretrained(str(d))
+        from optimum.intel import OVQuantizationConfig
+
+        from xdeploy.studies.embed_bench import make_sentences
+
+        # its default calibration set (glue/sst2 from the hub) is out of reach: a local folder of sentences drawn
+        # with another seed than the timed ones, loaded by the same datasets.load_dataset call
+        calib = d.with_name(d.name + "-calibration")
+        calib.mkdir(parents=True, exist_ok=True)
+        (calib / "train.jsonl").write_text("".join(json.dumps({"sentence": t}) + "\n"
+                                                   for t in make_sentences(w.calibration, seed=7)), encoding="utf-8")
+        export_static_quantized_openvino_model(
+            SentenceTransformer(str(d), device="cpu", backend="openvino"),
+            OVQuantizationConfig(num_samples=w.calibration), str(d), dataset_name=str(calib),
+            dataset_config_name="default", dataset_split="train", column_name="sentence")
+    if not (fe / "model.onnx").exists():
+        fe.mkdir(parents=True, exist_ok=True)
+        for name in TOKENIZER_FILES:
+            shutil.copyfile(d / name, fe / name)
+        shutil.copyfile(d / ST_FILES["onnx"][1], fe / "model.tmp")
+        (fe / "model.tmp").rename(fe / "model.onnx")
+    return d, fe
+
+
+def _sentence_peers(w: Workload, ckpt: Path, root: Path, threads: int, wanted: Sequence[str],
+                    sentences: Sequence[str]) -> list[System]:
+    """sentence-transformers' onnx/openvino backends and fastembed among `wanted`, each loaded once with the
+    study's thread budget and checked to run the engine and precision its row names."""
+    if not set(wanted) & {"sentence-transformers", "fastembed"}:
+        return []
+    from xdeploy.core.fingerprint import fingerprint
+
+    d, fe = _st_dirs(w, ckpt, root)
+    systems = []
+    for system, cfg, runtime, prec in rows_here(SENTENCE_TRANSFORMERS + FASTEMBED, fingerprint()):
+        if system not in wanted:
+            continue
+        what = f"{system} {cfg}"
+        if system == "fastembed":
+            from fastembed import TextEmbedding
+
+            # fastembed sets intra- and inter-op threads to `threads` (sequential execution: inter-op idles)
+            m = TextEmbedding(FASTEMBED_MODEL, specific_model_path=str(fe), threads=threads,
+                              providers=["CPUExecutionProvider"], local_files_only=True)
+            _check_ort(m.model.model, threads, what)
+            fn = partial(_fastembed_encode, m, sentences, w.batch)
+        else:
+            from sentence_transformers import SentenceTransformer
+
+            backend, file, op = ST_FILES[cfg]
+            kw = {"file_name": file} | ({"provider": "CPUExecutionProvider", "session_options": _ort_options(threads)}
+                                        if backend == "onnx" else {"ov_config": _ov_options(prec, threads)})
+            st = SentenceTransformer(str(d), device="cpu", backend=backend, model_kwargs=kw)
+            if backend == "onnx":
+                _check_ort(st[0].auto_model.session, threads, what, d / file, op)
+            else:
+                _check_ov(st[0].auto_model.request, prec, threads, f"{what} compiled {file}")
+            fn = partial(_st_encode, st, sentences, w.batch)
+        systems.append(System(system, cfg, runtime, prec, call=fn, output=fn))
+    return systems
+
+
+def _st_encode(st: Any, sentences: Sequence[str], batch: int) -> np.ndarray:
+    """SentenceTransformer.encode as its users call it (its own length-sorted batching), normalized vectors."""
+    return st.encode(list(sentences), batch_size=batch, convert_to_numpy=True, normalize_embeddings=True,
+                     show_progress_bar=False)
+
+
+def _fastembed_encode(model: Any, sentences: Sequence[str], batch: int) -> np.ndarray:
+    """fastembed's TextEmbedding.embed (its own batching in input order; mean pooling, normalized)."""
+    return np.stack(list(model.embed(list(sentences), batch_size=batch)))
 
 
 def _xdeploy_artifacts(w: Workload, ckpt: Path, root: Path) -> dict[str, Path]:
@@ -273,6 +449,19 @@ def _row_cosines(ref: np.ndarray, out: np.ndarray) -> float:
 
     r, o = ref.reshape(ref.shape[0], -1).astype(np.float64), out.reshape(out.shape[0], -1).astype(np.float64)
     return min(cosine(a, b) for a, b in zip(r, o))
+
+
+def _nn_agreement(ref: np.ndarray, out: np.ndarray) -> float:
+    """The fraction of sentences whose nearest other sentence of the corpus (cosine) under `out` is the one under
+    the reference `ref` (rows: one vector per sentence)."""
+    def nearest(v: np.ndarray) -> np.ndarray:
+        u = v.astype(np.float64)
+        u /= np.clip(np.linalg.norm(u, axis=1, keepdims=True), 1e-12, None)
+        sim = u @ u.T
+        np.fill_diagonal(sim, -np.inf)
+        return sim.argmax(1)
+
+    return float(np.mean(nearest(ref) == nearest(out)))
 
 
 def _pooled(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -342,8 +531,7 @@ def _systems(w: Workload, ckpt: Path, root: Path, threads: int, wanted: Sequence
         st = SentenceTransformer(str(ckpt), device="cpu")
         tok = AutoTokenizer.from_pretrained(str(_transformer_dir(ckpt)))
         max_length = int(st.max_seq_length)
-        ref_call = lambda: st.encode(sentences, batch_size=w.batch, convert_to_numpy=True,  # noqa: E731
-                                     normalize_embeddings=True)
+        ref_call = partial(_st_encode, st, sentences, w.batch)
         systems.append(System(*REFERENCE, call=ref_call, output=ref_call))
         if arts:
             from xdeploy.deploy.embedder import Embedder
@@ -356,6 +544,8 @@ def _systems(w: Workload, ckpt: Path, root: Path, threads: int, wanted: Sequence
                 systems.append(System("xdeploy", cfg, runtime, prec, call=fn, output=fn, close=e.close))
         systems += _optimum_systems(w, ckpt, root, threads, wanted, lambda m: _sentence_call(
             partial(_output, m, "last_hidden_state"), tok, sentences, w.batch, max_length))
+        systems += _sentence_peers(w, ckpt, root, threads, wanted, sentences)
+        log(f"{w.name}: {len(systems)} systems ready")
         return [s for s in systems if s.system in wanted]
 
     # batch workloads: the same seeded inputs for every system (xdeploy's own feed maker, full-length rows)
@@ -421,7 +611,8 @@ def run_workload(w: Workload, *, root: Path, threads: int, wanted: Sequence[str]
             if out.shape != ref.shape:
                 raise XDeployError(f"{w.name}: {s.system} {s.config} gives shape {out.shape}; the reference "
                                    f"{ref.shape}")
-            acc[s] = (float(np.abs(out.astype(np.float64) - ref).max()), _row_cosines(ref, out))
+            acc[s] = (float(np.abs(out.astype(np.float64) - ref).max()), _row_cosines(ref, out),
+                      _nn_agreement(ref, out) if w.task == "sentences" else None)
         names = {f"{s.system} {s.config}": s for s in sets[0]}
         # instance k > 1 of a row is timed as "<row> #k"
         calls = {n + (f" #{k + 1}" if k else ""): s.call for k, set_ in enumerate(sets)
@@ -446,7 +637,8 @@ def run_workload(w: Workload, *, root: Path, threads: int, wanted: Sequence[str]
     records = []
     for n, s in names.items():
         vs = None
-        peers = [m for m, p in names.items() if p.system.startswith("optimum") and p.precision == s.precision]
+        peers = [m for m, p in names.items() if p.system not in (REFERENCE[0], "xdeploy")
+                 and p.precision == s.precision]
         if s.system == "xdeploy" and peers:
             def versus(peer: str, n: str = n) -> dict[str, Any]:
                 sp = paired_speedup(rounds[peer], rounds[n])
@@ -459,7 +651,7 @@ def run_workload(w: Workload, *, root: Path, threads: int, wanted: Sequence[str]
                         "instance_spread": band - 1.0, "verdict": verdict}
 
             vs = versus(min(peers, key=lambda m: float(np.median(rounds[m]))))
-            # and the Optimum row on the same engine (ov vs optimum-intel, ort vs optimum-onnx's fastest)
+            # and the fastest peer row on the same engine (ov vs optimum-intel / sentence-transformers openvino)
             same = [m for m in peers if names[m].runtime == s.runtime]
             if same:
                 vs["same_engine"] = versus(min(same, key=lambda m: float(np.median(rounds[m]))))
@@ -467,13 +659,13 @@ def run_workload(w: Workload, *, root: Path, threads: int, wanted: Sequence[str]
         # the row is steady only if every instance is; an unsteady instance lends the row its cause and reasons
         worst = next((cmp.stability(i) for i in inst[n] if not cmp.stability(i)["stable"]), cmp.stability(n))
         stability = cmp.stability(n) | {"stable": steady[n], "cause": worst["cause"], "reasons": worst["reasons"]}
-        max_abs, cos = acc[s]
+        max_abs, cos, nn = acc[s]
         records.append(make_record(
             "peers", fp, workload=w.name, model=w.family, task=w.task, batch=w.batch, seq=w.seq,
             items=items, system=s.system, config=s.config, runtime=s.runtime, precision=s.precision,
             threads=threads, latency_s=_lat(cmp.latency[n]), rate=items / per_call,
             rate_unit="sentences/s" if w.task == "sentences" else "items/s",
-            max_abs_err=max_abs, min_cosine=cos, accuracy_ok=cos >= MIN_COSINE[s.precision],
+            max_abs_err=max_abs, min_cosine=cos, accuracy_ok=cos >= MIN_COSINE[s.precision], nn_agreement=nn,
             vs_peer=vs, stability=stability, versions=versions,
             replicas={"count": replicas, "round_median_s": [cmp.series[i].median_s for i in inst[n]],
                       "aa": None if aa[n] is None else {"median": aa[n].median, "low": aa[n].low,
@@ -492,7 +684,7 @@ def _versions() -> dict[str, str]:
 
     out = {}
     for d in ("torch", "transformers", "sentence-transformers", "onnxruntime", "openvino", "optimum",
-              "optimum-onnx", "optimum-intel", "nncf"):
+              "optimum-onnx", "optimum-intel", "nncf", "fastembed", "datasets"):
         with contextlib.suppress(PackageNotFoundError):
             out[d] = version(d)
     return out
@@ -544,6 +736,8 @@ def run(out: Path, *, quick: bool = False, workloads: Sequence[str] | None = Non
                 _xdeploy_artifacts(w, ckpt, work)
             if set(systems) & {"optimum-onnx", "optimum-intel"}:
                 _optimum_dirs(w, ckpt, work)
+            if w.task == "sentences" and set(systems) & {"sentence-transformers", "fastembed"}:
+                _st_dirs(w, ckpt, work)
         log(f"prepared in {time.perf_counter() - t0:.0f} s; nothing timed")
         return out
     for w in chosen:
@@ -554,8 +748,8 @@ def run(out: Path, *, quick: bool = False, workloads: Sequence[str] | None = Non
         write_records(out / "records.jsonl", records)  # after each workload: a crash keeps what was measured
     from xdeploy.reports.render import render_report
 
-    render_report(records, out / "report", meta={"title": "xdeploy vs Hugging Face Optimum (peers)",
-                                                 "command": " ".join(sys.argv), "note": note,
+    title = "xdeploy vs its peers (Optimum, sentence-transformers, fastembed)"
+    render_report(records, out / "report", meta={"title": title, "command": " ".join(sys.argv), "note": note,
                                                  "duration_s": time.perf_counter() - t0})
     write_records(out / "report" / "records.jsonl", records)
     return out
@@ -565,7 +759,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("reports/peers"))
     ap.add_argument("--work", type=Path, default=Path("artifacts/peers"), help="checkpoints and exports (reused)")
-    ap.add_argument("--quick", action="store_true", help="tiny configs and 32 sentences (the test)")
+    ap.add_argument("--quick", action="store_true", help="tiny configs and 16 sentences (the test)")
     ap.add_argument("--workloads", default="", help="comma-separated subset of the workload names")
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--threads", type=int, default=0, help="threads per engine (0: the cores free now)")
