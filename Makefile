@@ -108,8 +108,9 @@ gpu-check: gpu-env
 
 # Peers environment (.venv-peers) and study: xdeploy against Hugging Face Optimum (optimum-onnx, optimum-intel) and,
 # for sentence embeddings, sentence-transformers' onnx/openvino backends (its own exports, int8 included) and
-# fastembed, on the same checkpoints, timed interleaved in one process (studies/peers.py). Optimum pins transformers<4.58, so it
-# gets its own env, fully pinned in requirements-peers.txt (same torch, onnxruntime and openvino as .venv);
+# fastembed, on the same checkpoints, timed interleaved in one process (studies/peers.py). Optimum pins
+# transformers<4.58, so it gets its own env, fully pinned in requirements-peers.txt (same torch, onnxruntime
+# and openvino as .venv);
 # xdeploy is installed on top with --no-deps. `make peers` writes reports/peers/ (records + rendered table);
 # PEERS_ARGS=--quick for the tiny version, e.g. PEERS_ARGS="--workloads bert-base-b1,minilm-sentences".
 PEERS_VENV  ?= .venv-peers
