@@ -57,7 +57,7 @@ def _checkpoint_key(checkpoint: str | Path) -> str:
     """Names, sizes and modification times of the checkpoint's files (cheap; a rewritten file changes it)."""
     p = Path(checkpoint).resolve()
     if not p.exists():
-        raise XDeployError(f"checkpoint {checkpoint} does not exist; expected a checkpoint directory or file")
+        raise XDeployError(f"checkpoint directory {checkpoint} does not exist")  # models/checkpoint.py's words
     files = sorted(f for f in (p.rglob("*") if p.is_dir() else [p]) if f.is_file())
     h = hashlib.sha256(str(p).encode())
     for f in files:

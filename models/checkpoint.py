@@ -35,8 +35,11 @@ class Checkpoint:
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
     root = Path(path)
-    if not root.is_dir():
+    if not root.exists():
         raise XDeployError(f"checkpoint directory {root} does not exist")
+    if not root.is_dir():
+        raise XDeployError(f"checkpoint {root} is a file; expected a checkpoint directory (a Hugging Face or "
+                           "sentence-transformers model folder)")
     tdir, pooling = _transformer_dir(root)
     hf_config = _read_json(tdir / "config.json")
     model_type = hf_config.get("model_type")
