@@ -331,27 +331,21 @@ class ServerProcess:
         return self.proc.pid if self.proc else None
 
     def ready(self) -> bool:
-        url = f"http://{self.http_url}/v2/models/{self.options.model_name}/ready"
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:  # loopback only (check_host)
-                return r.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
+        return _ready(f"http://{self.http_url}/v2/models/{self.options.model_name}/ready")
 
     def start(self) -> ServerProcess:
         """Start and wait until the model is ready. Where a port asked for as 0 was taken by another process
         between choosing and binding it, start again on newly chosen ports (at most twice more)."""
-        for attempt in range(3):
-            taken = self._start_once()
-            if not taken:
-                return self
-            ports = ", ".join(str(p) for p in taken)
-            chosen = all(getattr(self.requested, f) == 0 for f in ("http_port", "grpc_port"))
-            if not chosen or attempt == 2:
+        starts = 1
+        while taken := self._start_once():
+            asked = [p for p in taken if p in (self.requested.http_port, self.requested.grpc_port)]
+            if asked or starts == 3:
+                ports = ", ".join(str(p) for p in taken)
                 raise XDeployError(f"the Triton server could not bind {self.options.host} port {ports}: another "
-                                   "process holds it" + ("" if chosen else "; choose other ports (0 = a free one)"))
-            self.options = with_free_ports(self.requested)
-        raise AssertionError("unreachable")
+                                   "process holds it" + ("; choose other ports (0 = a free one)" if asked else ""))
+            self.options = with_free_ports(self.requested)  # the ports asked for as 0 chosen again
+            starts += 1
+        return self
 
     def _start_once(self) -> list[int]:
         """One start: [] once ready; the ports another process holds if the server exited while starting and one

@@ -19,6 +19,16 @@ class RunMemoryGuard:
 
         self.on_skip, self.notes = on_skip, notes
         self.guard = MemoryGuard(memory_limit)
+        self._arts: dict[Path, Any] = {}  # fp32 artifacts read so far (every estimate of a step reads the same one)
+
+    def _art(self, fp32: Path) -> Any:
+        """The fp32 artifact, read once per guard (its files were verified when exported or reused)."""
+        key = Path(fp32)
+        if key not in self._arts:
+            from xdeploy.export.artifact import load_artifact
+
+            self._arts[key] = load_artifact(key, verify=False)
+        return self._arts[key]
 
     def _skip(self, phase: str, what: str, note: str) -> None:
         self.notes(f"{phase} {what}: {note}")
@@ -30,20 +40,15 @@ class RunMemoryGuard:
         return float(sum(p.stat().st_size for p in Path(fp32).iterdir() if p.suffix in (".onnx", ".data")
                          or p.name.endswith(".onnx.data")))
 
-    @staticmethod
-    def _caps(fp32: Path) -> Any:
+    def _caps(self, fp32: Path) -> Any:
         """The model's declared capabilities (its token axes name the sizes of an estimate)."""
-        from xdeploy.export.artifact import load_artifact
-        from xdeploy.models.registry import family_of
-
-        return family_of(load_artifact(fp32, verify=False).config).capabilities
+        return self._art(fp32).capabilities
 
     def estimate(self, fp32: Path, sizes: dict[str, int], **kw: Any) -> Any:
         """MemoryEstimate of the model of the fp32 artifact at these axis sizes (inputs it does not use dropped)."""
         from xdeploy.bench.memory import estimate_peak, output_elems
-        from xdeploy.export.artifact import load_artifact
 
-        art = load_artifact(fp32, verify=False)  # verified when exported / reused
+        art = self._art(fp32)
         g = art.graph("model")
         used = {d for t in g.inputs for d in t.dims if isinstance(d, str)}
         sizes = {k: v for k, v in sizes.items() if k == "batch" or k in used}
@@ -94,11 +99,10 @@ class RunMemoryGuard:
         """(MemoryEstimate, sizes) of one parity shape: the reference model in this process besides the runner,
         and float64 copies of the outputs (reference, candidate, difference, ratio)."""
         from xdeploy.bench.memory import WEIGHT_COPIES, output_elems
-        from xdeploy.export.artifact import load_artifact
         from xdeploy.models.spec import token_sizes
 
-        art = load_artifact(fp32, verify=False)
-        caps = self._caps(fp32)
+        art = self._art(fp32)
+        caps = art.capabilities
         axis = art.spec.axes.get(caps.token_axis) if caps.token_axis is not None else None
         sizes = token_sizes(caps, batch, seq or axis.max) if axis is not None else {"batch": batch}
         f64 = 4 * 8.0 * output_elems(art.graph("model"), sizes)
@@ -107,10 +111,9 @@ class RunMemoryGuard:
     def decode_estimate(self, fp32: Path, prompt: int, new: int) -> Any:
         """Decoding runs in this process: the reference and one runner, a KV cache of prompt + new tokens."""
         from xdeploy.bench.memory import WEIGHT_COPIES
-        from xdeploy.export.artifact import load_artifact
         from xdeploy.models.registry import dims
 
-        kv = 2.0 * dims(load_artifact(fp32, verify=False).config).kv_bytes(prompt + new)  # past and present copies
+        kv = 2.0 * dims(self._art(fp32).config).kv_bytes(prompt + new)  # past and present copies
         caps = self._caps(fp32)
         sizes = {"batch": 1} | ({caps.token_axis: prompt + new} if caps.token_axis is not None else {})
         sizes |= {caps.source_axis: prompt} if caps.source_axis is not None else {}  # an encoder-decoder's source
