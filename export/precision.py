@@ -412,29 +412,82 @@ def quantizable_nodes(proto: onnx.ModelProto, op_types: Sequence[str] = INT8_OP_
             if n.op_type in op_types and len(n.input) > 1 and constant(n.input[1])}
 
 
-class _Reader:
-    """onnxruntime's CalibrationDataReader protocol over a list of feed dicts."""
-
-    def __init__(self, samples: Sequence[Mapping[str, np.ndarray]], names: set[str]) -> None:
-        self.samples = [{k: v for k, v in s.items() if k in names} for s in samples]
-        self.i, self.end = 0, len(self.samples)
-
-    def get_next(self) -> dict[str, np.ndarray] | None:
-        if self.i >= self.end:
-            return None
-        self.i += 1
-        return self.samples[self.i - 1]
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def set_range(self, start_index: int, end_index: int) -> None:
-        self.i, self.end = start_index, min(end_index, len(self.samples))
+# Settings of onnxruntime's own calibrators (quantization/calibrate.py create_calibrator, onnxruntime 1.31) for
+# the methods we offer; tests/test_int8.py checks the streaming ranges equal onnxruntime's for each method.
+_HISTOGRAM_SETTINGS: dict[str, dict[str, Any]] = {
+    "percentile": {"symmetric": True, "num_bins": 2048, "num_quantized_bins": 2048, "percentile": 99.999},
+    "entropy": {"symmetric": False, "num_bins": 128, "num_quantized_bins": 128, "percentile": 99.999},
+}
 
 
-def _stride(n: int, most: int = 4) -> int:
-    """The largest divisor of n that is <= most (onnxruntime needs strides that divide the sample count)."""
-    return max(k for k in range(1, min(n, most) + 1) if n % k == 0)
+def calibration_tensors(model: onnx.ModelProto, op_types: Sequence[str] = INT8_OP_TYPES) -> list[str]:
+    """The tensors static int8 needs ranges for: the activation (first) input of every node `quantizable_nodes`
+    finds. onnxruntime's calibrators also collect every other input and every output of every MatMul/Gemm/Conv,
+    logits (batch, seq, vocab) included, which our Q/DQ placement never quantizes (outputs are excluded,
+    activation x activation MatMuls are kept float)."""
+    inits = {i.name for i in model.graph.initializer}
+    by_name = {n.name: n for n in model.graph.node}
+    return sorted({by_name[n].input[0] for n in quantizable_nodes(model, op_types)
+                   if by_name[n].input[0] and by_name[n].input[0] not in inits})
+
+
+def collect_ranges(model_path: Path, samples: Sequence[Mapping[str, np.ndarray]], method: str,
+                   tensors: Sequence[str]) -> Any:
+    """Streaming calibration: onnxruntime's calibration run, one sample at a time, for `tensors` only.
+
+    Returns the onnxruntime TensorsData quantize_static would compute for these tensors (its calibration cache
+    format): the same session settings as its calibrators (no graph optimizations, so the values are the
+    unfused graph's), MinMax as a running min/max, Percentile/Entropy through onnxruntime's own HistogramCollector
+    fed one sample at a time (what its calibrators do with one sample per range). Only the requested tensors
+    are fetched (graph outputs are not: the lm_head's logits are never computed) and nothing outlives its
+    sample, so memory is the session plus one sample's activations, whatever the number of samples."""
+    import onnxruntime as ort
+    from onnxruntime.quantization.calibrate import CalibrationMethod, HistogramCollector, TensorsData
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    outputs = {o.name for o in model.graph.output}
+    model.graph.output.extend([onnx.ValueInfoProto(name=t) for t in tensors if t not in outputs])
+    external = any(i.data_location == onnx.TensorProto.EXTERNAL for i in model.graph.initializer)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # as onnxruntime's calibrators
+    so.log_severity_level = 3
+    if external:  # weights stay in the pre-processed model's data file, next to which this graph is written
+        src = model_path.with_name("calibrate.onnx")
+        onnx.save_model(model, str(src))
+        del model
+        session = ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"])
+    else:
+        data = model.SerializeToString()
+        del model
+        session = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+        del data
+    names = list(tensors)
+    inputs = {i.name for i in session.get_inputs()}
+    lows: dict[str, np.ndarray] = {}
+    highs: dict[str, np.ndarray] = {}
+    collector = (HistogramCollector(method=method, scenario="same", **_HISTOGRAM_SETTINGS[method])
+                 if method in _HISTOGRAM_SETTINGS else None)
+    for feeds in samples:
+        values = session.run(names, {k: v for k, v in feeds.items() if k in inputs})
+        if collector is not None:
+            with contextlib.redirect_stdout(io.StringIO()):  # it prints per call
+                collector.collect({t: [v] for t, v in zip(names, values)})
+            continue
+        for t, v in zip(names, values):
+            if not v.size:
+                continue
+            # onnxruntime reduces each sample in the graph (ReduceMin/ReduceMax, kept as shape (1,)) and merges
+            # with nanmin/nanmax: the same float32 values
+            lo, hi = np.min(v, keepdims=True).reshape(1), np.max(v, keepdims=True).reshape(1)
+            lows[t] = lo if t not in lows else np.fmin(lows[t], lo)
+            highs[t] = hi if t not in highs else np.fmax(highs[t], hi)
+    del session
+    if collector is not None:
+        with contextlib.redirect_stdout(io.StringIO()):
+            result = collector.compute_collection_result()
+        kind = {"percentile": CalibrationMethod.Percentile, "entropy": CalibrationMethod.Entropy}[method]
+        return TensorsData(kind, result)
+    return TensorsData(CalibrationMethod.MinMax, {t: (lows[t], highs[t]) for t in names if t in lows})
 
 
 def to_int8_static(proto: onnx.ModelProto, calibration: Sequence[Mapping[str, np.ndarray]],
@@ -457,33 +510,36 @@ def to_int8_static(proto: onnx.ModelProto, calibration: Sequence[Mapping[str, np
         raise XDeployError("static int8 needs calibration data; none was given for this graph")
     method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
               "percentile": CalibrationMethod.Percentile}[options.int8_method]
-    names = {i.name for i in proto.graph.input}
     unsigned = options.int8_activations == "uint8"
     with tempfile.TemporaryDirectory(prefix="xdeploy-int8-") as d, _quiet(), _bounded_histograms():
         dst = Path(d, "int8.onnx")
+        ranges = cache if cache is not None else Path(d, "ranges.json")
         try:
             pre, large = _prepare(proto, Path(d))
+            if not ranges.is_file():
+                # our streaming calibration, handed to quantize_static as its calibration cache: onnxruntime's
+                # calibrators keep every MatMul/Gemm/Conv input and output of a sample (GPT-2 small's logits
+                # alone are 0.8 GB at batch 4 x 1024) and histogram all of them (docs/export.md)
+                from onnxruntime.quantization.calibrate import save_tensors_data
+
+                graph = onnx.load(str(pre), load_external_data=False)
+                tensors = calibration_tensors(graph, options.int8_op_types)
+                del graph
+                save_tensors_data(collect_ranges(pre, calibration, options.int8_method, tensors), ranges)
             quantize_static(
-                str(pre), str(dst), _Reader(calibration, names), quant_format=QuantFormat.QDQ,
+                str(pre), str(dst), None, quant_format=QuantFormat.QDQ,
                 op_types_to_quantize=list(options.int8_op_types), per_channel=options.int8_per_channel,
                 reduce_range=options.int8_weight_bits == 7,
                 activation_type=QuantType.QUInt8 if unsigned else QuantType.QInt8, weight_type=QuantType.QInt8,
                 nodes_to_exclude=exclude + activation_only,
                 use_external_data_format=large, calibrate_method=method,
-                calibration_cache_path=str(cache) if cache else None,
+                calibration_cache_path=str(ranges),
                 extra_options={
                     "ActivationSymmetric": not unsigned, "WeightSymmetric": True,  # zero points 0 (TensorRT)
                     # Q/DQ on inputs only: a quantized Conv output (ViT's patch embedding) followed by Reshape
                     # would hand a DequantizeLinear to a Reshape, which onnxruntime 1.31 cannot load at opset 23
                     # (see _float_for_float_consumers); the next MatMul quantizes it anyway.
                     "OpTypesToExcludeOutputQuantization": list(options.int8_op_types),
-                    # MinMax keeps every intermediate output of every sample in memory until it merges them;
-                    # strides of a few samples bound that (CalibMaxIntermediateOutputs would drop data: it
-                    # clears the outputs without merging them, onnxruntime 1.31)
-                    # Entropy/Percentile stack a range's outputs into one array: samples of different
-                    # shapes (varied lengths) must come one per range
-                    **({"CalibStridedMinMax": _stride(len(calibration)) if options.int8_method == "minmax" else 1}
-                       if calibration else {}),
                 })
         except XDeployError:
             raise
