@@ -5,10 +5,11 @@
     with record_sink(journal.append): ...                  # every record made inside is passed to the sink
 
 One table (`KINDS`) declares every kind: latency (`xdeploy bench`), roofline (`xdeploy roofline`), scale and
-profile (`xdeploy scale`), loadtest (`xdeploy loadtest`), parity (one graph output vs PyTorch fp32) and decode
-(one generation run). One rule (`validate_record`) checks them: the common fields (schema, version, kind,
-timestamp, fingerprint, note) plus exactly the fields of the kind, no missing and no unknown ones (a typo cannot
-silently produce a record the renderer ignores). Measured quantities are floats in SI units (seconds, bytes,
+profile (`xdeploy scale`), loadtest (`xdeploy loadtest`), parity (one graph output vs PyTorch fp32), decode
+(one generation run), peers and peers_generate (studies/peers.py, studies/peers_generate.py). One rule
+(`validate_record`) checks them: the common fields (schema, version, kind, timestamp, fingerprint, note) plus
+exactly the fields of the kind, no missing and no unknown ones (a typo cannot silently produce a record the
+renderer ignores). Measured quantities are floats in SI units (seconds, bytes,
 FLOP/s); counts and sizes are ints; a quantity that could not be measured here is null (e.g. GPU device memory
 on a CPU-only machine). docs/benchmarks.md documents every field.
 
@@ -108,6 +109,31 @@ KINDS: dict[str, dict[str, tuple[str, bool]]] = {
         # {count, round_median_s: per instance, aa: {median, low, high} instance 1 vs 2 or null}
         "replicas": (_OBJ, True),
     },
+    "peers_generate": {  # studies/peers_generate.py: one system's greedy KV-cache generation, timed interleaved
+        "workload": (_STR, False), "model": (_STR, False), "weights": (_STR, False),  # "random" | "trained"
+        "checkpoint": (_STR, False), "batch": (_INT, False), "prompt_len": (_INT, False), "new_tokens": (_INT, False),
+        # "transformers" (the reference) | "xdeploy" | "optimum-intel" | "ctranslate2" | "onnxruntime-genai" | ...
+        "system": (_STR, False), "config": (_STR, False), "runtime": (_STR, False), "precision": (_STR, False),
+        "threads": (_INT, False),
+        # AIPerf / MLPerf Inference definitions; null on a row that failed (`error`): TTFT and TPOT = (e2e - TTFT)
+        # / (tokens - 1) are medians over the timed generations, e2e the median round, ITL {p50, p90, p99} over
+        # every gap between consecutive streamed tokens
+        "ttft_s": (_NUM, True), "tpot_s": (_NUM, True), "e2e_s": (_NUM, True), "itl_s": (_OBJ, True),
+        "output_tokens_per_s": (_NUM, True), "decode_tokens_per_s": (_NUM, True),  # new / e2e; 1 / TPOT
+        # greedy tokens equal to the reference's before the first divergence, and that count / new_tokens
+        "agreement_tokens": (_INT, True), "agreement": (_NUM, True),
+        "peak_rss_bytes": (_NUM, True),  # a child process that loads the system and generates once; null: failed
+        # {bytes_per_token, bandwidth_bytes_per_s, bandwidth_how, roofline_tokens_per_s, pct, assumption}
+        "roofline": (_OBJ, True),
+        # paired speed-up over the reference {median, low, high, stable, wide, cause}; null for the reference
+        "vs_hf": (_OBJ, True),
+        # xdeploy rows: over the fastest peer row of the same precision in the same group {peer, median, low,
+        # high, stable, wide}; null otherwise
+        "vs_peer": (_OBJ, True),
+        "stability": (_OBJ, True),  # bench/interleave.py Comparison.stability + group; null on a failed row
+        "error": (_STR, True),  # the row's own one-line error (export, load or run); null when it ran
+        "versions": (_OBJ, False),
+    },
     "profile": {  # onnxruntime profiler: kernel time per op type at one T (xdeploy scale)
         "model": (_STR, False), "runner": (_STR, False), "lowering": (_STR, False), "T": (_INT, False),
         "batch": (_INT, False),
@@ -151,6 +177,7 @@ IDENTITY: dict[str, tuple[str, ...]] = {
     "parity": ("model", "preset", "graph", "runner", "artifact_precision", "output"),
     "decode": ("model", "preset", "runner", "artifact_precision", "mode", "batch", "prompt_len", "new_tokens"),
     "peers": ("workload", "system", "config", "batch", "seq", "threads"),
+    "peers_generate": ("workload", "system", "config", "batch", "prompt_len", "new_tokens", "threads"),
 }
 # Fields added after version 1 was written: older records may lack them (read as null); new ones must have them.
 ADDED: dict[str, frozenset[str]] = {"latency": frozenset({"stability"}), "decode": frozenset({"threads", "stability"}),
@@ -294,6 +321,14 @@ def validate_record(rec: Any) -> None:
             _check(s, _NUM, False, f"step_s[{i}]")
             if s < 0:
                 raise XDeployError("invalid decode record: step_s must be a list of non-negative seconds")
+    if kind == "peers_generate" and rec["itl_s"] is not None:
+        itl = rec["itl_s"]
+        if not isinstance(itl, dict) or set(itl) != {"p50", "p90", "p99"}:
+            raise XDeployError("invalid peers_generate record: itl_s must have exactly p50, p90, p99")
+        for k in ("p50", "p90", "p99"):
+            _check(itl[k], _NUM, False, f"itl_s.{k}")
+        if not 0 <= itl["p50"] <= itl["p90"] <= itl["p99"]:
+            raise XDeployError("invalid peers_generate record: itl_s percentiles are not ordered 0<=p50<=p90<=p99")
     fp = rec["fingerprint"]
     if not isinstance(fp, dict) or not isinstance(fp.get("cpu_model"), str) or not isinstance(fp.get("isa"), list):
         raise XDeployError(f"invalid {kind} record: fingerprint needs cpu_model and isa")
