@@ -83,7 +83,7 @@ REPORT_VERSION = 1
 PLOTS = ("latency_vs_T.png", "memory_vs_T.png", "throughput_vs_batch.png", "decode_latency_vs_context.png",
          "speed_vs_error.png")
 # Kinds with a section of their own in summary.md; records of the other kinds are listed under "Other records".
-SECTIONS = ("parity", "latency", "roofline", "decode", "scale", "profile", "peers")
+SECTIONS = ("parity", "latency", "roofline", "decode", "scale", "profile", "peers", "peers_generate")
 
 
 # ------------------------------------------------------------------------------------------ records ----
@@ -486,6 +486,74 @@ def _peers_section(peers: list[Mapping[str, Any]]) -> list[str]:
     return out
 
 
+def _paired_cell(v: Mapping[str, Any] | None, *, versus: str = "") -> str:
+    """A paired speed-up block of a peers_generate record: '1.52× (1.40–1.61)', 'unstable (load)', or '–'."""
+    if not v:
+        return NONE
+    tail = f" vs {v['peer']}" if versus and v.get("peer") else ""
+    if not v["stable"]:
+        return unstable_text(v.get("cause")) + tail
+    return speedup(v["median"], (v["low"], v["high"]), wide=bool(v.get("wide"))) + tail
+
+
+def _peers_generate_section(recs: list[Mapping[str, Any]]) -> list[str]:
+    """The generation peers table (studies/peers_generate.py): per workload every system's TTFT, TPOT, ITL
+    percentiles, tokens/s, paired speed-ups with their intervals, token agreement, peak RSS and % of roofline."""
+    if not recs:
+        return []
+    out = ["## Generation peers: xdeploy vs transformers, optimum-intel, CTranslate2, onnxruntime-genai, "
+           "openvino-genai", "",
+           "Greedy KV-cache decoding, batch 1, EOS off; every system loaded once and timed in the same interleaved "
+           "rounds (each round runs every system once, order rotated). Metrics as NVIDIA AIPerf / MLPerf Inference "
+           "define them: TTFT = time to first token; TPOT = (end-to-end − TTFT) / (output tokens − 1); ITL = "
+           "inter-token latency percentiles over every gap between streamed tokens; tokens/s = output tokens / "
+           "median end-to-end round. `× HF` = paired speed-up over transformers' `generate` (eager fp32); "
+           "`vs fastest peer` = an xdeploy row's paired speed-up over the fastest peer row of the same precision "
+           "(>1: xdeploy faster); 95% intervals in brackets, *unstable* comparisons are not results. Agreement = "
+           "greedy tokens equal to the reference's before the first divergence. Peak RSS: a child process that "
+           "loads the system and generates once. % roofline: decode tokens/s (1 / TPOT) over read bandwidth ÷ "
+           "bytes per token (xdeploy's decode graph of that precision + the KV cache; peers are charged the same "
+           "bytes).", ""]
+    for (wl,), rs in _by(recs, "workload").items():
+        r0 = rs[0]
+        ok = [r for r in rs if r.get("stability")]
+        load = (ok[0]["stability"].get("load") or {}) if ok else {}
+        bw = next((r["roofline"] for r in rs if r.get("roofline")), None)
+        head = (f"{r0['weights']} weights ({r0['checkpoint']}), batch {r0['batch']}, prompt {r0['prompt_len']} → "
+                f"{r0['new_tokens']} new tokens; {r0['threads']} threads per system")
+        if load.get("other_cores") is not None:
+            head += (f"; load average {load.get('loadavg_1m', 0):.1f}, other processes {load['other_cores']:.1f} "
+                     "cores meanwhile")
+        if bw:
+            head += f"; read bandwidth {bw['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s"
+        out += [f"### {wl}", "", head, ""]
+        rows = []
+        order = {"transformers": 0, "xdeploy": 1}
+        for r in sorted(rs, key=lambda r: (r["precision"], order.get(r["system"], 2), r.get("e2e_s") or 1e9)):
+            if r.get("error"):
+                rows.append((r["precision"], r["system"], r["config"], f"**failed**: {r['error']}", *[NONE] * 10))
+                continue
+            itl = r["itl_s"]
+            steady = r["stability"]["stable"]
+            rate = f"{r['output_tokens_per_s']:.1f}" + ("" if steady else " *unstable*")
+            rows.append((r["precision"], r["system"], r["config"], fmt_s(r["ttft_s"]), fmt_s(r["tpot_s"]),
+                         " / ".join(fmt_s(itl[k]) for k in ("p50", "p90", "p99")), rate,
+                         _paired_cell(r.get("vs_hf")) if r.get("vs_hf") else f"1{TIMES} (reference)",
+                         _paired_cell(r.get("vs_peer"), versus="peer"),
+                         f"{r['agreement_tokens']}/{r['new_tokens']} ({r['agreement']:.0%})",
+                         fmt_bytes(r.get("peak_rss_bytes")),
+                         fmt_num(r["roofline"]["pct"], ".0f") + "%" if r.get("roofline") else NONE,
+                         f"{r['decode_tokens_per_s']:.1f}"))
+        out += [markdown_table(("precision", "system", "config", "TTFT", "TPOT", "ITL p50 / p90 / p99",
+                                "tokens/s", f"{TIMES} HF", "vs fastest peer", "agreement", "peak RSS",
+                                "% roofline", "decode tokens/s"), rows), ""]
+        notes = sorted({r["note"] for r in rs if r.get("note")})
+        if bw:
+            notes.append(f"roofline bytes: {bw['assumption'].split(';')[0]}; bandwidth: {bw['bandwidth_how']}")
+        out += [f"- {n}" for n in notes] + ([""] if notes else [])
+    return out
+
+
 def _other_section(other: list[Mapping[str, Any]]) -> list[str]:
     if not other:
         return []
@@ -571,6 +639,7 @@ def render_summary(records: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]
     lines += _decode_section(get("decode"))
     lines += _scale_section(get("scale"), get("profile"))
     lines += _peers_section(get("peers"))
+    lines += _peers_generate_section(get("peers_generate"))
     lines += _other_section([r for r in records if r.get("kind") not in SECTIONS])
     if plots:
         lines += ["## Plots", ""]
