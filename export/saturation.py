@@ -204,10 +204,14 @@ def pairwise_product(a: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, int, int
     saturating = worst = 0
     cols = max(1, CHUNK // max(1, a0.shape[0] * a0.shape[1]))
     for j in range(0, w.shape[1], cols):
-        p = a0[:, :, None] * w0[None, :, j:j + cols] + a1[:, :, None] * w1[None, :, j:j + cols]  # (M, K/2, n)
-        worst = max(worst, int(np.abs(p).max(initial=0)))
-        saturating += int(((p > INT16_MAX) | (p < -INT16_MAX - 1)).sum())
-        out[:, j:j + cols] = np.clip(p, -INT16_MAX - 1, INT16_MAX).sum(1, dtype=np.int64)
+        p = a0[:, :, None] * w0[None, :, j:j + cols]  # (M, K/2, n), then the pair's sum in place
+        p += a1[:, :, None] * w1[None, :, j:j + cols]
+        hi, lo = int(p.max(initial=0)), int(p.min(initial=0))
+        worst = max(worst, hi, -lo)
+        if hi > INT16_MAX or lo < -INT16_MAX - 1:  # only then is there anything to clip (7-bit weights: never)
+            saturating += int(np.count_nonzero(p > INT16_MAX) + np.count_nonzero(p < -INT16_MAX - 1))
+            np.clip(p, -INT16_MAX - 1, INT16_MAX, out=p)
+        out[:, j:j + cols] = p.sum(1, dtype=np.int64)
     return out, saturating, worst
 
 
@@ -220,8 +224,9 @@ def simulate_node(n: Int8Node, x: np.ndarray, max_rows: int = MAX_ROWS) -> dict[
     w = n.weight
     if a.shape[1] != w.shape[0]:
         raise ValueError(f"{n.node}: activation K {a.shape[1]} != weight K {w.shape[0]}")
-    exact = a.astype(np.int64) @ w.astype(np.int64)
-    centered = exact - zp * w.astype(np.int64).sum(0)  # what the zero-point correction leaves: ~ the output
+    # integer products summed in float64 (BLAS) are exact: |sum| <= K * 255 * 128 < 2^53 for any K a layer has
+    exact = (a.astype(np.float64) @ w.astype(np.float64)).astype(np.int64)
+    centered = exact - zp * w.sum(0, dtype=np.int64)  # what the zero-point correction leaves: ~ the output
     sat, saturating, worst = pairwise_product(a, w)
     scale = float(np.linalg.norm(centered.astype(np.float64))) or 1.0
     pairs = a.shape[0] * ((a.shape[1] + 1) // 2) * w.shape[1]
@@ -229,6 +234,15 @@ def simulate_node(n: Int8Node, x: np.ndarray, max_rows: int = MAX_ROWS) -> dict[
             "saturating_pairs": saturating, "saturating_share": saturating / pairs if pairs else 0.0,
             "worst_pair": worst, "accumulator_rel_error": float(np.linalg.norm((sat - exact).astype(np.float64)))
             / scale}
+
+
+def _pool(n: Int8Node, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    pairs = sum(p["pairs"] for p in parts)
+    sat = sum(p["saturating_pairs"] for p in parts)
+    return {"node": n.node, "op_type": n.op_type, "rows": sum(p["rows"] for p in parts), "pairs": pairs,
+            "saturating_pairs": sat, "saturating_share": sat / pairs if pairs else 0.0,
+            "worst_pair": max(p["worst_pair"] for p in parts),
+            "accumulator_rel_error": max(p["accumulator_rel_error"] for p in parts)}
 
 
 def simulate(nodes: list[Int8Node], activations: Mapping[str, list[np.ndarray]], max_rows: int = MAX_ROWS
@@ -239,28 +253,40 @@ def simulate(nodes: list[Int8Node], activations: Mapping[str, list[np.ndarray]],
     out = []
     for n in nodes:
         xs = activations.get(n.activation)
-        if not xs:
-            continue
-        parts = [simulate_node(n, x, max(8, max_rows // len(xs))) for x in xs]
-        pairs = sum(p["pairs"] for p in parts)
-        sat = sum(p["saturating_pairs"] for p in parts)
-        out.append({"node": n.node, "op_type": n.op_type, "rows": sum(p["rows"] for p in parts), "pairs": pairs,
-                    "saturating_pairs": sat, "saturating_share": sat / pairs if pairs else 0.0,
-                    "worst_pair": max(p["worst_pair"] for p in parts),
-                    "accumulator_rel_error": max(p["accumulator_rel_error"] for p in parts)})
+        if xs:
+            out.append(_pool(n, [simulate_node(n, x, max(8, max_rows // len(xs))) for x in xs]))
     return out
 
 
+class Simulation:
+    """`simulate` one sample at a time: `add` each sample's activations (tensor name -> value) as it is computed,
+    then `result()`, equal to `simulate(nodes, {name: [values of every sample]})`, without holding every
+    sample's activations at once (GPT-2 small: 49 activations of up to 4 x 1024 x 3072 floats per sample)."""
+
+    def __init__(self, nodes: list[Int8Node], samples: int, max_rows: int = MAX_ROWS) -> None:
+        self.nodes, self.rows = nodes, max(8, max_rows // max(samples, 1))
+        self.parts: dict[str, list[dict[str, Any]]] = {n.node: [] for n in nodes}
+
+    def add(self, values: Mapping[str, np.ndarray]) -> None:
+        for n in self.nodes:
+            if n.activation in values:
+                self.parts[n.node].append(simulate_node(n, values[n.activation], self.rows))
+
+    def result(self) -> list[dict[str, Any]]:
+        return [_pool(n, self.parts[n.node]) for n in self.nodes if self.parts[n.node]]
+
+
 def record(q: onnx.ModelProto, activations: Mapping[str, list[np.ndarray]] | None, *, weight_bits: int,
-           samples: int = 0, top: int = 5, nodes: list[Int8Node] | None = None) -> dict[str, Any]:
+           samples: int = 0, top: int = 5, nodes: list[Int8Node] | None = None,
+           simulated: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The manifest's verdict for one graph (`conversion.<graph>.saturation`): the bound, the simulation on the
-    calibration activations (when given), and the classes the graph is proven for. `nodes`: `int8_nodes(q)`
-    when the caller has them already."""
+    calibration activations (when given, or `simulated`: a `Simulation.result()`), and the classes the graph is
+    proven for. `nodes`: `int8_nodes(q)` when the caller has them already."""
     int8 = int8_nodes(q) if nodes is None else nodes
     bound = weight_bound(q, int8)
     rec: dict[str, Any] = {"kernel_model": KERNEL_MODEL, "weight_bits": weight_bits, **bound}
-    if activations is not None:
-        sims = simulate(int8, activations)
+    if activations is not None or simulated is not None:
+        sims = simulated if simulated is not None else simulate(int8, activations or {})
         worst = sorted(sims, key=lambda r: (r["saturating_pairs"], r["accumulator_rel_error"]), reverse=True)
         rec["simulated"] = {
             "samples": samples, "nodes": len(sims),

@@ -48,7 +48,7 @@ from xdeploy.core.errors import XDeployError
 from xdeploy.deploy.verdict import check_outputs, meaningful, tolerance_precision
 from xdeploy.export import precision as prec
 from xdeploy.models.spec import ExportSpec, Graph, InputCase, Tolerance, case_sizes, shape_cases
-from xdeploy.verify.layerwise import find_divergence, tensor_values, tensor_values_many
+from xdeploy.verify.layerwise import _Probe, find_divergence, tensor_values, tensor_values_many
 
 SHORTLIST = 6  # nodes per round whose float version is tried on the failing case
 REQUANTIZE_EVERY = 4  # rounds between re-quantizations with the exclusions (the edits are equivalent)
@@ -94,10 +94,17 @@ def saturation_check(q: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarr
     names = sorted({n.activation for n in nodes})
     graph_inputs = {i.name for i in q.graph.input}
     feeds = [{k: v for k, v in s.items() if k in graph_inputs} for s in list(samples)[:most]]
-    values = tensor_values_many(q, feeds, names) if names and feeds else []
-    acts = {k: [v[k] for v in values] for k in names}
-    return saturation.record(q, acts if values else None, weight_bits=weight_bits, samples=len(values),
-                             nodes=nodes)
+    if not (names and feeds):
+        return saturation.record(q, None, weight_bits=weight_bits, samples=0, nodes=nodes)
+    # one session, one sample's activations at a time (tensor_values_many would hold all of them at once)
+    probe = _Probe(q, feeds[0], ["CPUExecutionProvider"], "all")
+    call = probe.compile(names)
+    sim = saturation.Simulation(nodes, len(feeds))
+    for f in feeds:
+        probe.feeds = probe._adapt(f)
+        sim.add(call())
+    return saturation.record(q, None, weight_bits=weight_bits, samples=len(feeds), nodes=nodes,
+                             simulated=sim.result())
 
 
 # ---------------------------------------------------------------------------------------------- fp16 ----
