@@ -113,6 +113,10 @@ gpu-check: gpu-env
 # and openvino as .venv);
 # xdeploy is installed on top with --no-deps. `make peers` writes reports/peers/ (records + rendered table);
 # PEERS_ARGS=--quick for the tiny version, e.g. PEERS_ARGS="--workloads bert-base-b1,minilm-sentences".
+# Then the generation peers (studies/peers_generate.py: GPT-2 small and the trained tiny GPT, KV-cache decoding
+# against transformers, optimum-intel, CTranslate2, onnxruntime-genai and openvino-genai) into
+# $(PEERS_OUT)/generate/; PEERS_GEN_ARGS passes its options (e.g. --quick, --static-int8). PEERS_OUT=reports/peers-zen3
+# writes a machine class's report folder.
 PEERS_VENV  ?= .venv-peers
 PEERS_STAMP := $(PEERS_VENV)/.installed-stamp
 $(PEERS_STAMP): requirements-peers.txt pyproject.toml
@@ -125,8 +129,10 @@ $(PEERS_STAMP): requirements-peers.txt pyproject.toml
 
 peers-env: $(PEERS_STAMP)
 
+PEERS_OUT ?= reports/peers
 peers: peers-env
-	$(PEERS_VENV)/bin/python -m xdeploy.studies.peers --out reports/peers $(PEERS_ARGS)
+	$(PEERS_VENV)/bin/python -m xdeploy.studies.peers --out $(PEERS_OUT) $(PEERS_ARGS)
+	$(PEERS_VENV)/bin/python -m xdeploy.studies.peers_generate --out $(PEERS_OUT)/generate $(PEERS_GEN_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .
