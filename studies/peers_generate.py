@@ -49,13 +49,13 @@ assumption: their graphs hold the same weights at that precision), greedy-token 
 fp32 reference (tokens equal before the first divergence, and that count's fraction), and peak resident memory
 (each system loaded and run once in a child process of its own, not in the timing process).
 
-Timing is interleaved (bench/interleave.py `compare`, bench/groups.py `grouped_comparison`): every system is
-loaded once and each round runs every system once, in rotated order, at least 7 rounds; `× HF` is the median of
-the paired round ratios with its 95% interval, `vs fastest peer` the same for an xdeploy row over the fastest
-peer row of the same precision in the same group; a comparison whose rounds stay too dispersed is "unstable"
-(no figure). A system that fails to export, load or run is a row with its own one-line error; the study goes on.
-Records (kind "peers_generate", core/records.py) go to <out>/records.jsonl, the table (reports/render.py) to
-<out>/report/summary.md.
+Timing is interleaved (bench/interleave.py `compare`, bench/groups.py `grouped_comparison`), one comparison per
+precision with the reference in each: every system is loaded once and each round runs every system once, in
+rotated order, at least 7 rounds; `× HF` is the median of the paired round ratios with its 95% interval, `vs
+fastest peer` the same for an xdeploy row over the fastest peer row of its precision (same rounds); a comparison
+whose rounds stay too dispersed is "unstable" (no figure). A system that fails to export, load or run is a row
+with its own one-line error; the study goes on. Records (kind "peers_generate", core/records.py) go to
+<out>/records.jsonl, the table (reports/render.py) to <out>/report/summary.md.
 """
 
 from __future__ import annotations
@@ -695,13 +695,21 @@ def run_workload(w: Workload, *, work: Path, threads: int, rows: Sequence[Row], 
         return compare(group_calls, baseline=baseline, attempts=attempts, warmup=1, min_block_s=0.0,
                        min_rounds=min_rounds, max_rounds=max(min_rounds, 24), max_seconds=max_seconds, log=log)
 
+    precision_now = [""]
+
     def judge(group: Group) -> None:
         for n in group.comparison.series:
-            if n in group.names:
-                groups[n] = (group.number, group.comparison, list(traces[n]))
+            if n in group.names and n not in groups:  # the reference's figures: from its first group
+                groups[n] = (f"{precision_now[0]}-{group.number}", group.comparison, list(traces[n]))
 
-    grouped_comparison(list(by_name), open_one, measure, judge, failed, baseline=base, catch=Exception,
-                       max_group=max_group)
+    # one comparison per precision, the reference in each: the rows an xdeploy row is judged against are in its
+    # rounds, and fewer systems are open at once (all ten of GPT-2 small held 8.2 GB in one process)
+    for prec in dict.fromkeys(r[3] for r in rows):
+        precision_now[0] = prec
+        names = [base] + [n for n, r in by_name.items() if r[3] == prec and n != base]
+        if len(names) > 1 or base not in groups:
+            grouped_comparison(names, open_one, measure, judge, failed, baseline=base, catch=Exception,
+                               max_group=max_group)
 
     fp = fingerprint()
     versions = _versions()
@@ -750,12 +758,12 @@ def run_workload(w: Workload, *, work: Path, threads: int, rows: Sequence[Row], 
             t = cmp.thresholds
             stable = bool(st["stable"] and cmp.stability(peer)["stable"] and sp.rel_iqr <= t.series_rel_iqr)
             vs_peer = {"peer": peer, "median": sp.median, "low": sp.low, "high": sp.high, "stable": stable,
-                       "wide": sp.half_width > t.target * sp.median}
+                       "wide": sp.half_width > t.target}  # half_width is relative to the median
         records.append(make_record(
             "peers_generate", fp, **common, ttft_s=m["ttft_s"], tpot_s=m["tpot_s"], e2e_s=rounds_median[name],
             itl_s=m["itl_s"], output_tokens_per_s=w.new_tokens / rounds_median[name],
             decode_tokens_per_s=decode_tps, agreement_tokens=agree_n, agreement=agree, roofline=roof,
-            vs_hf=vs_hf, vs_peer=vs_peer, stability=st | {"group": number},
+            vs_hf=vs_hf, vs_peer=vs_peer, stability=st | {"group": number},  # "<precision>-<n>"
             error=None, note=mem_err))
     return records
 
