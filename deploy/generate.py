@@ -9,8 +9,11 @@ How a step works (a decoder such as gpt; an encoder-decoder such as the transfor
 the prefill). Graph and feed names come from the model's declared `DecoderFeeds` (models/spec.py), read from
 the artifact's manifest; below are gpt's:
 
-  prefill   graph `model` on the left-padded prompt (B, T) -> logits (B, T, V), present (L, 2, B, nh, T, hs);
-            present is copied once into slots [0, T) of the cache (L, 2, B, nh, C, hs), C = T + new - 1.
+  prefill   graph `decode` once on the left-padded prompt as one step of T tokens (ids, positions, step_mask
+            (B, T)) against an empty cache (one masked slot) -> the last token's logits (B, 1, V) and new_kv
+            (L, 2, B, nh, T, hs), copied once into slots [0, T) of the cache (L, 2, B, nh, C, hs), C = T + new - 1.
+            Only one graph is opened, so every engine holds one copy of the weights. (Artifacts whose model
+            declares no step_mask, and exports older than it, prefill with graph `model`'s logits and present.)
   decode    graph `decode`, bound ONCE with `Runner.bind` onto numpy buffers owned here: ids (B, 1),
             positions (B, 1), cache, cache_mask (B, C) in; logits (B, 1, V), new_kv (L, 2, B, nh, 1, hs) out.
             Each step writes the token into `ids`, runs, then writes `new_kv` into cache slot `slot` and sets
@@ -256,18 +259,36 @@ class _CachedSteps(_Steps):
 
 
 class _DecoderCached(_CachedSteps):
+    def _prefill(self) -> tuple[np.ndarray, np.ndarray]:
+        """The prompt's last-token logits (B, V) and KV (L, 2, B, nh, T, hs)."""
+        g, f = self.gen, self.gen.feeds
+        if f.step_mask is None:  # a separate prefill graph: every position's logits and `present`
+            out = g.prefill.infer({f.prompt_ids: self.ids, f.prompt_mask: self.mask})
+            return out[f.logits][:, -1], out[f.present]  # left padding: the last column is real in every row
+        dec = g.decode.graph
+        l, _, _, nh, _, hs = next(t for t in dec.inputs if t.name == f.cache).dims
+        b = self.ids.shape[0]
+        # positions count only real tokens (as the full graph's positions_from_mask): left padding gets 0
+        pos = np.maximum(np.cumsum(self.mask, -1) - 1, 0).astype(_dtype(dec, f.positions))
+        # an empty cache: one masked slot (a zero-length axis is not portable across engines)
+        out = g.decode.infer({f.step_ids: self.ids, f.positions: pos, f.step_mask: self.mask,
+                              f.cache: np.zeros((l, 2, b, nh, 1, hs), _dtype(dec, f.cache)),
+                              f.cache_mask: np.zeros((b, 1), _dtype(dec, f.cache_mask))})
+        return out[f.logits][:, -1], out[f.new_kv]
+
     def start(self) -> np.ndarray:
         g, k, f = self.gen, self.beams, self.gen.feeds
         b, t = self.ids.shape
-        out = g.prefill.infer({f.prompt_ids: self.ids, f.prompt_mask: self.mask})
+        logits, kv = self._prefill()
         n = b * k
-        self._alloc(n, t + self.new - 1, {})
+        step_mask = {} if f.step_mask is None else {f.step_mask: np.ones((n, 1), _dtype(g.decode.graph, f.step_mask))}
+        self._alloc(n, t + self.new - 1, step_mask)
         rep = np.repeat(np.arange(b), k)  # beam copies of each prompt row: row r -> prompt r // k
-        self.cache[:, :, :, :, :t] = out[f.present][:, :, rep]  # the one whole-prompt copy, at prefill
+        self.cache[:, :, :, :, :t] = kv[:, :, rep]  # the one whole-prompt copy, at prefill
         self.cache_mask[:, :t] = self.mask[rep]
         self.pos[:, 0] = self.mask.sum(-1)[rep]  # next position = number of real prompt tokens
         self.slot = t
-        return out[f.logits][rep, -1]  # left padding: the last column is a real token in every row
+        return logits[rep]
 
 
 class _Seq2SeqCached(_CachedSteps):
@@ -332,7 +353,8 @@ class Generator:
         self.runner_spec, self.use_cache = runner, use_cache
         names = [g.name for g in self.artifact.spec.graphs]
         first = f.prefill_graph if use_cache else f.full_graph
-        need = [first] + ([f.decode_graph] if use_cache else [])
+        one = use_cache and first == f.decode_graph  # the decode graph prefills too: one runner, one weight copy
+        need = [first] + ([f.decode_graph] if use_cache and not one else [])
         missing = [n for n in need if n not in names]
         if missing:
             raise XDeployError(f"artifact {self.artifact.path} lacks graph(s) {missing} needed for "
@@ -341,17 +363,19 @@ class Generator:
         self.decode: Runner | None = None
         try:
             if use_cache:
-                self.decode = open_runner(runner, self.artifact, f.decode_graph, threads=threads, **options)
-            self.probes = check_on_open(self.artifact, [r for r in (self.prefill, self.decode) if r is not None],
-                                        verify=verify)
+                self.decode = self.prefill if one else open_runner(runner, self.artifact, f.decode_graph,
+                                                                   threads=threads, **options)
+            self.probes = check_on_open(self.artifact, self._runners(), verify=verify)
         except BaseException:
             self.close()
             raise
 
+    def _runners(self) -> list[Runner]:
+        return [self.prefill] + ([self.decode] if self.decode not in (None, self.prefill) else [])
+
     def close(self) -> None:
-        self.prefill.close()
-        if self.decode is not None:
-            self.decode.close()
+        for r in self._runners():
+            r.close()
 
     def __enter__(self) -> Generator:
         return self
@@ -373,7 +397,7 @@ class Generator:
         t = max(len(r) for r in rows)
         f, spec = self.feeds, self.artifact.spec
         # axis names from the graphs: the prompt's length, the cache's slots, the target's length (enc-dec)
-        prompt_axis = _axis(spec.graph(f.full_graph), f.prompt_ids)
+        prompt_axis = _axis(spec.graph(f.prefill_graph if self.use_cache else f.full_graph), f.prompt_ids)
         cache_axis = _axis(spec.graph(f.decode_graph), f.cache_mask)
         if not self.seq2seq:
             # cache slots: the prompt + every fed-back token (the last new token is never fed back)

@@ -1,8 +1,12 @@
 """GPT-2 (Radford et al. 2019): learned positions, pre-LN causal decoder, LM head tied to the embedding.
 
-Two graphs: `model` (the full forward, which is also the prefill: logits and the KV cache of the prompt)
-and `decode` (one new token against a preallocated cache, returning only the new K/V so the runtime writes
-them in place instead of copying the whole cache every step).
+Two graphs: `model` (the full forward: logits of every position and the prompt's KV cache; parity's reference
+shape and the recompute path) and `decode` (S new tokens against a preallocated cache, returning the last
+token's logits and only the new K/V, so the runtime writes them in place instead of copying the whole cache).
+Generation runs `decode` for both phases: the prompt is one step of S = T tokens against an empty cache, every
+later token a step of 1. One graph means one compiled copy of the weights in every engine (ONNX Runtime and
+OpenVINO hold a copy per session / compiled model), and the prefill computes the LM head for one position,
+not T (for GPT-2 small at T = 32, 2.5 of its 8 GFLOP).
 """
 
 from __future__ import annotations
@@ -91,17 +95,21 @@ class GPT(nn.Module):
         return self._logits(x), stack_kv(kvs)
 
     def decode(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: torch.Tensor,
-               cache_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One step. input_ids, position_ids (B, 1); cache (L, 2, B, nh, C, hs) preallocated, with
-        cache_mask (B, C) = 1 on the slots written so far. Returns logits (B, 1, V) and the step's
-        new K/V (L, 2, B, nh, 1, hs) for the caller to write into slot `step` of the cache."""
+               cache_mask: torch.Tensor, step_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """S new tokens. input_ids, position_ids, step_mask (B, S) (step_mask 0 on left padding of a prompt);
+        cache (L, 2, B, nh, C, hs) preallocated, with cache_mask (B, C) = 1 on the slots written so far.
+        Returns the logits of the step's last token (B, 1, V) and the step's new K/V (L, 2, B, nh, S, hs) for
+        the caller to write into slots [slot, slot + S) of the cache."""
+        s = input_ids.shape[1]
         x = self.wte(input_ids) + self.wpe(position_ids)
         past_bias = padding_bias(cache_mask, x.dtype)  # (B, 1, 1, C)
+        step_bias = causal_bias(s, s, x.device, x.dtype) + padding_bias(step_mask, x.dtype)  # (B, 1, S, S)
         kvs = []
         for i, layer in enumerate(self.layers):
-            x, kv = layer(x, None, past=(cache[i, 0], cache[i, 1]), past_bias=past_bias)
+            x, kv = layer(x, step_bias, past=(cache[i, 0], cache[i, 1]), past_bias=past_bias)
             kvs.append(kv)
-        return self._logits(x), stack_kv(kvs)
+        # left padding: the last column is a real token in every row, and only its logits pick the next token
+        return self._logits(x[:, -1:]), stack_kv(kvs)
 
 
 def dims(cfg: GPTConfig) -> Dims:
@@ -121,16 +129,19 @@ def export_spec(cfg: GPTConfig) -> ExportSpec:
                   outputs=(TensorSpec("logits", "float32", ("batch", "seq", cfg.vocab_size)),
                            TensorSpec("present", "float32", kv("seq")))),
             Graph("decode", "decode",
-                  inputs=(TensorSpec("input_ids", "int64", ("batch", 1), "ids", cfg.vocab_size),
-                          TensorSpec("position_ids", "int64", ("batch", 1), "positions"),
+                  inputs=(TensorSpec("input_ids", "int64", ("batch", "step"), "ids", cfg.vocab_size),
+                          TensorSpec("position_ids", "int64", ("batch", "step"), "positions"),
                           TensorSpec("cache", "float32", kv("cache")),
-                          TensorSpec("cache_mask", "int64", ("batch", "cache"), "mask")),
+                          TensorSpec("cache_mask", "int64", ("batch", "cache"), "mask"),
+                          TensorSpec("step_mask", "int64", ("batch", "step"), "mask")),
                   outputs=(TensorSpec("logits", "float32", ("batch", 1, cfg.vocab_size)),
-                           TensorSpec("new_kv", "float32", kv(1)))),
+                           TensorSpec("new_kv", "float32", kv("step")))),
         ),
-        # opt sizes are capped by max_positions: imported checkpoints may have n_positions < 256
+        # opt sizes are capped by max_positions: imported checkpoints may have n_positions < 256. A step is 1
+        # token while decoding (TensorRT's opt) and the whole prompt at prefill (max).
         axes={"batch": Axis(1, 1, 16), "seq": Axis(1, min(128, cfg.max_positions), cfg.max_positions),
-              "cache": Axis(1, min(256, cfg.max_positions), cfg.max_positions)},
+              "cache": Axis(1, min(256, cfg.max_positions), cfg.max_positions),
+              "step": Axis(1, 1, cfg.max_positions)},
     )
 
 
@@ -184,8 +195,9 @@ FAMILY = ModelFamily(
     presets=PRESETS, build=GPT, spec=export_spec, flops=flops, dims=dims,
     capabilities=Capabilities(
         role="decoder", token_axis="seq", optimizer="gpt2",
+        # the prompt is prefilled by the decode graph itself (step_mask): one graph, one copy of the weights
         decoding=DecoderFeeds(prompt_ids="input_ids", prompt_mask="attention_mask", step_ids="input_ids",
-                              present="present")),
+                              prefill_graph="decode", step_mask="step_mask")),
     quick_preset="tiny", full_preset="small",
     hf=HFImport(model_types=("gpt2",), config=config_from_hf, state_dict=state_dict_from_hf),
 )

@@ -110,11 +110,13 @@ class TextFeeds:
 class DecoderFeeds:
     """The graphs and names the KV-cache decoding loop (deploy/generate.py) binds.
 
-    decoder:         `prefill_graph` on the prompt -> logits + the prompt's KV (`present`), copied into the cache
+    decoder:         either `prefill_graph` on the prompt -> logits + the prompt's KV (`present`), copied into the
+                     cache; or, with `step_mask`, the decode graph itself (prefill_graph == decode_graph): the prompt
+                     is one step of T tokens against an empty cache (one graph: one copy of the weights per engine)
     encoder-decoder: `prefill_graph` (the encoder) on the source -> `memory`, which every decode step reads
                      beside the source mask (`prompt_mask`)
-    Both then run `decode_graph` one token at a time: step_ids, positions, cache, cache_mask (+ memory) in;
-    logits and the step's new_kv out. `full_graph` recomputes everything (use_cache=False)."""
+    Both then run `decode_graph` one token at a time: step_ids, positions, cache, cache_mask (+ step_mask,
+    + memory) in; logits and the step's new_kv out. `full_graph` recomputes everything (use_cache=False)."""
 
     prompt_ids: str  # prompt (decoder) / source (encoder-decoder) ids, in the prefill and the full graph
     prompt_mask: str
@@ -122,7 +124,8 @@ class DecoderFeeds:
     prefill_graph: str = "model"
     decode_graph: str = "decode"
     full_graph: str = "model"
-    present: str | None = None  # decoder: the prefill graph's KV output
+    present: str | None = None  # decoder with a separate prefill graph: its KV output
+    step_mask: str | None = None  # decode graph input (B, S) masking a step's padding: it can prefill the prompt
     memory: str | None = None  # encoder-decoder: encoder output = decode input of this name
     target_ids: str | None = None  # encoder-decoder: the full graph's target ids / mask (recompute mode)
     target_mask: str | None = None
@@ -159,8 +162,12 @@ class Capabilities:
         if (self.decoding is not None) != (self.role != "encoder"):
             raise ValueError(f"role {self.role!r}: decoding feeds are declared by the decoder roles and only by them")
         d = self.decoding
-        if d is not None and self.role == "decoder" and d.present is None:
-            raise ValueError("a decoder's decoding feeds need `present` (the prefill's KV output)")
+        if d is not None and self.role == "decoder" and d.present is None and d.step_mask is None:
+            raise ValueError("a decoder's decoding feeds need `present` (a prefill graph's KV output) or "
+                             "`step_mask` (a decode graph that prefills the prompt itself)")
+        if d is not None and (d.prefill_graph == d.decode_graph) != (d.step_mask is not None):
+            raise ValueError("a decode graph prefills the prompt (prefill_graph == decode_graph) exactly when it "
+                             "declares a step_mask")
         if d is not None and self.role == "encoder-decoder" and None in (d.memory, d.target_ids, d.target_mask):
             raise ValueError("an encoder-decoder's decoding feeds need memory, target_ids and target_mask")
 

@@ -14,7 +14,7 @@ What it measures, all in one process, side by side:
   * The same generation with the cache vs recomputing the whole sequence every step (ratio at N new tokens).
   * The memory-bandwidth roofline: weight bytes read per token (every initializer of the decode graph, minus
     embedding tables that are only gathered, plus the KV cache read at the mean context) ÷ measured read
-    bandwidth (bench/roofline.py `memory_trials`, best of numpy/torch sums over a 512 MiB array).
+    bandwidth (bench/roofline.py `memory_trials`, best of numpy/torch sums and torch GEMV over a 512 MiB array).
   * 128-token fp32 greedy parity on transformer base (torch reference vs ort / ov).
 
 Timing is interleaved (bench/interleave.py): every generator and HF `generate` are opened once and decode the

@@ -87,17 +87,17 @@ def refresh_manifest(art: Path) -> None:
     (art / MANIFEST).write_text(json.dumps(m, indent=2))
 
 
-def corrupt_artifact(src: Path, dst: Path) -> Path:
-    """A copy of artifact `src` whose largest fp32 weight of model.onnx got noise of its own magnitude, sha256s
+def corrupt_artifact(src: Path, dst: Path, graph: str = "model") -> Path:
+    """A copy of artifact `src` whose largest fp32 weight of <graph>.onnx got noise of its own magnitude, sha256s
     fixed up so that it loads: its outputs change, its golden probes' PyTorch references do not."""
     shutil.copytree(src, dst)
-    proto = onnx.load(str(dst / "model.onnx"))
+    proto = onnx.load(str(dst / f"{graph}.onnx"))
     init = max((t for t in proto.graph.initializer if t.data_type == onnx.TensorProto.FLOAT),
                key=lambda t: int(np.prod(t.dims)))
     a = numpy_helper.to_array(init).copy()
     a += np.random.default_rng(0).standard_normal(a.shape).astype(np.float32) * a.std()
     init.CopyFrom(numpy_helper.from_array(a, init.name))
-    onnx.save(proto, str(dst / "model.onnx"))
+    onnx.save(proto, str(dst / f"{graph}.onnx"))
     refresh_manifest(dst)
     return dst
 

@@ -239,10 +239,16 @@ def test_every_family_declares_consistent_capabilities():
             prefill, dec, full = spec.graph(d.prefill_graph), spec.graph(d.decode_graph), spec.graph(d.full_graph)
             dec_in, dec_out = {t.name for t in dec.inputs}, {t.name for t in dec.outputs}
             assert {d.step_ids, d.positions, d.cache, d.cache_mask} <= dec_in and {d.logits, d.new_kv} <= dec_out
-            assert {d.prompt_ids, d.prompt_mask} <= {t.name for t in prefill.inputs} & {t.name for t in full.inputs}
+            assert {d.prompt_ids, d.prompt_mask} <= {t.name for t in full.inputs}
             assert d.logits in {t.name for t in full.outputs}
-            kv = d.present if caps.role == "decoder" else d.memory
-            assert kv in {t.name for t in prefill.outputs}, name
+            if d.step_mask is not None:  # the decode graph prefills: the prompt is a step, masked by step_mask
+                assert d.prefill_graph == d.decode_graph and {d.prompt_ids, d.step_mask} <= dec_in, name
+                steps = {t.dims[1] for t in dec.inputs if t.name in (d.step_ids, d.positions, d.step_mask)}
+                assert len(steps) == 1 and isinstance(steps.pop(), str), name  # one dynamic step axis
+            else:
+                assert {d.prompt_ids, d.prompt_mask} <= {t.name for t in prefill.inputs}, name
+                kv = d.present if caps.role == "decoder" else d.memory
+                assert kv in {t.name for t in prefill.outputs}, name
             if caps.role == "encoder-decoder":
                 assert {d.memory, d.prompt_mask} <= dec_in
                 assert {d.target_ids, d.target_mask} <= {t.name for t in full.inputs}

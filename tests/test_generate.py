@@ -182,7 +182,7 @@ def test_transformer_greedy_and_sampling_parity_across_runners(seq2seq):
 def test_ort_bind_reads_and_writes_caller_buffers_in_place(hf):
     _, art = hf
     graph = art.graph("decode")
-    feeds = make_feeds(graph, {"batch": 2, "cache": 9}, seed=1)
+    feeds = make_feeds(graph, {"batch": 2, "cache": 9, "step": 1}, seed=1)
     outs = {"logits": np.zeros((2, 1, V), np.float32), "new_kv": np.zeros((2, 2, 2, 4, 1, 12), np.float32)}
     with open_runner("ort", art, "decode") as r:
         call = r.bind(feeds, outs)
@@ -306,3 +306,27 @@ def test_decode_bench_quick_honours_new_tokens(monkeypatch):
         assert decode_bench.main(argv) == 2
         assert seen[-1]["new"] == new, argv
     assert decode_bench.main(["--new-tokens", "0"]) == 2 and len(seen) == 4
+
+
+def test_the_decode_graph_prefills_the_prompt_with_one_runner(hf):
+    """gpt's decode graph takes the whole prompt as one step (step_mask), so generation opens one graph: one copy
+    of the weights per engine. Its prefill must compute what graph `model` (the full forward, the route of
+    artifacts without a step_mask) computes for a left-padded batch: the last token's logits, and the K/V of
+    every real prompt position (padded slots are masked later and may differ)."""
+    from xdeploy.deploy.generate import _DecoderCached, pad_rows
+
+    model, art = hf
+    feeds = art.capabilities.decoding
+    assert feeds.prefill_graph == feeds.decode_graph and feeds.step_mask
+    ids, mask = pad_rows([[5, 9, 3, 17, 2, 8], [11, 4], [7]], "left")
+    with Generator(art, "ort") as g, open_runner("ort", art, "model") as full:
+        assert g.prefill is g.decode and len(g._runners()) == 1
+        logits, kv = _DecoderCached(g, ids, mask, 1, 4)._prefill()
+        ref = full.infer({"input_ids": ids, "attention_mask": mask})
+    np.testing.assert_allclose(logits, ref["logits"][:, -1], atol=1e-4)
+    real = mask.astype(bool)  # (B, T)
+    np.testing.assert_allclose(kv[:, :, real[:, None, :].repeat(kv.shape[3], 1)],
+                               ref["present"][:, :, real[:, None, :].repeat(kv.shape[3], 1)], atol=1e-4)
+    with torch.no_grad():  # and what Hugging Face computes for the unpadded longest row
+        hf_logits = model(torch.tensor(ids[:1])).logits[0, -1].numpy()
+    np.testing.assert_allclose(logits[0], hf_logits, atol=1e-3)

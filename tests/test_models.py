@@ -57,11 +57,18 @@ def test_gpt_decode_with_cache_equals_full_forward():
         cache[..., :8, :] = present
         mask = torch.zeros(2, cap, dtype=torch.long)
         mask[:, :8] = 1
+        one = torch.ones(2, 1, dtype=torch.long)
         for step in range(8, 12):
-            logits, new = model.decode(ids[:, step:step + 1], torch.full((2, 1), step), cache, mask)
+            logits, new = model.decode(ids[:, step:step + 1], torch.full((2, 1), step), cache, mask, one)
             assert (logits[:, 0] - full[:, step]).abs().max() < 1e-4
             cache[..., step:step + 1, :] = new
             mask[:, step] = 1
+        # the prefill through decode: the 8-token prompt as one step against an empty cache (one masked slot)
+        empty = torch.zeros(*present.shape[:4], 1, present.shape[-1])
+        logits, new = model.decode(ids[:, :8], torch.arange(8).expand(2, 8), empty, torch.zeros(2, 1, dtype=torch.long),
+                                   torch.ones(2, 8, dtype=torch.long))
+        assert logits.shape[1] == 1 and (logits[:, 0] - full[:, 7]).abs().max() < 1e-4  # the last token's only
+        assert (new - present).abs().max() < 1e-5
 
 
 def test_gpt_left_padding_does_not_change_real_tokens():

@@ -87,7 +87,7 @@ def test_generating_models_probe_every_graph_within_the_axis_bounds(gpt):
     art = load_artifact(gpt)
     loaded = probes.load_probes(art)
     assert [(p.case.graph, p.case.name) for p in loaded] == [("model", "1x16"), ("model", "2x11"),
-                                                             ("decode", "1x16"), ("decode", "2x11")]
+                                                             ("decode", "1x16x16"), ("decode", "2x11x11")]
     for p in loaded:
         for t in art.graph(p.case.graph).inputs:
             for d, n in zip(t.dims, p.case.feeds[t.name].shape):
@@ -213,9 +213,9 @@ def test_embedder_refuses_a_corrupted_artifact_unless_told_not_to_verify(bert, t
 
 
 def test_generator_refuses_a_corrupted_artifact_unless_told_not_to_verify(gpt, tmp_path, capsys):
-    bad = corrupt_artifact(gpt, tmp_path / "bad")
+    bad = corrupt_artifact(gpt, tmp_path / "bad", "decode")  # gpt generates with its decode graph alone
     for runner in ("ort", "ov"):
-        with pytest.raises(probes.ProbeFailure, match=r"graph 'model' output '(logits|present)': cosine ") as e:
+        with pytest.raises(probes.ProbeFailure, match=r"graph 'decode' output '(logits|new_kv)': cosine ") as e:
             Generator(bad, runner)
         assert "\n" not in str(e.value) and MACHINE in str(e.value) and f" on {runner} " in str(e.value)
     rc, _, err = _cli(capsys, "generate", str(bad), "--prompt-ids", "3,4,5", "--new-tokens", "2")

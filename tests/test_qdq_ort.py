@@ -29,7 +29,7 @@ from xdeploy.models.spec import make_feeds
 # ops onnxruntime's QDQPropagationTransformer moves a DequantizeLinear forward through
 PROPAGATING_OPS = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Slice", "MaxPool"}
 DECODE = "decode"  # the graph name of KV-cache decoding (models/spec.py)
-SIZES = {"batch": 2, "seq": 5, "cache": 7}  # other axes: 4
+SIZES = {"batch": 2, "seq": 5, "cache": 7, "step": 3}  # other axes: 4
 
 
 def _propagation_targets(q: onnx.ModelProto) -> list[str]:

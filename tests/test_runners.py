@@ -17,7 +17,7 @@ from xdeploy.export.precision import EXPORT_PRECISIONS
 from xdeploy.models.spec import DEFAULT_TOLERANCES, make_feeds
 
 MODELS = names()  # every registered family
-SIZES = {"batch": 2, "seq": 5, "src_seq": 4, "cache": 3}
+SIZES = {"batch": 2, "seq": 5, "src_seq": 4, "cache": 3, "step": 2}  # step: gpt decode takes 2 new tokens
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +124,7 @@ def test_outputs_option_returns_only_the_named_outputs(artifacts, reference, spe
 def test_ov_prepare_and_bind_are_zero_copy(artifacts):
     art = artifacts("gpt", "fp32")
     g = art.graph("decode")
-    feeds = make_feeds(g, {"batch": 2, "cache": 6}, seed=3)
+    feeds = make_feeds(g, {"batch": 2, "cache": 6, "step": 1}, seed=3)
     with open_runner("ov", art, "decode") as r:
         want = r.infer(feeds)
         out = {n: np.full_like(v, np.nan) for n, v in want.items()}

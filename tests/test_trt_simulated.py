@@ -25,7 +25,7 @@ from xdeploy.export.convert import convert_artifact
 from xdeploy.models.registry import MODELS
 from xdeploy.models.spec import DEFAULT_TOLERANCES, make_feeds
 
-SIZES = {"batch": 2, "seq": 5, "src_seq": 4, "cache": 3}
+SIZES = {"batch": 2, "seq": 5, "src_seq": 4, "cache": 3, "step": 2}  # step: gpt decode takes 2 new tokens
 GENERATES = [m for m in MODELS if any(g.name == "decode" for g in MODELS[m].spec(MODELS[m].presets["tiny"]).graphs)]
 
 
@@ -235,7 +235,7 @@ def test_bind_has_the_base_contiguity_and_writeability_checks(artifacts, tmp_pat
     """#18 defect 9: TrtRunner.bind refuses what Runner.bind refuses (a copy would hide the caller's writes)."""
     art = artifacts("gpt", "fp32")
     g = art.graph("decode")
-    feeds = make_feeds(g, {"batch": 2, "cache": 6}, seed=3)
+    feeds = make_feeds(g, {"batch": 2, "cache": 6, "step": 1}, seed=3)
     with open_runner("trt", art, "decode", backend=simulated_backend(), cache_dir=tmp_path) as r:
         want = r.infer(feeds)
         out = {n: np.full_like(v, np.nan) for n, v in want.items()}
