@@ -11,8 +11,10 @@ OpenVINO hints mean the same thing wherever a figure is measured:
 `threads` is the caller's request everywhere (0 = the runtime's default: every core); `intra_op_threads`
 is the single place that turns a request into the number a runtime gets.
 
-export/ sits below this layer and opens no session of its own (export/optimize.py hands a file to
-onnxruntime's optimizer, which manages its session internally).
+export/ sits below this layer and opens sessions only where onnxruntime's own tools fix their settings:
+export/optimize.py hands a file to onnxruntime's optimizer, and static int8 calibration
+(export/precision.py `collect_ranges`) runs the unoptimized graph as onnxruntime's calibrators do, so its
+ranges are theirs - neither measures anything these options would have to make comparable.
 """
 
 from __future__ import annotations
