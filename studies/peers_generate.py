@@ -758,6 +758,7 @@ def run_workload(w: Workload, *, work: Path, threads: int, rows: Sequence[Row], 
             t = cmp.thresholds
             stable = bool(st["stable"] and cmp.stability(peer)["stable"] and sp.rel_iqr <= t.series_rel_iqr)
             vs_peer = {"peer": peer, "median": sp.median, "low": sp.low, "high": sp.high, "stable": stable,
+                       "cause": None if stable else (st.get("cause") or cmp.stability(peer).get("cause") or "noise"),
                        "wide": sp.half_width > t.target}  # half_width is relative to the median
         records.append(make_record(
             "peers_generate", fp, **common, ttft_s=m["ttft_s"], tpot_s=m["tpot_s"], e2e_s=rounds_median[name],
