@@ -154,14 +154,15 @@ def test_int8_dynamic_exclude_keeps_nodes_fp32(fp32, tmp_path):
 # What the onnxruntime fusions do on dynamo-exported graphs (measured; see export/optimize.py).
 EXPECTED_FUSIONS = {
     ("bert", 18): {"model": {"EmbedLayerNormalization": 1, "SkipLayerNormalization": 4, "BiasGelu": 2}},
+    # gpt's decode: ln_f reads the step's last token (a Slice after the last residual Add), so 4 of 5 fuse
     ("gpt", 18): {"model": {"SkipLayerNormalization": 5, "FastGelu": 2},
-                  "decode": {"SkipLayerNormalization": 5, "FastGelu": 2}},
+                  "decode": {"SkipLayerNormalization": 4, "FastGelu": 2}},
     ("vit", 18): {"model": {"SkipLayerNormalization": 3, "BiasGelu": 2}},
     ("transformer", 18): {"model": {"SkipLayerNormalization": 10}, "encoder": {"SkipLayerNormalization": 4},
                           "decode": {"SkipLayerNormalization": 6}},
     ("bert", 23): {"model": {"BiasGelu": 2}},  # the attention is one native op already; SkipLayerNorm misses
     # BiasGelu is withheld from Gelu(approximate="tanh"): the fusion would make it the erf GELU.
-    ("gpt", 23): {"model": {}, "decode": {"SkipLayerNormalization": 5}},
+    ("gpt", 23): {"model": {}, "decode": {"SkipLayerNormalization": 4}},
     ("transformer", 23): {"model": {}, "encoder": {}, "decode": {}},
 }
 
