@@ -200,6 +200,12 @@ def _dtype(graph: Any, name: str) -> np.dtype:
     return np.dtype(next(t.dtype for t in graph.inputs if t.name == name))
 
 
+def _cache_dims(gen: Generator) -> tuple[int, int, int]:
+    """(layers, heads, head size) of the decode graph's cache input (L, 2, B, nh, C, hs)."""
+    l, _, _, nh, _, hs = next(t for t in gen.decode.graph.inputs if t.name == gen.feeds.cache).dims
+    return l, nh, hs
+
+
 def _axis(graph: Any, name: str) -> str:
     """The dynamic axis along dim 1 of input `name` (a (batch, tokens) ids or mask input)."""
     t = next((t for t in graph.inputs if t.name == name), None)
@@ -220,8 +226,7 @@ class _CachedSteps(_Steps):
     def _alloc(self, n: int, capacity: int, extra: Mapping[str, np.ndarray]) -> None:
         g, f = self.gen, self.gen.feeds
         dec = g.decode.graph
-        cache_spec = next(t for t in dec.inputs if t.name == f.cache)
-        l, _, _, nh, _, hs = cache_spec.dims
+        l, nh, hs = _cache_dims(g)
         self.cache = np.zeros((l, 2, n, nh, capacity, hs), _dtype(dec, f.cache))
         self.cache_mask = np.zeros((n, capacity), np.int64)
         self.tok = np.zeros((n, 1), np.int64)
@@ -266,7 +271,7 @@ class _DecoderCached(_CachedSteps):
             out = g.prefill.infer({f.prompt_ids: self.ids, f.prompt_mask: self.mask})
             return out[f.logits][:, -1], out[f.present]  # left padding: the last column is real in every row
         dec = g.decode.graph
-        l, _, _, nh, _, hs = next(t for t in dec.inputs if t.name == f.cache).dims
+        l, nh, hs = _cache_dims(g)
         b = self.ids.shape[0]
         # positions count only real tokens (as the full graph's positions_from_mask): left padding gets 0
         pos = np.maximum(np.cumsum(self.mask, -1) - 1, 0).astype(_dtype(dec, f.positions))

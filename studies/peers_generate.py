@@ -606,12 +606,12 @@ def trace_metrics(traces: Sequence[Trace]) -> dict[str, Any]:
 
 
 def agreement(reference: Sequence[int], tokens: Sequence[int]) -> tuple[int, float]:
-    """(tokens equal to the reference's before the first divergence, that count / the reference's length)."""
-    k = 0
-    for a, b in zip(reference, tokens):
-        if a != b:
-            break
-        k += 1
+    """(tokens equal to the reference's before the first divergence, that count / the reference's length): the
+    first divergence of deploy/generate.py `token_agreement`."""
+    from xdeploy.deploy.generate import token_agreement
+
+    first = token_agreement([reference], [tokens]).first_divergence[0]
+    k = len(reference) if first is None else first
     return k, k / max(len(reference), 1)
 
 
@@ -622,13 +622,17 @@ def roofline_bytes(arts: dict[str, Path], kv_tokens: int) -> dict[str, float]:
     from xdeploy.models.registry import dims
     from xdeploy.studies.decode_bench import weight_bytes_per_token
 
+    def decode_graph(art: Any) -> Path:  # the graph the decoding loop steps (the model's declared feeds)
+        return art.onnx_path(art.capabilities.decoding.decode_graph)
+
     out: dict[str, float] = {}
     if "fp32" in arts:
-        kv = dims(load_artifact(arts["fp32"], verify=False).config).kv_bytes(kv_tokens)
-        wb = weight_bytes_per_token(arts["fp32"] / "decode.onnx")
+        fp32 = load_artifact(arts["fp32"], verify=False)
+        kv = dims(fp32.config).kv_bytes(kv_tokens)
+        wb = weight_bytes_per_token(decode_graph(fp32))
         out = {"fp32": wb + kv, "bf16": wb / 2 + kv}
         if "int8-dynamic" in arts:
-            out["int8"] = weight_bytes_per_token(arts["int8-dynamic"] / "decode.onnx") + kv
+            out["int8"] = weight_bytes_per_token(decode_graph(load_artifact(arts["int8-dynamic"], verify=False))) + kv
     return out
 
 
