@@ -134,7 +134,8 @@ def refuse_saturating_int8(artifact: Any, graph: str, fp: dict[str, Any] | None 
             f"graph {graph!r} of {artifact.path} has 8-bit int8 weights (a pair of products reaches "
             f"{bound['worst_pair_bound']} > {bound['limit']} at {bound['worst_node']}), which onnxruntime on this CPU "
             f"({machine_class(fp)}: no VNNI or AMX) saturates into wrong outputs; expected an artifact exported with "
-            "--int8-weight-bits 7 (the default), or run it on OpenVINO (ov), or pass allow_saturation=True")
+            "--int8-weight-bits 7 (the default) or int8-dynamic's default uint8 weights, or run it on OpenVINO (ov), "
+            "or pass allow_saturation=True")
 
 
 @functools.lru_cache(maxsize=32)

@@ -134,7 +134,8 @@ def _tensor_json(t: TensorSpec) -> dict[str, Any]:
 def spec_to_json(spec: ExportSpec, files: Mapping[str, str]) -> tuple[dict, dict, dict]:
     graphs = {g.name: {"file": files[g.name], "method": g.method,
                        "inputs": [_tensor_json(t) for t in g.inputs],
-                       "outputs": [_tensor_json(t) for t in g.outputs]} for g in spec.graphs}
+                       "outputs": [_tensor_json(t) for t in g.outputs],
+                       **({"decode_step": True} if g.decode_step else {})} for g in spec.graphs}
     axes = {k: dataclasses.asdict(a) for k, a in spec.axes.items()}
     tols = {k: dataclasses.asdict(t) for k, t in spec.tolerances.items()}
     return graphs, axes, tols
@@ -267,7 +268,8 @@ def parse_manifest(root: Path, m: Any, mpath: Path, *, verify: bool = True) -> A
             _need(not unknown, mpath, f"tensor {t.name!r} uses undeclared axis {unknown[:1]}")
         names = [t.name for t in ins]
         _need(len(set(names)) == len(names) and ins, mpath, f"graph {name!r} inputs must be non-empty and unique")
-        graphs.append(Graph(name, str(g.get("method", "forward")), ins, outs))
+        _need(isinstance(g.get("decode_step", False), bool), mpath, f"graph {name!r} decode_step must be true/false")
+        graphs.append(Graph(name, str(g.get("method", "forward")), ins, outs, bool(g.get("decode_step", False))))
     tols = dict(DEFAULT_TOLERANCES)
     extra_tols = m.get("tolerances") or {}
     _need(isinstance(extra_tols, dict), mpath, "tolerances must be an object")

@@ -16,9 +16,17 @@ int8          `onnxruntime.quantization.quantize_static` in QDQ format (chosen o
               scales from calibration data (export/calibration.py) with a selectable method. Runtimes fuse the
               pairs into int8 kernels (onnxruntime QLinearMatMul/MatMulIntegerToFloat, OpenVINO's oneDNN int8,
               TensorRT strongly typed int8). Nodes named in the keep list stay float.
-int8-dynamic  `onnxruntime.quantization.quantize_dynamic`: int8 weights (per output channel), activations
-              quantized at run time (DynamicQuantizeLinear -> MatMulInteger/ConvInteger). Only onnxruntime has fast
-              kernels for it (OpenVINO runs MatMulInteger at its fp32 rate; TensorRT cannot build it).
+int8-dynamic  `onnxruntime.quantization.quantize_dynamic`: weights per output channel, activations
+              quantized at run time (DynamicQuantizeLinear -> MatMulInteger/ConvInteger). Weight type
+              (`int8_dynamic_weights`, default "auto"): a decoding step's graph (`Graph.decode_step`) gets uint8
+              weights with a zero point per channel, which onnxruntime multiplies as uint8 x uint8 (MLAS U8U8,
+              widened to int16 before pairs are added on every x86 class): all 8 bits, exact on AVX2-only CPUs
+              too, and as fast there, since a step reads its weights rather than computes (GPT-2 small decode,
+              Zen 3: same tokens/s; a 7-bit trained tiny decoder left the fp32 greedy path at its second token,
+              the uint8 one at its 16th). Other graphs keep int8 weights of `int8_weight_bits` (U8S8: its AVX2
+              kernel saturates 8-bit weights, export/saturation.py), because U8U8 is slower where the
+              arithmetic bounds the time (MiniLM b8 x 128 on Zen 3: 0.83x). Only onnxruntime has fast kernels
+              for it (OpenVINO runs MatMulInteger at its fp32 rate; TensorRT cannot build it).
 
 Only MatMul, Gemm and Conv are quantized: onnxruntime's quantizer registry is keyed by op type alone and would
 treat the native opset-23 `Attention` as com.microsoft.Attention.
@@ -66,6 +74,7 @@ CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 DEFAULT_CALIBRATION_METHOD = "percentile"
 ACTIVATION_TYPES = ("int8", "uint8")
 INT8_WEIGHT_BITS = (7, 8)
+DYNAMIC_WEIGHT_TYPES = ("auto", "uint8", "int8")  # int8-dynamic's weights; auto: uint8 for decode steps
 FP16_MAX = 65504.0
 # ops through which a constant weight may reach a quantized MatMul/Gemm/Conv (the quantizer's pre-processing
 # folds them into one initializer: a tied embedding's Transpose for an lm_head)
@@ -88,6 +97,10 @@ class PrecisionOptions:
     # int8 weight range: 7 bits (onnxruntime's reduce_range, |w| <= 64) is exact on every x86 CPU; 8 bits is exact
     # only where int8 products accumulate in int32 (VNNI, AMX) and saturates on AVX2-only x86 (export/saturation.py)
     int8_weight_bits: int = 7
+    # int8-dynamic's weight type: "uint8" (asymmetric, 8 bits, exact on every x86 class), "int8" (symmetric,
+    # `int8_weight_bits` bits) or "auto" (uint8 for decode-step graphs, int8 for the rest: module docstring);
+    # static int8 weights are always int8 (symmetric: TensorRT's explicit quantization)
+    int8_dynamic_weights: str = "auto"
     int8_exclude: tuple[str, ...] = ()  # node names left float in int8 graphs (in addition to what sensitivity finds)
     int8_op_types: tuple[str, ...] = INT8_OP_TYPES
     int8_method: str = DEFAULT_CALIBRATION_METHOD  # static int8: how activation ranges are chosen
@@ -116,6 +129,24 @@ def check_options(options: PrecisionOptions | None) -> None:
         raise one_of("int8 activation type", options.int8_activations, ACTIVATION_TYPES)
     if options is not None and options.int8_weight_bits not in INT8_WEIGHT_BITS:
         raise one_of("int8 weight bits", options.int8_weight_bits, INT8_WEIGHT_BITS)
+    if options is not None and options.int8_dynamic_weights not in DYNAMIC_WEIGHT_TYPES:
+        raise one_of("int8-dynamic weight type", options.int8_dynamic_weights, DYNAMIC_WEIGHT_TYPES)
+
+
+def int8_weights(precision: str, options: PrecisionOptions, graph: Graph | None = None) -> tuple[str, int]:
+    """(weight type, bits) of `graph` at an int8 `precision` under `options`: static int8 and int8-dynamic with int8
+    weights take `int8_weight_bits`; int8-dynamic's uint8 weights are 8-bit (a bits request with "uint8" asked
+    for by name is refused, not ignored: bits are for int8 weights)."""
+    kind = options.int8_dynamic_weights
+    if kind == "auto":
+        kind = "uint8" if graph is not None and graph.decode_step else "int8"
+    if precision == "int8-dynamic" and kind == "uint8":
+        if options.int8_dynamic_weights == "uint8" and options.int8_weight_bits != INT8_WEIGHT_BITS[0]:
+            raise XDeployError(f"int8 weight bits {options.int8_weight_bits} apply to int8 weights; int8-dynamic's "
+                               "uint8 weights are always 8-bit (exact on every x86 CPU); expected the default, or "
+                               "int8-dynamic weights 'int8' (--int8-dynamic-weights int8) for int8 weights")
+        return "uint8", 8
+    return "int8", options.int8_weight_bits
 
 
 def convert(proto: onnx.ModelProto, precision: str, *, graph: Graph, spec: ExportSpec,
@@ -135,11 +166,11 @@ def convert(proto: onnx.ModelProto, precision: str, *, graph: Graph, spec: Expor
     if precision == "fp16":
         return to_fp16_blocked(proto, options)
     if precision == "int8-dynamic":
-        q, info = to_int8_dynamic(proto, options)
+        q, info = to_int8_dynamic(proto, options, graph=graph)
     else:
         feeds, record = calibration_feeds(graph, spec, options)
         q, info = to_int8_static(proto, feeds, options, calibration_record=record)
-    info["saturation"] = saturation.record(q, None, weight_bits=options.int8_weight_bits)
+    info["saturation"] = saturation.record(q, None, weight_bits=int8_weights(precision, options, graph)[1])
     return q, info
 
 
@@ -613,11 +644,13 @@ def qdq_quantized_nodes(proto: onnx.ModelProto) -> dict[str, str]:
     return out
 
 
-def to_int8_dynamic(proto: onnx.ModelProto, options: PrecisionOptions = PrecisionOptions()
-                    ) -> tuple[onnx.ModelProto, dict[str, Any]]:
-    """Dynamic int8 quantization of MatMul/Conv weights (per channel), after the quantizer's pre-processing."""
+def to_int8_dynamic(proto: onnx.ModelProto, options: PrecisionOptions = PrecisionOptions(), *,
+                    graph: Graph | None = None) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """Dynamic int8 quantization of MatMul/Conv weights (per channel; uint8 or int8 as `options` say), after the
+    quantizer's pre-processing. `graph`: what it is (a decode step's gets uint8 weights under "auto")."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    weight_type, bits = int8_weights("int8-dynamic", options, graph)
     exclude = _requested(proto, options.int8_exclude)
     op_types = [t for t in options.int8_op_types if t in DYNAMIC_OP_TYPES]
     with tempfile.TemporaryDirectory(prefix="xdeploy-int8-") as d, _quiet():
@@ -625,8 +658,9 @@ def to_int8_dynamic(proto: onnx.ModelProto, options: PrecisionOptions = Precisio
         try:
             pre, large = _prepare(proto, Path(d))
             quantize_dynamic(str(pre), str(dst), op_types_to_quantize=op_types,
-                             per_channel=options.int8_per_channel, weight_type=QuantType.QInt8,
-                             reduce_range=options.int8_weight_bits == 7,
+                             per_channel=options.int8_per_channel,
+                             weight_type=QuantType.QUInt8 if weight_type == "uint8" else QuantType.QInt8,
+                             reduce_range=bits == 7,
                              nodes_to_exclude=exclude, use_external_data_format=large)
         except XDeployError:
             raise
@@ -636,7 +670,7 @@ def to_int8_dynamic(proto: onnx.ModelProto, options: PrecisionOptions = Precisio
     ops = collections.Counter(n.op_type for n in q.graph.node)
     return q, {
         "precision": "int8-dynamic", "format": "integer-ops", "io_dtype": "float32", "method": "dynamic",
-        "weight_type": "int8", "weight_bits": options.int8_weight_bits, "per_channel": options.int8_per_channel,
+        "weight_type": weight_type, "weight_bits": bits, "per_channel": options.int8_per_channel,
         "op_types": op_types,
         "excluded": exclude, "requested_nodes_found": exclude,
         "kept_fp32": [{"node": n, "reason": "requested"} for n in exclude],

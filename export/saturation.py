@@ -9,11 +9,16 @@ the products depends on the CPU:
     AVX2 (no VNNI)            vpmaddubsw: each *adjacent pair* of u8*s8 products (k = 2i, 2i + 1) is added in
                               int16 and saturated to [-32768, 32767]; vpmaddwd then adds the pairs into int32
 
+    uint8 weights (U8U8)      every class widens both to int16 first (vpmaddwd: pairs added in int32): exact
+
 so on AVX2-only CPUs (AMD Zen 1-3, Intel before Cascade Lake) a pair a0*w0 + a1*w1 beyond 32767 is silently
 clipped. With 8-bit weights (|w| <= 127, 128) that needs only a0, a1 near 255 and weights near full scale:
 it happens, and a graph that passes parity on the VNNI machine that exported it is wrong on an AVX2 one.
 With 7-bit weights (onnxruntime's `reduce_range`: |w| <= 64) a pair is at most 2 * 255 * 64 = 32640, so no input
-can saturate it: the artifact is portable *by construction*. That is xdeploy's default (`int8_weight_bits` 7).
+can saturate it: the artifact is portable *by construction*. That is xdeploy's default (`int8_weight_bits` 7)
+for int8 weights. int8-dynamic's default uint8 weights never meet the U8S8 kernel (onnxruntime picks U8U8 for
+them: platform.cpp, checked against onnxruntime in tests/test_saturation.py), so they keep all 8 bits on every
+class; the bound counts them (`uint8_weight_nodes`) and has nothing to prove for them.
 
 This module reads the quantized graph, no runtime needed:
     weight_bound(q)          the largest pair any input could make, from the int8 weights alone (the proof)
@@ -132,6 +137,14 @@ def int8_nodes(q: onnx.ModelProto) -> list[Int8Node]:
     return out
 
 
+def uint8_weight_nodes(q: onnx.ModelProto) -> list[str]:
+    """MatMulInteger/ConvInteger nodes whose constant weight is uint8: onnxruntime's U8U8 kernels, exact on every
+    x86 class (no pair is added in int16), so outside the bound."""
+    inits = _init(q.graph)  # the element type is read from the proto: no weight is decoded
+    return [n.name for n in q.graph.node if n.op_type in ("MatMulInteger", "ConvInteger") and len(n.input) > 1
+            and n.input[1] in inits and inits[n.input[1]].data_type == onnx.TensorProto.UINT8]
+
+
 def _even_k(w: np.ndarray) -> np.ndarray:
     """w (K, N) with a zero row appended when K is odd: the kernel zero-pads K to pairs."""
     return np.vstack([w, np.zeros((1, w.shape[1]), w.dtype)]) if w.shape[0] % 2 else w
@@ -140,8 +153,9 @@ def _even_k(w: np.ndarray) -> np.ndarray:
 def weight_bound(q: onnx.ModelProto, nodes: list[Int8Node] | None = None) -> dict[str, Any]:
     """The proof: the largest |a0*w0 + a1*w1| any uint8 input could make with these int8 weights (adjacent
     pairs along K as the kernel takes them), against the int16 limit. `portable` True means no input can
-    saturate the AVX2 kernel, so every x86 class computes this graph exactly. `nodes`: `int8_nodes(q)` when the
-    caller has them already (reading the weights is the costly part)."""
+    saturate the AVX2 kernel, so every x86 class computes this graph exactly (uint8-weight products are exact
+    anyway and only counted). `nodes`: `int8_nodes(q)` when the caller has them already (reading the weights
+    is the costly part)."""
     worst, worst_node, max_w = 0, None, 0
     nodes = int8_nodes(q) if nodes is None else nodes
     for n in nodes:
@@ -150,8 +164,8 @@ def weight_bound(q: onnx.ModelProto, nodes: list[Int8Node] | None = None) -> dic
         pair = int((w[0::2] + w[1::2]).max(initial=0)) * U8_MAX
         if pair > worst:
             worst, worst_node = pair, n.node
-    return {"int8_nodes": len(nodes), "max_abs_weight": max_w, "worst_pair_bound": worst, "worst_node": worst_node,
-            "limit": INT16_MAX, "portable": worst <= INT16_MAX}
+    return {"int8_nodes": len(nodes), "uint8_weight_nodes": len(uint8_weight_nodes(q)), "max_abs_weight": max_w,
+            "worst_pair_bound": worst, "worst_node": worst_node, "limit": INT16_MAX, "portable": worst <= INT16_MAX}
 
 
 def quantize_activation(n: Int8Node, x: np.ndarray) -> tuple[np.ndarray, int]:

@@ -135,7 +135,8 @@ def export_spec(cfg: GPTConfig) -> ExportSpec:
                           TensorSpec("cache_mask", "int64", ("batch", "cache"), "mask"),
                           TensorSpec("step_mask", "int64", ("batch", "step"), "mask")),
                   outputs=(TensorSpec("logits", "float32", ("batch", 1, cfg.vocab_size)),
-                           TensorSpec("new_kv", "float32", kv("step")))),
+                           TensorSpec("new_kv", "float32", kv("step"))),
+                  decode_step=True),
         ),
         # opt sizes are capped by max_positions: imported checkpoints may have n_positions < 256. A step is 1
         # token while decoding (TensorRT's opt) and the whole prompt at prefill (max).

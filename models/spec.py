@@ -44,12 +44,15 @@ class Axis:
 
 @dataclass(frozen=True)
 class Graph:
-    """One exported graph: `method` names the model method whose positional args are `inputs`."""
+    """One exported graph: `method` names the model method whose positional args are `inputs`. `decode_step`: the
+    graph is a decoding loop's step (a token or a few per call), so its matrix products read every weight once
+    per token and memory bandwidth bounds them, not arithmetic (int8-dynamic picks its weight type by it)."""
 
     name: str
     method: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    decode_step: bool = False
 
 
 @dataclass(frozen=True)

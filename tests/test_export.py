@@ -127,7 +127,10 @@ def test_int8_dynamic_artifact(fp32, derived, model):
         info = art.manifest["conversion"][graph.name]
         assert info["per_channel"] and info["quantized_ops"]["MatMulInteger"] >= 4, info
         proto = onnx.load(str(art.onnx_path(graph.name)))
-        assert sum(t.data_type == onnx.TensorProto.INT8 for t in proto.graph.initializer) >= 4
+        # decode steps get uint8 weights (export/precision.py: U8U8, 8 bits exact everywhere), the rest int8
+        wtype = onnx.TensorProto.UINT8 if graph.decode_step else onnx.TensorProto.INT8
+        assert info["weight_type"] == ("uint8" if graph.decode_step else "int8")
+        assert sum(t.data_type == wtype for t in proto.graph.initializer) >= 4
     worst = _check_against_torch(path)
     assert min(worst.values()) >= art.tolerance.cosine
     if "logits" in {t.name for t in art.graph().outputs}:  # top-1 agreement with fp32 on the same feeds

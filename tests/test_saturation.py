@@ -1,6 +1,7 @@
 """Portable int8 (issue #27): the numpy model of the AVX2 int8 kernel (export/saturation.py) is what onnxruntime
 computes on the machine running the test, whatever its class; the old 8-bit recipe saturates on every registered
-family and the default 7-bit one cannot; the sensitivity search's graph edits load on every family.
+family and the default 7-bit one cannot; int8-dynamic's default uint8 weights keep 8 bits and are exact on every
+class; the sensitivity search's graph edits load on every family.
 
 A VNNI or AMX machine runs all of this too: the model, not the CPU, is what proves what an AVX2 CPU computes."""
 
@@ -100,8 +101,9 @@ def test_old_recipe_saturates_and_the_default_cannot(tiny_export, model, precisi
     calibration activations (the parity failures seen on AMD Zen 3), and the default 7-bit weights are proven
     not to: on any machine, by the static check."""
     art, graph, proto = _model_graph(tiny_export, model)
-    options = prec.with_calibration(prec.PrecisionOptions(int8_sensitivity=False), precision, art.spec,
-                                    art.tokenizer_dir)
+    # int8-dynamic's int8-weight recipe (its default is uint8 weights: test_uint8_dynamic_default_keeps_8_bits)
+    options = prec.with_calibration(prec.PrecisionOptions(int8_sensitivity=False, int8_dynamic_weights="int8"),
+                                    precision, art.spec, art.tokenizer_dir)
     old = refine(proto, precision, graph=graph, spec=art.spec,
                  options=dataclasses.replace(options, int8_weight_bits=8))[1]["saturation"]
     new = refine(proto, precision, graph=graph, spec=art.spec, options=options)[1]["saturation"]
@@ -113,6 +115,58 @@ def test_old_recipe_saturates_and_the_default_cannot(tiny_export, model, precisi
     assert new["worst_pair_bound"] <= saturation.INT16_MAX and new["simulated"]["saturating_pairs"] == 0
     assert new["simulated"]["nodes"] == new["int8_nodes"] > 0  # every int8 node was simulated
     assert new["proven_for"] == ["vnni", "amx", "avx2"]
+
+
+@pytest.mark.parametrize("model", names())
+def test_uint8_dynamic_weights_keep_8_bits(tiny_export, model):
+    """int8-dynamic's uint8 weights: 8 bits (values past the 7-bit range used), no U8S8 product left to saturate,
+    every quantized product counted as U8U8, proven for every class; an 8-bit request with uint8 named is refused
+    (bits are for int8 weights: it would be ignored), and the int8-weight recipe is still there. "auto" (the
+    default) gives uint8 to exactly the graphs the model declares decode steps."""
+    from xdeploy.core.errors import XDeployError
+
+    art, graph, proto = _model_graph(tiny_export, model)
+    for g in art.spec.graphs:
+        want = ("uint8", 8) if g.decode_step else ("int8", 7)
+        assert prec.int8_weights("int8-dynamic", prec.PrecisionOptions(), g) == want
+        assert prec.int8_weights("int8", prec.PrecisionOptions(), g) == ("int8", 7)
+    q, info = prec.convert(proto, "int8-dynamic", graph=graph, spec=art.spec,
+                           options=prec.PrecisionOptions(int8_dynamic_weights="uint8"))
+    rec = info["saturation"]
+    assert (info["weight_type"], info["weight_bits"]) == ("uint8", 8)
+    weights = [numpy_helper.to_array(i) for i in q.graph.initializer if i.data_type == TensorProto.UINT8
+               and i.name in {n.input[1] for n in q.graph.node if n.op_type in ("MatMulInteger", "ConvInteger")}]
+    assert weights and max(int(w.max()) - int(w.min()) for w in weights) > 128  # wider than 7 bits
+    assert rec["int8_nodes"] == 0 and rec["uint8_weight_nodes"] == info["quantized_ops"].get("MatMulInteger", 0) \
+        + info["quantized_ops"].get("ConvInteger", 0) > 0
+    assert rec["portable"] and rec["proven_for"] == ["vnni", "amx", "avx2"]
+    with pytest.raises(XDeployError, match="always 8-bit"):
+        prec.convert(proto, "int8-dynamic", graph=graph, spec=art.spec,
+                     options=prec.PrecisionOptions(int8_weight_bits=8, int8_dynamic_weights="uint8"))
+    q7, info7 = prec.convert(proto, "int8-dynamic", graph=graph, spec=art.spec,
+                             options=prec.PrecisionOptions(int8_dynamic_weights="int8"))
+    assert (info7["weight_type"], info7["weight_bits"]) == ("int8", 7) and info7["saturation"]["int8_nodes"] > 0
+
+
+@pytest.mark.skipif(CLASS == "unknown", reason="not an x86 CPU with AVX2, VNNI or AMX")
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 64, 48), (7, 63, 32), (64, 768, 96)])
+def test_uint8_weights_are_exact_here(m, k, n):
+    """MatMulInteger on full-range uint8 x uint8 (the pairs that would break U8S8: 2 * 255 * 255 > 32767), with
+    per-column zero points: onnxruntime's result is the exact integer product on this machine, whatever its class
+    (the U8U8 kernels widen to int16 before adding pairs)."""
+    rng = np.random.default_rng(m * 1000 + k)
+    a = rng.integers(0, 256, (m, k), dtype=np.uint8)
+    a[0] = 255
+    w = rng.integers(0, 256, (k, n), dtype=np.uint8)
+    w[:, 0] = 255
+    zp = rng.integers(0, 256, n, dtype=np.uint8)
+    s = _session([helper.make_node("MatMulInteger", ["A", "B", "", "zb"], ["Y"])],
+                 [helper.make_tensor_value_info("A", TensorProto.UINT8, [m, k])],
+                 [helper.make_tensor_value_info("Y", TensorProto.INT32, [m, n])],
+                 [numpy_helper.from_array(w, "B"), numpy_helper.from_array(zp, "zb")])
+    got = s.run(None, {"A": a})[0]
+    assert np.array_equal(got, a.astype(np.int64) @ (w.astype(np.int64) - zp.astype(np.int64)))
+    assert saturation.pairwise_product(a, (w.astype(np.int32) - 128))[1] > 0  # as int8 it would saturate on AVX2
 
 
 @pytest.mark.parametrize("model", names())
@@ -164,14 +218,15 @@ def test_int8_dot_and_bf16_classes():
 
 @pytest.fixture(scope="module")
 def old_and_new(tiny_export, tmp_path_factory):
-    """A tiny int8-dynamic artifact with the old 8-bit weights and one with the default 7-bit weights."""
+    """A tiny int8-dynamic artifact with the old 8-bit int8 weights and one with 7-bit int8 weights."""
     from xdeploy import api
 
     src = tiny_export(names()[0])
     root = tmp_path_factory.mktemp("recipes")
     old = api.convert_artifact(src, root / "old", "int8-dynamic", measured=False,
-                               options=prec.PrecisionOptions(int8_weight_bits=8))
-    new = api.convert_artifact(src, root / "new", "int8-dynamic", measured=False)
+                               options=prec.PrecisionOptions(int8_weight_bits=8, int8_dynamic_weights="int8"))
+    new = api.convert_artifact(src, root / "new", "int8-dynamic", measured=False,
+                               options=prec.PrecisionOptions(int8_dynamic_weights="int8"))
     return load_artifact(old), load_artifact(new)
 
 

@@ -75,11 +75,11 @@ def refine(proto: onnx.ModelProto, precision: str, *, graph: Graph, spec: Export
         q, info = int8_sensitivity(proto, graph=graph, spec=spec, options=options,
                                    runtimes=tuple(runtimes or default_runtimes()))
     elif precision == "int8-dynamic":  # the transform alone: convert() would record a bound-only check first
-        q, info = prec.to_int8_dynamic(proto, options)
+        q, info = prec.to_int8_dynamic(proto, options, graph=graph)
     else:
         return prec.convert(proto, precision, graph=graph, spec=spec, options=options)
     info["saturation"] = saturation_check(q, prec.calibration_feeds(graph, spec, options)[0],
-                                          weight_bits=options.int8_weight_bits)
+                                          weight_bits=prec.int8_weights(precision, options, graph)[1])
     return q, info
 
 

@@ -69,7 +69,12 @@ def add_conversion_arguments(p: argparse.ArgumentParser) -> None:
                         "(onnxruntime's CPU int8 kernels, ~2.5x faster there; TensorRT rejects it)")
     g.add_argument("--int8-weight-bits", type=int, default=7, choices=(7, 8),
                    help="int8 weight range: 7 (default) is exact on every x86 CPU; 8 is exact only on CPUs with VNNI "
-                        "or AMX and saturates on AVX2-only x86 (the manifest records the classes it is proven for)")
+                        "or AMX and saturates on AVX2-only x86 (the manifest records the classes it is proven for); "
+                        "int8-dynamic: with --int8-dynamic-weights int8 only")
+    g.add_argument("--int8-dynamic-weights", choices=("auto", "uint8", "int8"), default="auto",
+                   help="int8-dynamic weights: uint8 (8 bits, exact on every x86 CPU: onnxruntime's U8U8 kernels; "
+                        "as fast where decoding reads weights, slower where batches compute), int8 (symmetric, "
+                        "--int8-weight-bits bits), or auto (default): uint8 for decode-step graphs, int8 for the rest")
     g.add_argument("--no-sensitivity", dest="sensitivity", action="store_false",
                    help="int8: skip the measured search for nodes to keep float when the tolerance is missed")
     g.add_argument("--int8-max-excluded", type=int, metavar="N",
@@ -85,18 +90,21 @@ def precision_options(args: argparse.Namespace) -> PrecisionOptions:
     given = {"--int8-exclude": bool(names(args.int8_exclude)), "--int8-per-tensor": not args.int8_per_channel,
              "--fp16-block-nodes": bool(names(args.fp16_block_nodes)), "--no-amp": not args.amp,
              "--fp16-block-ops": names(args.fp16_block_ops) != FP16_BLOCK_OPS,
-             "--int8-weight-bits": args.int8_weight_bits != 7}
+             "--int8-weight-bits": args.int8_weight_bits != 7,
+             "--int8-dynamic-weights": args.int8_dynamic_weights != "auto"}
     for flag, used in given.items():
         wants = flag.split("-")[2]  # "int8" or "fp16"
         if used and not args.precision.startswith(wants):  # int8 covers int8-dynamic
             raise XDeployError(f"{flag} applies to --precision {wants}, not {args.precision}")
+    if given["--int8-dynamic-weights"] and args.precision != "int8-dynamic":
+        raise XDeployError(f"--int8-dynamic-weights applies to --precision int8-dynamic, not {args.precision}")
 
     return PrecisionOptions(fp16_block_ops=names(args.fp16_block_ops), fp16_block_nodes=names(args.fp16_block_nodes),
                             amp=args.amp, int8_exclude=names(args.int8_exclude),
                             int8_per_channel=args.int8_per_channel, int8_calibration_file=args.calibration,
                             int8_method=args.calibration_method, int8_activations=args.int8_activations,
                             int8_sensitivity=args.sensitivity, int8_max_excluded=args.int8_max_excluded,
-                            int8_weight_bits=args.int8_weight_bits)
+                            int8_weight_bits=args.int8_weight_bits, int8_dynamic_weights=args.int8_dynamic_weights)
 
 
 def openvino_ir(args: argparse.Namespace) -> bool:
@@ -197,8 +205,11 @@ def print_portability(manifest: dict) -> None:
     if proven is None:
         return
     if PAIRWISE_CLASS in proven:
+        kinds = sorted({f"{r.get('weight_bits')}-bit {r.get('weight_type', 'int8')}" for r in conv.values()
+                        if isinstance(r, dict) and r.get("weight_bits")})
         print(f"int8 portable: proven exact on every x86 class ({', '.join(proven)}): no pair of int8 products can "
-              "saturate the AVX2 kernel (7-bit weights)")
+              f"saturate the AVX2 kernel ({', '.join(kinds) or 'int8'} weights"
+              f"{'; uint8 ones run U8U8, which adds no pair in int16' if any('uint8' in k for k in kinds) else ''})")
         return
     sims = [r["saturation"].get("simulated") or {} for r in conv.values() if isinstance(r.get("saturation"), dict)]
     worst = max((s.get("worst_accumulator_rel_error", 0.0) for s in sims), default=0.0)
