@@ -50,6 +50,12 @@ SUBSTITUTIONS: list[tuple[str, str, str]] = [
     # after the rules above: --smoke alone keeps the default presets (bert minilm: its int8 sensitivity search
     # alone is ~25 s of CPU); the main job on the tiny presets runs the same phases and code
     (r"\bxdeploy run(?![\w-])(?!.*--preset)", "xdeploy run --preset tiny", "tiny presets (the main job)"),
+    # a benchmark block checks that its command runs and writes its records, not the figures: short timings
+    # (`xdeploy bench`'s defaults time each comparison 5 s, plus up to 30 s more while it is unstable)
+    (r"\bxdeploy bench(?![\w-])(?!.*--max-seconds)", "xdeploy bench --max-seconds 0.5 --extra-seconds 0",
+     "short timings"),
+    (r"(?m)^(from xdeploy\.bench\.suite import .*\brun_bench\b.*)$",
+     r"\1\nimport functools; run_bench = functools.partial(run_bench, max_seconds=0.5)", "short timings (Python)"),
 ]
 
 
@@ -114,6 +120,10 @@ def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     env.pop("PYTHONPATH", None)
+    # README.md, docs/embedding.md and docs/serving.md each export the real MiniLM checkpoint with the same command:
+    # its artifact (ONNX, OpenVINO IR, reference weights) is ~260 MB, over the cache's default 256 MB per entry, so
+    # without this every page exported it again (~20 s of CPU each) instead of copying the first page's export
+    env.setdefault("XDEPLOY_EXPORT_CACHE_MAX_MB", "1024")
     return env
 
 
@@ -173,6 +183,13 @@ def test_substitutions_are_visible_and_do_what_they_say():
                     'export("gpt", preset="tiny")\nxdeploy run --preset tiny --smoke\n')
     assert len(applied) == 5
     assert substitute("xdeploy report render x")[0] == "xdeploy report render x"  # not `xdeploy run`
+    assert substitute("xdeploy bench bert --runners ort\n")[0] == \
+        "xdeploy bench --max-seconds 0.5 --extra-seconds 0 bert --runners ort\n"
+    assert substitute("xdeploy bench x --max-seconds 1\n")[0] == "xdeploy bench x --max-seconds 1\n"  # as given
+    code, applied = substitute("from xdeploy.bench.suite import run_bench\nrun_bench('bert', runners=['ort'])\n")
+    assert code == ("from xdeploy.bench.suite import run_bench\n"
+                    "import functools; run_bench = functools.partial(run_bench, max_seconds=0.5)\n"
+                    "run_bench('bert', runners=['ort'])\n") and len(applied) == 1
 
 
 @pytest.mark.parametrize("page", RUNNABLE, ids=[str(p.relative_to(ROOT)) for p in RUNNABLE])
