@@ -306,8 +306,14 @@ def test_interrupted_export_leaves_nothing(fp32, tmp_path, monkeypatch):
 
 
 def test_external_data_path(fp32, tmp_path, monkeypatch):
-    """Graphs over the 2 GB limit are saved with external data: lower the limit to exercise that path."""
-    monkeypatch.setattr(writer, "TWO_GB", 10_000)
+    """Graphs from EXTERNAL_DATA_BYTES on (and all over protobuf's 2 GB limit) are saved with external data: lower
+    the threshold to exercise that path on a tiny model. The caller's proto keeps its weights (an int8 conversion
+    checks its OpenVINO IR against the graph it has just saved)."""
+    monkeypatch.setattr(writer, "EXTERNAL_DATA_BYTES", 10_000)
+    proto = onnx.load(str(load_artifact(fp32("gpt")).onnx_path("model")))
+    before = proto.SerializeToString()
+    writer.save_onnx(proto, tmp_path / "one.onnx")
+    assert proto.SerializeToString() == before and (tmp_path / "one.onnx.data").exists()
     out = convert_artifact(fp32("gpt"), tmp_path / "big", "fp32")
     art = load_artifact(out)
     assert {"model.onnx.data", "decode.onnx.data"} <= set(art.manifest["files"])
