@@ -1,14 +1,18 @@
 """Fixtures shared by every test module.
 
-`tiny_export`: a preset artifact exported once per test session (per worker under pytest-xdist) and shared by
-every module that exports the same thing. torch.onnx's dynamo export is the dominant cost of most tests; the
-same tiny BERT used to be exported by a dozen modules. A shared artifact is read-only: a test that changes an
-artifact's files exports or copies its own. That is enforced, not assumed: every shared artifact's files are
-hashed when made and again at the end of the session, and a change fails the session naming the artifact."""
+`tiny_export`: a preset artifact exported once per test session and shared by every module that exports the
+same thing. torch.onnx's dynamo export is the dominant cost of most tests; the same tiny BERT used to be exported
+by a dozen modules, then once per pytest-xdist worker: now one export serves both workers (an export cache folder,
+export/cache.py `cached_artifact`, of the session's own, in the base temporary directory the workers share). A
+shared artifact is read-only: a test that changes an artifact's files exports or copies its own. That is
+enforced, not assumed: every shared artifact's files are hashed when first used and again at the end of the
+session, and a change fails the session naming the artifact."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,16 +34,24 @@ def _digest(root: Path) -> str:
 def tiny_export(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Path]]:
     """(model, preset="tiny", opset=default, precision="fp32") -> the artifact `export` writes for those
     arguments, exported on first use and then shared. Do not modify it: copy it (shutil.copytree) first."""
-    from xdeploy.export.onnx_export import DEFAULT_OPSET, export
+    from xdeploy.export.cache import cached_artifact
+    from xdeploy.export.onnx_export import DEFAULT_OPSET
 
-    root = tmp_path_factory.mktemp("shared-artifacts")
+    # under pytest-xdist each worker's base temporary directory (popen-gwN) sits in the session's, which both
+    # share; the session's own folder, not $XDEPLOY_CACHE: nothing but this fixture writes its entries
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-artifacts"
+    root.mkdir(exist_ok=True)
     made: dict[tuple[str, str, int, str], tuple[Path, str]] = {}
 
     def get(model: str, preset: str = "tiny", opset: int = DEFAULT_OPSET, precision: str = "fp32") -> Path:
         key = (model, preset, opset, precision)
         if key not in made:
-            path = export(model, preset=preset, opset=opset, precision=precision,
-                          out=root / f"{model}-{preset}-{opset}-{precision}")
+            # one export per key for both xdist workers: the other one waits for it and then finds the entry
+            # (never two exports of one entry, the second replacing the first under the tests that read it)
+            with open(root / f".tiny-export-{model}-{preset}-{opset}-{precision}.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                path = cached_artifact(model, preset=preset, opset=opset, precision=precision, root=root)
             made[key] = path, _digest(path)
         return made[key][0]
 
