@@ -115,8 +115,8 @@ gpu-check: gpu-env
 # PEERS_ARGS=--quick for the tiny version, e.g. PEERS_ARGS="--workloads bert-base-b1,minilm-sentences".
 # Then the generation peers (studies/peers_generate.py: GPT-2 small and the trained tiny GPT, KV-cache decoding
 # against transformers, optimum-intel, CTranslate2, onnxruntime-genai and openvino-genai) into
-# $(PEERS_OUT)/generate/; PEERS_GEN_ARGS passes its options (e.g. --quick, --static-int8). PEERS_OUT=reports/peers-zen3
-# writes a machine class's report folder.
+# $(PEERS_OUT)/generate/; PEERS_GEN_ARGS passes its options (e.g. --quick, --static-int8). PEERS_OUT defaults to this
+# machine class's report folder, reports/peers-<class> (core/fingerprint.class_slug: zen3, zen5, xeon, ...).
 PEERS_VENV  ?= .venv-peers
 PEERS_STAMP := $(PEERS_VENV)/.installed-stamp
 $(PEERS_STAMP): requirements-peers.txt pyproject.toml
@@ -129,7 +129,7 @@ $(PEERS_STAMP): requirements-peers.txt pyproject.toml
 
 peers-env: $(PEERS_STAMP)
 
-PEERS_OUT ?= reports/peers
+PEERS_OUT ?= reports/peers-$(shell $(PEERS_VENV)/bin/python -m xdeploy.core.fingerprint --slug)
 peers: peers-env
 	$(PEERS_VENV)/bin/python -m xdeploy.studies.peers --out $(PEERS_OUT) $(PEERS_ARGS)
 	$(PEERS_VENV)/bin/python -m xdeploy.studies.peers_generate --out $(PEERS_OUT)/generate $(PEERS_GEN_ARGS)

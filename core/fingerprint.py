@@ -185,3 +185,35 @@ def bf16_native(fp: dict[str, Any]) -> bool:
     """Does this CPU compute in bf16 natively (AVX-512 BF16 or AMX bf16)? Where it does not, OpenVINO ignores a
     bf16 precision hint and computes in f32: the `ov:bf16` runner then reports (and is judged as) f32."""
     return bool(set(fp.get("isa", [])) & {"avx512_bf16", "amx_bf16"})
+
+
+# AMD Zen generations by (cpu family, model range): AMD's family/model numbering (family 25 = Zen 3 and Zen 4)
+_ZEN = ((23, range(0x00, 0x30), 1), (23, range(0x30, 0x100), 2), (25, range(0x00, 0x10), 3),
+        (25, range(0x20, 0x60), 3), (25, range(0x10, 0x20), 4), (25, range(0x60, 0x100), 4),
+        (26, range(0x00, 0x100), 5))
+
+
+def class_slug(fp: Mapping[str, Any]) -> str:
+    """A short folder name for a machine class (reports/peers-<slug>/): 'zen3', 'zen5', 'xeon' (an Intel Xeon with
+    AMX, the class met here), else vendor and matrix ISA ('intel-avx512-vnni', 'amd-avx2', 'x86_64')."""
+    vendor = _VENDORS.get(str(fp.get("cpu_vendor", "")), "")
+    isa = set(fp.get("isa") or [])
+    try:
+        family, model = int(str(fp.get("cpu_family", ""))), int(str(fp.get("cpu_model_id", "")))
+    except ValueError:
+        family = model = -1
+    if vendor == "AMD":
+        for fam, models, gen in _ZEN:
+            if family == fam and model in models:
+                return f"zen{gen}"
+    if vendor == "Intel" and "amx_int8" in isa and "xeon" in str(fp.get("cpu_model", "")).lower():
+        return "xeon"
+    if vendor:
+        best = "amx" if "amx_int8" in isa else "avx512-vnni" if "avx512_vnni" in isa else \
+            "avx512" if "avx512f" in isa else "avx2" if "avx2" in isa else "x86"
+        return f"{vendor.lower()}-{best}"
+    return str(fp.get("arch") or "unknown")
+
+
+if __name__ == "__main__":  # `python -m xdeploy.core.fingerprint --slug`: the Makefile's report folder per class
+    print(class_slug(fingerprint()) if sys.argv[1:] == ["--slug"] else summary(fingerprint()))

@@ -216,6 +216,21 @@ def test_int8_dot_and_bf16_classes():
     assert int8_dot({"isa": []}) == "unknown"
 
 
+def test_class_slugs_name_the_report_folders():
+    """`make peers` writes reports/peers-<class_slug>: the three classes met here by their usual names (AMD by
+    family/model, not by ISA: Zen 4 and Zen 3 share family 25), anything else by vendor and matrix ISA."""
+    from xdeploy.core.fingerprint import class_slug
+
+    amd = {"cpu_vendor": "AuthenticAMD"}
+    assert class_slug(ZEN3 | {"cpu_family": "25", "cpu_model_id": "1"}) == "zen3"
+    assert class_slug(ZEN5 | {"cpu_family": "26", "cpu_model_id": "2"}) == "zen5"
+    assert class_slug(amd | {"cpu_family": "25", "cpu_model_id": "17", "isa": ["avx512f"]}) == "zen4"
+    assert class_slug(XEON_AMX | {"cpu_family": "6", "cpu_model_id": "143"}) == "xeon"
+    assert class_slug(SKYLAKE | {"cpu_family": "6", "cpu_model_id": "85"}) == "intel-avx512"
+    assert class_slug(amd | {"cpu_family": "x", "isa": ["avx2"]}) == "amd-avx2"
+    assert class_slug({"arch": "aarch64"}) == "aarch64"
+
+
 @pytest.fixture(scope="module")
 def old_and_new(tiny_export, tmp_path_factory):
     """A tiny int8-dynamic artifact with the old 8-bit int8 weights and one with 7-bit int8 weights."""
