@@ -88,3 +88,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         shared = defs is None or any(d.scope in ("module", "class", "package") for ds in defs for d in ds)
         if shared:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse `--dist loadgroup` where pytest-xdist cannot group: it marks a grouped test by appending "@<group>" to
+    its node id, which pytest 9.2's structured node ids ignore (pytest-dev/pytest-xdist#1386, xdist 3.8.0), so every
+    group is silently split and both workers build the same module fixtures (measured: the generation-peers
+    fixture twice, 32 + 30 s). constraints.txt pins pytest 9.1.1."""
+    from importlib.metadata import version
+
+    if getattr(config.option, "dist", None) == "loadgroup" and pytest.version_tuple[:2] >= (9, 2) \
+            and tuple(int(x) for x in version("pytest-xdist").split(".")[:3]) <= (3, 8, 0):
+        raise pytest.UsageError(f"pytest-xdist {version('pytest-xdist')} --dist loadgroup does not group tests with "
+                                f"pytest {pytest.__version__} (pytest-dev/pytest-xdist#1386); expected pytest < 9.2 "
+                                "(constraints.txt: run make install)")
