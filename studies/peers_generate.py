@@ -31,7 +31,8 @@ Every system loads the same local safetensors directory (with a byte-level GPT-2
                  the vocabulary, so EOS is kept from stopping it by min_length = max_length (which also masks the
                  EOS logit: a divergence only where EOS would be the argmax)
   openvino-genai LLMPipeline on optimum-intel's f32 IR, its tokenizer converted by openvino_tokenizers, fed token
-                 ids (TokenizedInputs), GenerationConfig(max_new_tokens, ignore_eos=True, greedy)
+                 ids (TokenizedInputs), GenerationConfig(max_new_tokens, ignore_eos=True, greedy), its prefix
+                 cache off (the rounds repeat one prompt: every row computes it every time)
 
 Thread budget, the same for every row (stated in the output; default 2): torch.set_num_threads, xdeploy's
 threads, OpenVINO INFERENCE_NUM_THREADS (NUM_STREAMS 1), CTranslate2 intra_threads (inter_threads 1),
@@ -485,8 +486,13 @@ def _open_ov_genai(ctx: Context, row: Row, stack: contextlib.ExitStack) -> Calla
         tok, detok = convert_tokenizer(AutoTokenizer.from_pretrained(str(ctx.ckpt)), with_detokenizer=True)
         ov.save_model(detok, str(d / "openvino_detokenizer.xml"))
         ov.save_model(tok, str(d / "openvino_tokenizer.xml"))
+    # Its prefix cache off: every round repeats the same prompt, and openvino-genai (PagedAttention backend, the
+    # default) would otherwise reuse the prompt's KV from the previous round instead of computing it (GPT-2 small
+    # on Zen 3: first token 27-31 ms for a repeated prompt vs 62-78 ms for a new one), which no other row does.
+    sched = og.SchedulerConfig()
+    sched.enable_prefix_caching = False
     pipe = og.LLMPipeline(str(d), "CPU", INFERENCE_PRECISION_HINT="f32", INFERENCE_NUM_THREADS=ctx.threads,
-                          NUM_STREAMS=1)
+                          NUM_STREAMS=1, scheduler_config=sched)
     gc = og.GenerationConfig()
     gc.max_new_tokens, gc.ignore_eos, gc.do_sample = ctx.w.new_tokens, True, False
     ids = np.asarray([ctx.prompt], dtype=np.int64)
