@@ -170,7 +170,7 @@ def convert(proto: onnx.ModelProto, precision: str, *, graph: Graph, spec: Expor
     else:
         feeds, record = calibration_feeds(graph, spec, options)
         q, info = to_int8_static(proto, feeds, options, calibration_record=record)
-    info["saturation"] = saturation.record(q, None, weight_bits=int8_weights(precision, options, graph)[1])
+    info["saturation"] = saturation.record(q, None, weight_bits=info["weight_bits"])
     return q, info
 
 

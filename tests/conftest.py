@@ -97,8 +97,10 @@ def pytest_configure(config: pytest.Config) -> None:
     fixture twice, 32 + 30 s). constraints.txt pins pytest 9.1.1."""
     from importlib.metadata import version
 
-    if getattr(config.option, "dist", None) == "loadgroup" and pytest.version_tuple[:2] >= (9, 2) \
-            and tuple(int(x) for x in version("pytest-xdist").split(".")[:3]) <= (3, 8, 0):
+    from packaging.version import Version  # a dependency of pytest itself
+
+    if getattr(config.option, "dist", None) == "loadgroup" and Version(pytest.__version__) >= Version("9.2") \
+            and Version(version("pytest-xdist")) <= Version("3.8.0"):
         raise pytest.UsageError(f"pytest-xdist {version('pytest-xdist')} --dist loadgroup does not group tests with "
                                 f"pytest {pytest.__version__} (pytest-dev/pytest-xdist#1386); expected pytest < 9.2 "
                                 "(constraints.txt: run make install)")

@@ -79,7 +79,7 @@ def refine(proto: onnx.ModelProto, precision: str, *, graph: Graph, spec: Export
     else:
         return prec.convert(proto, precision, graph=graph, spec=spec, options=options)
     info["saturation"] = saturation_check(q, prec.calibration_feeds(graph, spec, options)[0],
-                                          weight_bits=prec.int8_weights(precision, options, graph)[1])
+                                          weight_bits=info["weight_bits"])
     return q, info
 
 
