@@ -15,7 +15,9 @@ the artifact's manifest; below are gpt's:
             Only one graph is opened, so every engine holds one copy of the weights. (Artifacts whose model
             declares no step_mask, and exports older than it, prefill with graph `model`'s logits and present.)
   decode    graph `decode`, bound ONCE with `Runner.bind` onto numpy buffers owned here: ids (B, 1),
-            positions (B, 1), cache, cache_mask (B, C) in; logits (B, 1, V), new_kv (L, 2, B, nh, 1, hs) out.
+            positions (B, 1), the cache (per-layer inputs `cache.<i>.key` / `.value`, each bound to its
+            (B, nh, C, hs) view of the one buffer), cache_mask (B, C) in; logits (B, 1, V), new_kv
+            (L, 2, B, nh, 1, hs) out.
             Each step writes the token into `ids`, runs, then writes `new_kv` into cache slot `slot` and sets
             cache_mask[:, slot] = 1: (L, 2, B, nh, 1, hs) floats move per step, never the whole cache.
 
@@ -200,10 +202,51 @@ def _dtype(graph: Any, name: str) -> np.dtype:
     return np.dtype(next(t.dtype for t in graph.inputs if t.name == name))
 
 
-def _cache_dims(gen: Generator) -> tuple[int, int, int]:
-    """(layers, heads, head size) of the decode graph's cache input (L, 2, B, nh, C, hs)."""
-    l, _, _, nh, _, hs = next(t for t in gen.decode.graph.inputs if t.name == gen.feeds.cache).dims
-    return l, nh, hs
+@dataclass(frozen=True)
+class _CacheLayout:
+    """How the decode graph takes the cache the loop owns, one (L, 2, N, nh, C, hs) buffer: as per-layer inputs
+    `names` (layer 0's key, layer 0's value, ...), each bound to a C-contiguous view of the buffer, or (exports
+    before those) as one input `single` (models/spec.py DecoderFeeds)."""
+
+    names: tuple[str, ...] | None
+    single: str
+    layers: int
+    heads: int
+    head_size: int
+    dtype: np.dtype
+
+    def feeds(self, cache: np.ndarray) -> dict[str, np.ndarray]:
+        if self.names is None:
+            return {self.single: cache}
+        return {n: cache[i // 2, i % 2] for i, n in enumerate(self.names)}
+
+    def empty(self, n: int, slots: int) -> dict[str, np.ndarray]:
+        """Feeds of a zeroed cache of `slots` slots for n rows."""
+        return self.feeds(np.zeros((self.layers, 2, n, self.heads, slots, self.head_size), self.dtype))
+
+
+def _cache_layout(graph: Any, f: DecoderFeeds) -> _CacheLayout:
+    """The decode graph's cache inputs, read from its (untrusted) manifest entry; one clear line if they are
+    not what the loop binds."""
+    by_name = {t.name: t for t in graph.inputs}
+    if f.cache in by_name:  # one (L, 2, B, nh, C, hs) input
+        dims, names = by_name[f.cache].dims, None
+        ok = len(dims) == 6 and all(isinstance(dims[i], int) for i in (0, 1, 3, 5)) and dims[1] == 2
+    else:
+        layers = 0
+        while f"{f.cache}.{layers}.key" in by_name:
+            layers += 1
+        names = f.cache_names(layers)
+        dims = by_name[names[0]].dims if layers else ()
+        ok = layers > 0 and all(n in by_name and by_name[n].dims == dims for n in names) and len(dims) == 4 \
+            and isinstance(dims[1], int) and isinstance(dims[3], int)
+    if not ok:
+        raise XDeployError(f"decode graph {graph.name!r} has no KV-cache inputs the decoding loop can bind: expected "
+                           f"{f.cache}.<layer>.key / .value (batch, heads, cache, head size) for every layer, or one "
+                           f"{f.cache!r} (layers, 2, batch, heads, cache, head size); re-export the artifact")
+    if names is None:
+        return _CacheLayout(None, f.cache, dims[0], dims[3], dims[5], np.dtype(by_name[f.cache].dtype))
+    return _CacheLayout(names, f.cache, layers, dims[1], dims[3], np.dtype(by_name[names[0]].dtype))
 
 
 def _axis(graph: Any, name: str) -> str:
@@ -224,18 +267,17 @@ class _CachedSteps(_Steps):
         self.new = new
 
     def _alloc(self, n: int, capacity: int, extra: Mapping[str, np.ndarray]) -> None:
-        g, f = self.gen, self.gen.feeds
+        g, f, lay = self.gen, self.gen.feeds, self.gen.cache_layout
         dec = g.decode.graph
-        l, nh, hs = _cache_dims(g)
-        self.cache = np.zeros((l, 2, n, nh, capacity, hs), _dtype(dec, f.cache))
+        self.cache = np.zeros((lay.layers, 2, n, lay.heads, capacity, lay.head_size), lay.dtype)
         self.cache_mask = np.zeros((n, capacity), np.int64)
         self.tok = np.zeros((n, 1), np.int64)
         self.pos = np.zeros((n, 1), np.int64)
         out = {t.name: t for t in dec.outputs}
         v = out[f.logits].dims[-1]
         self.logits = np.zeros((n, 1, v), np.dtype(out[f.logits].dtype))
-        self.new_kv = np.zeros((l, 2, n, nh, 1, hs), np.dtype(out[f.new_kv].dtype))
-        feeds = {f.step_ids: self.tok, f.positions: self.pos, f.cache: self.cache, f.cache_mask: self.cache_mask}
+        self.new_kv = np.zeros((lay.layers, 2, n, lay.heads, 1, lay.head_size), np.dtype(out[f.new_kv].dtype))
+        feeds = {f.step_ids: self.tok, f.positions: self.pos, f.cache_mask: self.cache_mask} | lay.feeds(self.cache)
         self.call = g.decode.bind(feeds | dict(extra), {f.logits: self.logits, f.new_kv: self.new_kv})
         self.slot = 0  # next cache slot to write
 
@@ -271,14 +313,13 @@ class _DecoderCached(_CachedSteps):
             out = g.prefill.infer({f.prompt_ids: self.ids, f.prompt_mask: self.mask})
             return out[f.logits][:, -1], out[f.present]  # left padding: the last column is real in every row
         dec = g.decode.graph
-        l, nh, hs = _cache_dims(g)
         b = self.ids.shape[0]
         # positions count only real tokens (as the full graph's positions_from_mask): left padding gets 0
         pos = np.maximum(np.cumsum(self.mask, -1) - 1, 0).astype(_dtype(dec, f.positions))
         # an empty cache: one masked slot (a zero-length axis is not portable across engines)
         out = g.decode.infer({f.step_ids: self.ids, f.positions: pos, f.step_mask: self.mask,
-                              f.cache: np.zeros((l, 2, b, nh, 1, hs), _dtype(dec, f.cache)),
-                              f.cache_mask: np.zeros((b, 1), _dtype(dec, f.cache_mask))})
+                              f.cache_mask: np.zeros((b, 1), _dtype(dec, f.cache_mask))}
+                             | g.cache_layout.empty(b, 1))
         return out[f.logits][:, -1], out[f.new_kv]
 
     def start(self) -> np.ndarray:
@@ -370,6 +411,7 @@ class Generator:
             if use_cache:
                 self.decode = self.prefill if one else open_runner(runner, self.artifact, f.decode_graph,
                                                                    threads=threads, **options)
+                self.cache_layout = _cache_layout(self.decode.graph, f)
             self.probes = check_on_open(self.artifact, self._runners(), verify=verify)
         except BaseException:
             self.close()

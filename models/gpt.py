@@ -32,6 +32,7 @@ from .spec import (
     HFImport,
     ModelFamily,
     TensorSpec,
+    cache_inputs,
     layer_flops,
 )
 
@@ -94,19 +95,21 @@ class GPT(nn.Module):
             kvs.append(kv)
         return self._logits(x), stack_kv(kvs)
 
-    def decode(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: torch.Tensor,
-               cache_mask: torch.Tensor, step_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def decode(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache_mask: torch.Tensor,
+               step_mask: torch.Tensor, *cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """S new tokens. input_ids, position_ids, step_mask (B, S) (step_mask 0 on left padding of a prompt);
-        cache (L, 2, B, nh, C, hs) preallocated, with cache_mask (B, C) = 1 on the slots written so far.
-        Returns the logits of the step's last token (B, 1, V) and the step's new K/V (L, 2, B, nh, S, hs) for
-        the caller to write into slots [slot, slot + S) of the cache."""
+        cache: 2 x L preallocated tensors (B, nh, C, hs), layer 0's key, layer 0's value, ... (one graph input
+        each, so engines attend over the caller's buffer in place: models/spec.py DecoderFeeds), with
+        cache_mask (B, C) = 1 on the slots written so far. Returns the logits of the step's last token
+        (B, 1, V) and the step's new K/V (L, 2, B, nh, S, hs) for the caller to write into slots
+        [slot, slot + S) of the cache."""
         s = input_ids.shape[1]
         x = self.wte(input_ids) + self.wpe(position_ids)
         past_bias = padding_bias(cache_mask, x.dtype)  # (B, 1, 1, C)
         step_bias = causal_bias(s, s, x.device, x.dtype) + padding_bias(step_mask, x.dtype)  # (B, 1, S, S)
         kvs = []
         for i, layer in enumerate(self.layers):
-            x, kv = layer(x, step_bias, past=(cache[i, 0], cache[i, 1]), past_bias=past_bias)
+            x, kv = layer(x, step_bias, past=(cache[2 * i], cache[2 * i + 1]), past_bias=past_bias)
             kvs.append(kv)
         # left padding: the last column is a real token in every row, and only its logits pick the next token
         return self._logits(x[:, -1:]), stack_kv(kvs)
@@ -131,9 +134,9 @@ def export_spec(cfg: GPTConfig) -> ExportSpec:
             Graph("decode", "decode",
                   inputs=(TensorSpec("input_ids", "int64", ("batch", "step"), "ids", cfg.vocab_size),
                           TensorSpec("position_ids", "int64", ("batch", "step"), "positions"),
-                          TensorSpec("cache", "float32", kv("cache")),
                           TensorSpec("cache_mask", "int64", ("batch", "cache"), "mask"),
-                          TensorSpec("step_mask", "int64", ("batch", "step"), "mask")),
+                          TensorSpec("step_mask", "int64", ("batch", "step"), "mask"),
+                          *cache_inputs(cfg.n_layers, cfg.n_heads, hs)),
                   outputs=(TensorSpec("logits", "float32", ("batch", 1, cfg.vocab_size)),
                            TensorSpec("new_kv", "float32", kv("step"))),
                   decode_step=True),

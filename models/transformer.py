@@ -16,7 +16,18 @@ from torch import nn
 
 from .attention import causal_bias, padding_bias
 from .layers import Layer, stack_kv
-from .spec import Axis, Capabilities, DecoderFeeds, Dims, ExportSpec, Graph, ModelFamily, TensorSpec, layer_flops
+from .spec import (
+    Axis,
+    Capabilities,
+    DecoderFeeds,
+    Dims,
+    ExportSpec,
+    Graph,
+    ModelFamily,
+    TensorSpec,
+    cache_inputs,
+    layer_flops,
+)
 
 
 @dataclass(frozen=True)
@@ -89,16 +100,17 @@ class Transformer(nn.Module):
             x, _ = layer(x, bias, memory_kv=(memory[i, 0], memory[i, 1]), memory_bias=src_bias)
         return self._generator(x)
 
-    def decode(self, tgt_ids: torch.Tensor, position_ids: torch.Tensor, cache: torch.Tensor,
-               cache_mask: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor
+    def decode(self, tgt_ids: torch.Tensor, position_ids: torch.Tensor, cache_mask: torch.Tensor,
+               memory: torch.Tensor, src_mask: torch.Tensor, *cache: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One target step: tgt_ids, position_ids (B, 1); self-attention cache (L, 2, B, nh, C, hs) with
-        cache_mask (B, C); memory = encode(...) output. Returns logits (B, 1, V), new K/V (L, 2, B, nh, 1, hs)."""
+        """One target step: tgt_ids, position_ids (B, 1); the self-attention cache, 2 x L tensors (B, nh, C, hs)
+        (layer 0's key, layer 0's value, ...: models/spec.py DecoderFeeds) with cache_mask (B, C); memory =
+        encode(...) output. Returns logits (B, 1, V), new K/V (L, 2, B, nh, 1, hs)."""
         x = self._embed(tgt_ids, position_ids)
         past_bias, src_bias = padding_bias(cache_mask, x.dtype), padding_bias(src_mask, x.dtype)
         kvs = []
         for i, layer in enumerate(self.decoder):
-            x, kv = layer(x, None, past=(cache[i, 0], cache[i, 1]), past_bias=past_bias,
+            x, kv = layer(x, None, past=(cache[2 * i], cache[2 * i + 1]), past_bias=past_bias,
                           memory_kv=(memory[i, 0], memory[i, 1]), memory_bias=src_bias)
             kvs.append(kv)
         return self._generator(x), stack_kv(kvs)
@@ -127,10 +139,10 @@ def export_spec(cfg: TransformerConfig) -> ExportSpec:
             Graph("decode", "decode",
                   inputs=(TensorSpec("tgt_ids", "int64", ("batch", 1), "ids", v),
                           TensorSpec("position_ids", "int64", ("batch", 1), "positions"),
-                          TensorSpec("cache", "float32", kv("cache")),
                           TensorSpec("cache_mask", "int64", ("batch", "cache"), "mask"),
                           TensorSpec("memory", "float32", kv("src_seq")),
-                          TensorSpec("src_mask", "int64", ("batch", "src_seq"), "mask")),
+                          TensorSpec("src_mask", "int64", ("batch", "src_seq"), "mask"),
+                          *cache_inputs(cfg.n_decoder_layers, cfg.n_heads, hs)),
                   outputs=(TensorSpec("logits", "float32", ("batch", 1, v)),
                            TensorSpec("new_kv", "float32", kv(1))),
                   decode_step=True),

@@ -238,7 +238,8 @@ def test_every_family_declares_consistent_capabilities():
         if d is not None:  # every name the decoding loop binds exists in the graph it binds it in
             prefill, dec, full = spec.graph(d.prefill_graph), spec.graph(d.decode_graph), spec.graph(d.full_graph)
             dec_in, dec_out = {t.name for t in dec.inputs}, {t.name for t in dec.outputs}
-            assert {d.step_ids, d.positions, d.cache, d.cache_mask} <= dec_in and {d.logits, d.new_kv} <= dec_out
+            assert set(d.cache_names(dims.kv_layers)) <= dec_in, name  # a key and a value input per cached layer
+            assert {d.step_ids, d.positions, d.cache_mask} <= dec_in and {d.logits, d.new_kv} <= dec_out
             assert {d.prompt_ids, d.prompt_mask} <= {t.name for t in full.inputs}
             assert d.logits in {t.name for t in full.outputs}
             if d.step_mask is not None:  # the decode graph prefills: the prompt is a step, masked by step_mask

@@ -190,7 +190,7 @@ def test_ort_bind_reads_and_writes_caller_buffers_in_place(hf):
         ptrs = {o.data_ptr() for o in call.binding.get_outputs()}
         assert ptrs == {a.ctypes.data for a in outs.values()}  # the session wrote into our arrays
         np.testing.assert_allclose(outs["logits"], r.infer(feeds)["logits"], atol=1e-5)
-        feeds["cache"][...] = np.random.default_rng(2).standard_normal(feeds["cache"].shape)  # in place
+        feeds["cache.0.key"][...] = np.random.default_rng(2).standard_normal(feeds["cache.0.key"].shape)  # in place
         before = outs["logits"].copy()
         call()  # no rebinding: a copy taken at bind time would still hold the old cache
         assert not np.allclose(before, outs["logits"])
@@ -358,3 +358,28 @@ def test_int8_dynamic_decode_keeps_8_bit_weights_and_the_greedy_path(tiny_export
 
     u8, s8 = agreed(default), agreed(int8w)
     assert u8 >= 8 and u8 > s8, (u8, s8)
+
+
+def test_cache_layout_binds_per_layer_views_and_reads_older_single_input_exports():
+    from xdeploy.deploy.generate import _cache_layout
+    from xdeploy.models.spec import DecoderFeeds, Graph, TensorSpec, cache_inputs
+
+    f = DecoderFeeds(prompt_ids="input_ids", prompt_mask="attention_mask", step_ids="input_ids")
+    ids = TensorSpec("input_ids", "int64", ("batch", 1), "ids", V)
+    per_layer = Graph("decode", "decode", (ids, *cache_inputs(3, 4, 8)), ())
+    lay = _cache_layout(per_layer, f)
+    assert (lay.layers, lay.heads, lay.head_size, lay.names) == (3, 4, 8, f.cache_names(3))
+    buf = np.zeros((3, 2, 2, 4, 5, 8), np.float32)
+    feeds = lay.feeds(buf)
+    buf[2, 1, :, :, 4] = 7.0  # a write into the loop's buffer is what the bound layer-2 value input reads
+    assert feeds["cache.2.value"][:, :, 4].min() == 7.0 and feeds["cache.2.key"].max() == 0.0
+    assert all(v.flags.c_contiguous and np.shares_memory(v, buf) for v in feeds.values())
+    # an export from before the per-layer inputs: one (L, 2, B, nh, C, hs) input, bound whole
+    single = Graph("decode", "decode", (ids, TensorSpec("cache", "float32", (3, 2, "batch", 4, "cache", 8))), ())
+    old = _cache_layout(single, f)
+    assert (old.layers, old.heads, old.head_size, old.names) == (3, 4, 8, None)
+    assert old.feeds(buf) == {"cache": buf} and old.empty(2, 1)["cache"].shape == (3, 2, 2, 4, 1, 8)
+    # a manifest whose cache inputs are not what the loop binds: one line naming what was expected
+    broken = Graph("decode", "decode", (ids, *cache_inputs(3, 4, 8)[:-1]), ())  # layer 2's value missing
+    with pytest.raises(XDeployError, match=r"expected cache\.<layer>\.key / \.value .* re-export the artifact"):
+        _cache_layout(broken, f)

@@ -45,6 +45,11 @@ def test_sdpa_and_math_attention_agree(name):
         assert (x - y).abs().max() <= 1e-5 * max(1.0, x.abs().max().item())
 
 
+def _layers(cache: torch.Tensor) -> list[torch.Tensor]:
+    """One (L, 2, B, nh, C, hs) cache -> the decode method's per-layer views: layer 0's key, its value, ..."""
+    return [cache[i, j] for i in range(cache.shape[0]) for j in range(2)]
+
+
 def test_gpt_decode_with_cache_equals_full_forward():
     cfg = get_config("gpt", "tiny")
     model = build("gpt", cfg)
@@ -59,14 +64,14 @@ def test_gpt_decode_with_cache_equals_full_forward():
         mask[:, :8] = 1
         one = torch.ones(2, 1, dtype=torch.long)
         for step in range(8, 12):
-            logits, new = model.decode(ids[:, step:step + 1], torch.full((2, 1), step), cache, mask, one)
+            logits, new = model.decode(ids[:, step:step + 1], torch.full((2, 1), step), mask, one, *_layers(cache))
             assert (logits[:, 0] - full[:, step]).abs().max() < 1e-4
             cache[..., step:step + 1, :] = new
             mask[:, step] = 1
         # the prefill through decode: the 8-token prompt as one step against an empty cache (one masked slot)
         empty = torch.zeros(*present.shape[:4], 1, present.shape[-1])
-        logits, new = model.decode(ids[:, :8], torch.arange(8).expand(2, 8), empty, torch.zeros(2, 1, dtype=torch.long),
-                                   torch.ones(2, 8, dtype=torch.long))
+        logits, new = model.decode(ids[:, :8], torch.arange(8).expand(2, 8), torch.zeros(2, 1, dtype=torch.long),
+                                   torch.ones(2, 8, dtype=torch.long), *_layers(empty))
         assert logits.shape[1] == 1 and (logits[:, 0] - full[:, 7]).abs().max() < 1e-4  # the last token's only
         assert (new - present).abs().max() < 1e-5
 
@@ -97,8 +102,8 @@ def test_transformer_decode_equals_teacher_forcing():
         cache = torch.zeros(cfg.n_decoder_layers, 2, 2, cfg.n_heads, 8, hs)
         mask = torch.zeros(2, 8, dtype=torch.long)
         for step in range(5):
-            logits, new = model.decode(tgt[:, step:step + 1], torch.full((2, 1), step), cache, mask,
-                                       memory, src_mask)
+            logits, new = model.decode(tgt[:, step:step + 1], torch.full((2, 1), step), mask, memory, src_mask,
+                                       *_layers(cache))
             assert (logits[:, 0] - full[:, step]).abs().max() < 1e-4
             cache[..., step:step + 1, :] = new
             mask[:, step] = 1

@@ -133,7 +133,7 @@ def test_ov_prepare_and_bind_are_zero_copy(artifacts):
         for n in want:
             np.testing.assert_array_equal(out[n], want[n])
         feeds["input_ids"][:] = (feeds["input_ids"] + 1) % g.inputs[0].high  # in place: the bound call must see it
-        feeds["cache"] *= 0.5
+        feeds["cache.0.value"] *= 0.5
         call()
         want2 = r.infer(feeds)  # infer() uses its own request; it must not re-point the bound one
         assert not np.allclose(want2["logits"], want["logits"])
@@ -145,7 +145,7 @@ def test_ov_prepare_and_bind_are_zero_copy(artifacts):
         with pytest.raises(XDeployError, match="bound output 'logits' must be .* shape \\(2, 1, 512\\)"):
             r.bind(feeds, {"logits": np.zeros((2, 2, 512), np.float32)})
         with pytest.raises(XDeployError, match="must be a C-contiguous"):
-            r.bind(feeds | {"cache": np.asfortranarray(feeds["cache"])}, {})
+            r.bind(feeds | {"cache.0.key": np.asfortranarray(feeds["cache.0.key"])}, {})
         with pytest.raises(XDeployError, match="unknown output"):
             r.bind(feeds, {"hidden": np.zeros(1, np.float32)})
 

@@ -243,12 +243,12 @@ def test_bind_has_the_base_contiguity_and_writeability_checks(artifacts, tmp_pat
         call()
         for n in want:
             np.testing.assert_array_equal(out[n], want[n])
-        feeds["cache"] *= 0.5  # in place: the bound call must see it
+        feeds["cache.0.value"] *= 0.5  # in place: the bound call must see it
         call()
         assert not np.allclose(out["logits"], want["logits"])
         np.testing.assert_array_equal(out["logits"], r.infer(feeds)["logits"])
         with pytest.raises(XDeployError, match="must be a C-contiguous"):
-            r.bind(feeds | {"cache": np.asfortranarray(feeds["cache"])}, {})
+            r.bind(feeds | {"cache.0.key": np.asfortranarray(feeds["cache.0.key"])}, {})
         ro = np.zeros_like(want["logits"])
         ro.flags.writeable = False
         with pytest.raises(XDeployError, match="bound output 'logits' must be a writeable C-contiguous"):
