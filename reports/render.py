@@ -486,6 +486,13 @@ def _peers_section(peers: list[Mapping[str, Any]]) -> list[str]:
     return out
 
 
+def _roofline_cell(roof: Mapping[str, Any] | None) -> str:
+    """% of the read roofline; a row that read faster than the measured peak shows why it has no figure."""
+    if not roof:
+        return NONE
+    return NONE + " (above the measured read peak)" if roof["pct"] is None else f"{roof['pct']:.0f}%"
+
+
 def _paired_cell(v: Mapping[str, Any] | None, *, versus: str = "") -> str:
     """A paired speed-up block of a peers_generate record: '1.52× (1.40–1.61)', 'unstable (load)', or '–'."""
     if not v:
@@ -542,7 +549,7 @@ def _peers_generate_section(recs: list[Mapping[str, Any]]) -> list[str]:
                          _paired_cell(r.get("vs_peer"), versus="peer"),
                          f"{r['agreement_tokens']}/{r['new_tokens']} ({r['agreement']:.0%})",
                          fmt_bytes(r.get("peak_rss_bytes")),
-                         fmt_num(r["roofline"]["pct"], ".0f") + "%" if r.get("roofline") else NONE,
+                         _roofline_cell(r.get("roofline")),
                          f"{r['decode_tokens_per_s']:.1f}"))
         out += [markdown_table(("precision", "system", "config", "TTFT", "TPOT", "ITL p50 / p90 / p99",
                                 "tokens/s", f"{TIMES} HF", "vs fastest peer", "agreement", "peak RSS",
