@@ -789,17 +789,18 @@ def _peak_for(bandwidth: tuple[float, str] | None, streamed: list[float], log: C
     tokens/s x bytes per token). A system reading faster than the "peak" means the peak was measured low (a
     noisy host, measured minutes earlier): it is measured again, up to `retries` times, keeping the best. A row
     still above it gets no % (pct None), never a figure over 100%."""
-    if bandwidth is None or not streamed or max(streamed) <= bandwidth[0]:
+    fastest = max(streamed, default=0.0)
+    if bandwidth is None or fastest <= bandwidth[0]:
         return bandwidth
     from xdeploy.studies.decode_bench import read_bandwidth
 
     for _ in range(retries):
-        log(f"a system streamed {max(streamed) / 1e9:.1f} GB/s, above the read peak {bandwidth[0] / 1e9:.1f} GB/s: "
+        log(f"a system streamed {fastest / 1e9:.1f} GB/s, above the read peak {bandwidth[0] / 1e9:.1f} GB/s: "
             "measuring the peak again")
         again = read_bandwidth()
         if again[0] > bandwidth[0]:
             bandwidth = (again[0], again[1] + " (re-measured after the timing)")
-        if max(streamed) <= bandwidth[0]:
+        if fastest <= bandwidth[0]:
             break
     return bandwidth
 

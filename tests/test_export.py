@@ -389,3 +389,27 @@ def test_export_and_convert_write_the_same_metadata(fp32, derived):
             assert ma | {"xdeploy.precision": "fp16"} == mb
             assert ma["xdeploy.graph"] == g.name and ma["xdeploy.inputs"] == ",".join(t.name for t in g.inputs)
             assert ma["xdeploy.source_sha256"] == a.manifest["source"]["weights_sha256"]
+
+
+def test_an_option_of_another_precision_is_refused_in_one_line():
+    import argparse
+
+    from xdeploy.commands.export import add_conversion_arguments, precision_options
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--precision", default="fp32")
+    add_conversion_arguments(p)
+
+    def opts(*argv: str):
+        return precision_options(p.parse_args(list(argv)))
+
+    assert opts("--precision", "int8-dynamic", "--int8-dynamic-weights", "int8").int8_dynamic_weights == "int8"
+    assert opts("--precision", "int8-dynamic", "--int8-weight-bits", "8").int8_weight_bits == 8  # int8 covers it
+    assert opts("--precision", "fp16", "--no-amp").amp is False  # refused as "--precision no" before
+    for argv, msg in ((("--precision", "int8", "--int8-dynamic-weights", "uint8"),
+                       "--int8-dynamic-weights applies to --precision int8-dynamic, not int8"),
+                      (("--precision", "fp16", "--int8-weight-bits", "8"),
+                       "--int8-weight-bits applies to --precision int8, not fp16"),
+                      (("--precision", "int8", "--no-amp"), "--no-amp applies to --precision fp16, not int8")):
+        with pytest.raises(XDeployError, match=msg):
+            opts(*argv)

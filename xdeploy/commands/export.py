@@ -87,17 +87,17 @@ def precision_options(args: argparse.Namespace) -> PrecisionOptions:
         return tuple(x.strip() for x in s.split(",") if x.strip())
 
     # an option of the other precision would be silently ignored: say so instead
-    given = {"--int8-exclude": bool(names(args.int8_exclude)), "--int8-per-tensor": not args.int8_per_channel,
-             "--fp16-block-nodes": bool(names(args.fp16_block_nodes)), "--no-amp": not args.amp,
-             "--fp16-block-ops": names(args.fp16_block_ops) != FP16_BLOCK_OPS,
-             "--int8-weight-bits": args.int8_weight_bits != 7,
-             "--int8-dynamic-weights": args.int8_dynamic_weights != "auto"}
-    for flag, used in given.items():
-        wants = flag.split("-")[2]  # "int8" or "fp16"
-        if used and not args.precision.startswith(wants):  # int8 covers int8-dynamic
+    # flag -> (given, the precision it applies to; "int8" covers int8-dynamic)
+    given = {"--int8-exclude": (bool(names(args.int8_exclude)), "int8"),
+             "--int8-per-tensor": (not args.int8_per_channel, "int8"),
+             "--int8-weight-bits": (args.int8_weight_bits != 7, "int8"),
+             "--int8-dynamic-weights": (args.int8_dynamic_weights != "auto", "int8-dynamic"),
+             "--fp16-block-nodes": (bool(names(args.fp16_block_nodes)), "fp16"),
+             "--fp16-block-ops": (names(args.fp16_block_ops) != FP16_BLOCK_OPS, "fp16"),
+             "--no-amp": (not args.amp, "fp16")}
+    for flag, (used, wants) in given.items():
+        if used and not args.precision.startswith(wants):
             raise XDeployError(f"{flag} applies to --precision {wants}, not {args.precision}")
-    if given["--int8-dynamic-weights"] and args.precision != "int8-dynamic":
-        raise XDeployError(f"--int8-dynamic-weights applies to --precision int8-dynamic, not {args.precision}")
 
     return PrecisionOptions(fp16_block_ops=names(args.fp16_block_ops), fp16_block_nodes=names(args.fp16_block_nodes),
                             amp=args.amp, int8_exclude=names(args.int8_exclude),
