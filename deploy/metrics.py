@@ -70,36 +70,53 @@ def cosine(a: np.ndarray, b: np.ndarray, axis: int | None = None) -> float | np.
     return float(cos) if axis is None else cos
 
 
+CHUNK = 1 << 21  # elements compared at a time: float64 temporaries of a few MB, not of a 0.8 GB logits tensor
+
+
 def compare(ref: np.ndarray, cand: np.ndarray, tol: Tolerance, *, mask: np.ndarray | None = None) -> Comparison:
     """Compare `cand` with `ref` (same shape; any float dtype, computed in float64).
 
     `mask` (bool, broadcastable to the shape) selects the meaningful positions whose values are compared;
-    non-finite candidate values are counted everywhere, since even garbage positions must stay finite."""
+    non-finite candidate values are counted everywhere, since even garbage positions must stay finite.
+    Computed in chunks of CHUNK elements and merged (sums, maxima, counts), so the float64 copies stay small
+    (GPT-2's logits at 1 x 1024 are 51M elements: whole-tensor temporaries took seconds and gigabytes)."""
     if ref.shape != cand.shape:
         raise ValueError(f"shape mismatch: reference {ref.shape} vs candidate {cand.shape}")
-    r = np.asarray(ref, dtype=np.float64)
-    c = np.asarray(cand, dtype=np.float64)
-    r_inf = ~np.isfinite(r) | (np.abs(r) >= HUGE)
-    c_fin = np.isfinite(c)
-    # Where the reference is NaN/±inf/huge the candidate must be the same kind: NaN for NaN, a saturated value
-    # (>= fp16 max) of the same sign for ±inf/huge.
-    with np.errstate(invalid="ignore"):
-        sat_ok = np.where(np.isnan(r), np.isnan(c), (np.sign(c) == np.sign(r)) & (~c_fin | (np.abs(c) >= 65504.0)))
-    bad_special = r_inf & ~sat_ok
-    nonfinite = int(np.count_nonzero(~r_inf & ~c_fin) + np.count_nonzero(bad_special))
-
-    sel = ~r_inf & c_fin
-    if mask is not None:
-        sel &= np.broadcast_to(np.asarray(mask, dtype=bool), r.shape)
-    rs, cs = r[sel], c[sel]
-    n = int(rs.size)
-    if n:
+    rf, cf = np.asarray(ref).reshape(-1), np.asarray(cand).reshape(-1)
+    mf = None if mask is None else np.broadcast_to(np.asarray(mask, dtype=bool), ref.shape).reshape(-1)
+    nonfinite = n = within_n = 0
+    max_abs = max_rel = sum_abs = dot = na2 = nb2 = 0.0
+    for k in range(0, rf.size, CHUNK):
+        r = rf[k:k + CHUNK].astype(np.float64)
+        c = cf[k:k + CHUNK].astype(np.float64)
+        r_inf = ~np.isfinite(r) | (np.abs(r) >= HUGE)
+        c_fin = np.isfinite(c)
+        # Where the reference is NaN/±inf/huge the candidate must be the same kind: NaN for NaN, a saturated
+        # value (>= fp16 max) of the same sign for ±inf/huge.
+        if r_inf.any():
+            rr, cc = r[r_inf], c[r_inf]
+            with np.errstate(invalid="ignore"):
+                sat_ok = np.where(np.isnan(rr), np.isnan(cc),
+                                  (np.sign(cc) == np.sign(rr)) & (~np.isfinite(cc) | (np.abs(cc) >= 65504.0)))
+            nonfinite += int(np.count_nonzero(~sat_ok))
+        nonfinite += int(np.count_nonzero(~r_inf & ~c_fin))
+        sel = ~r_inf & c_fin
+        if mf is not None:
+            sel &= mf[k:k + CHUNK]
+        rs, cs = r[sel], c[sel]
+        if not rs.size:
+            continue
+        n += int(rs.size)
         d = np.abs(cs - rs)
-        max_abs, mean_abs = float(d.max()), float(d.mean())
-        big = np.abs(rs) > tol.atol
-        max_rel = float((d[big] / np.abs(rs[big])).max()) if big.any() else 0.0
-        within = float(np.count_nonzero(d <= tol.atol + tol.rtol * np.abs(rs)) / n)
-        cos = cosine(rs, cs)
+        ar = np.abs(rs)
+        max_abs, sum_abs = max(max_abs, float(d.max())), sum_abs + float(d.sum())
+        big = ar > tol.atol
+        if big.any():
+            max_rel = max(max_rel, float((d[big] / ar[big]).max()))
+        within_n += int(np.count_nonzero(d <= tol.atol + tol.rtol * ar))
+        dot, na2, nb2 = dot + float(np.dot(rs, cs)), na2 + float(np.dot(rs, rs)), nb2 + float(np.dot(cs, cs))
+    if n:
+        mean_abs, within, cos = sum_abs / n, within_n / n, _cosine_of(dot, na2, nb2)
     else:
         max_abs = max_rel = mean_abs = 0.0
         within, cos = 1.0, 1.0
@@ -113,3 +130,12 @@ def compare(ref: np.ndarray, cand: np.ndarray, tol: Tolerance, *, mask: np.ndarr
         reason = f"max_abs {max_abs:.3g} > atol+rtol*|ref| and cosine {cos:.6f} < {tol.cosine}"
     return Comparison(max_abs=max_abs, max_rel=max_rel, mean_abs=mean_abs, cosine=cos, within=within,
                       nonfinite=nonfinite, compared=n, passed=passed, reason=reason)
+
+
+def _cosine_of(dot: float, na2: float, nb2: float) -> float:
+    """`cosine`'s rule from accumulated sums: 1.0 when both vectors are zero, 0.0 when one is."""
+    if na2 == 0 and nb2 == 0:
+        return 1.0
+    if na2 == 0 or nb2 == 0:
+        return 0.0
+    return float(dot / (np.sqrt(na2) * np.sqrt(nb2)))

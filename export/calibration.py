@@ -10,7 +10,9 @@ Default sets, chosen by what each graph's inputs declare (models/spec.py `Tensor
                 checkpoint's tokenizer; preset models without a tokenizer map words to ids by a stable hash
                 (their weights are random, so only the id statistics matter). Batches of 1-4 sentences, and
                 every fourth sample a paragraph of joined sentences up to the exported maximum length, so long
-                inputs are calibrated too.
+                inputs are calibrated too: PARAGRAPH_TOKENS of them per sample (4 rows of 512, 2 of 1024), so the
+                cost does not grow with the maximum length (GPT-2's 1024: the same scales and accuracy on half
+                the forward passes, docs/export.md).
   image inputs  deterministic synthetic images: gradients, stripes, checkerboards, blobs (in [-1, 1], ViT's
                 normalization) and Gaussian noise (std 1: what parity and the benchmarks feed).
   other inputs  (KV caches, positions, masks of cache axes) seeded `make_feeds` values, as parity uses.
@@ -38,6 +40,7 @@ from .calibration_text import SENTENCES
 DEFAULT_SAMPLES = 32
 MAX_SAMPLES = 4096
 FILE_BATCH = 4  # rows of a .npy/.npz file per calibration sample
+PARAGRAPH_TOKENS = 2048  # tokens of one default paragraph sample (rows of the maximum length: 1 to 4)
 INT_KINDS = ("ids", "mask", "zeros", "positions")
 
 
@@ -48,6 +51,11 @@ class Calibration:
     samples: Mapping[str, list[dict[str, np.ndarray]]] = field(hash=False)
     source: Mapping[str, str]  # graph -> "default:text" | "default:image" | "default:random" | "file:NAME"
     sha256: Mapping[str, str]  # graph -> hash of the data (the file's bytes, or the default feeds' bytes)
+    # Activation ranges measured on this set by one artifact's graphs, for its later graphs (export/precision.py
+    # `_calibrate`): key (method, source, the digests of the weights reading the activation) -> (the graph that
+    # measured it, onnxruntime's TensorData). A memo, not data: `precision.with_calibration` gives every artifact
+    # an empty one.
+    ranges: dict[tuple, tuple[str, Any]] = field(default_factory=dict, hash=False, compare=False, repr=False)
 
     def record(self, graph: str) -> dict[str, Any]:
         return {"source": self.source[graph], "samples": len(self.samples[graph]), "sha256": self.sha256[graph]}
@@ -127,14 +135,23 @@ def _synthetic_image(rng: np.random.Generator, c: int, h: int, w: int, kind: int
     return np.stack(chans).astype(np.float32)
 
 
+def _max_len(t: TensorSpec, axes: Mapping[str, Any]) -> int:
+    """The longest row a text input takes: its sequence axis's maximum, or its fixed length."""
+    seq = t.dims[1] if len(t.dims) == 2 else None
+    return axes[seq].max if isinstance(seq, str) else int(seq or 1)
+
+
 def _default_graph(graph: Graph, spec: ExportSpec, tok: _Tokenizer, n: int, seed: int) -> tuple[list, str]:
     texts = _text_inputs(graph)
     images = [t for t in graph.inputs if _image_input(t)]
     axes = spec.axes
     samples = []
     rng = np.random.default_rng(seed)
+    longest = max((_max_len(t, axes) for t in texts), default=1)
     for i in range(n):
         batch = min(1 + i % 4, axes["batch"].max)
+        if i % 4 == 3 and texts:  # a paragraph sample: its rows are the maximum length
+            batch = max(1, min(batch, PARAGRAPH_TOKENS // longest))
         sizes = {a: min(max(ax.opt, ax.min), ax.max) for a, ax in axes.items()} | {"batch": batch}
         for a, ax in axes.items():  # axes no text input sets (KV cache lengths): varied, within range
             if a != "batch":
@@ -142,7 +159,7 @@ def _default_graph(graph: Graph, spec: ExportSpec, tok: _Tokenizer, n: int, seed
         token_rows: dict[str, list[list[int]]] = {}
         for j, t in enumerate(texts):
             seq = t.dims[1] if len(t.dims) == 2 else None
-            limit = axes[seq].max if isinstance(seq, str) else int(seq or 1)
+            limit = _max_len(t, axes)
             rows = []
             for r in range(batch):
                 k = (i * 7 + r * 3 + j * 11) % len(SENTENCES)

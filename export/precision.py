@@ -41,6 +41,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import io
+import json
 import logging
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -169,7 +170,7 @@ def convert(proto: onnx.ModelProto, precision: str, *, graph: Graph, spec: Expor
         q, info = to_int8_dynamic(proto, options, graph=graph)
     else:
         feeds, record = calibration_feeds(graph, spec, options)
-        q, info = to_int8_static(proto, feeds, options, calibration_record=record)
+        q, info = to_int8_static(proto, feeds, options, calibration_record=record, graph=graph.name)
     info["saturation"] = saturation.record(q, None, weight_bits=info["weight_bits"])
     return q, info
 
@@ -183,8 +184,11 @@ def with_calibration(options: PrecisionOptions | None, precision: str, spec: Exp
     from .calibration import default_calibration, load_calibration
 
     options = options or PrecisionOptions()
-    if precision != "int8" or options.int8_calibration is not None:
+    if precision != "int8":
         return options
+    if options.int8_calibration is not None:  # the caller's set, with this artifact's own (empty) range memo
+        return dataclasses.replace(options, int8_calibration=dataclasses.replace(options.int8_calibration,
+                                                                                 ranges={}))
     cal = (load_calibration(options.int8_calibration_file, spec, tokenizer_dir) if options.int8_calibration_file
            else default_calibration(spec, tokenizer_dir))
     return dataclasses.replace(options, int8_calibration=cal)
@@ -342,14 +346,25 @@ def _prepare(proto: onnx.ModelProto, d: Path) -> tuple[Path, bool]:
     pre-processing (onnxruntime basic optimizations + shape inference) into d/pre.onnx."""
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    p = onnx.ModelProto()
-    p.CopyFrom(proto)
-    del p.graph.value_info[:]
-    type_contrib_outputs(p)
-    fused = any(n.domain == "com.microsoft" for n in p.graph.node)
-    large = p.ByteSize() >= 2**31
+    fused = any(n.domain == "com.microsoft" for n in proto.graph.node)
+    large = proto.ByteSize() >= 2**31
     src, pre = d / "in.onnx", d / "pre.onnx"
-    onnx.save_model(p, str(src), save_as_external_data=large, location="in.onnx.data" if large else None)
+    if large:  # saving with external data rewrites the initializers in place: save a copy
+        p = onnx.ModelProto()
+        p.CopyFrom(proto)
+        del p.graph.value_info[:]
+        type_contrib_outputs(p)
+        onnx.save_model(p, str(src), save_as_external_data=True, location="in.onnx.data")
+        del p
+    else:  # saved as it is, its value_info swapped for the save (a copy would be one more model in memory)
+        kept = [onnx.ValueInfoProto.FromString(v.SerializeToString()) for v in proto.graph.value_info]
+        del proto.graph.value_info[:]
+        try:
+            type_contrib_outputs(proto)
+            onnx.save_model(proto, str(src))
+        finally:
+            del proto.graph.value_info[:]
+            proto.graph.value_info.extend(kept)
     # Its symbolic shape inference does not know the opset-23 Attention op, so only onnx's is used. An
     # optimized graph skips the pre-processing's optimization pass, which would drop the contrib ops'
     # value_info added above.
@@ -521,15 +536,80 @@ def collect_ranges(model_path: Path, samples: Sequence[Mapping[str, np.ndarray]]
     return TensorsData(CalibrationMethod.MinMax, {t: (lows[t], highs[t]) for t in names if t in lows})
 
 
+def _weight_keys(model: onnx.ModelProto, tensors: Sequence[str], op_types: Sequence[str]) -> dict[str, tuple]:
+    """activation tensor -> the sorted sha256 digests of the constant weights of the quantized nodes that read
+    it: what identifies "the same activation" in another graph of the same module (a decode step runs the prefill
+    graph's weights on the same kind of text). Weights are read after the quantizer's pre-processing, which
+    folds a tied embedding's Transpose into one initializer, so the digest is of the matrix actually multiplied.
+    A key two of this graph's tensors share is left out (ambiguous)."""
+    import hashlib
+
+    from onnx import numpy_helper
+
+    inits = {i.name: i for i in model.graph.initializer}
+    wanted = set(tensors)
+    readers: dict[str, list[str]] = collections.defaultdict(list)
+    digests: dict[str, str] = {}
+    for n in model.graph.node:
+        if n.op_type in op_types and len(n.input) > 1 and n.input[0] in wanted and n.input[1] in inits:
+            w = n.input[1]
+            if w not in digests:
+                a = np.ascontiguousarray(numpy_helper.to_array(inits[w]))
+                digests[w] = hashlib.sha256(f"{a.dtype}{a.shape}".encode() + a.tobytes()).hexdigest()
+            readers[n.input[0]].append(digests[w])
+    keys = {t: tuple(sorted(d)) for t, d in readers.items()}
+    counts = collections.Counter(keys.values())
+    return {t: k for t, k in keys.items() if counts[k] == 1}
+
+
+def _calibrate(pre: Path, calibration: Sequence[Mapping[str, np.ndarray]], options: PrecisionOptions,
+               graph: str | None) -> tuple[Any, dict[str, Any]]:
+    """The ranges of the activations `pre` quantizes (onnxruntime's TensorsData), and where they came from.
+
+    One artifact's graphs that run the same weights on the same kind of input (GPT's prefill and decode-step
+    graphs: the step's activations are the prefill's, token by token) get the ranges the first of them measured
+    (`Calibration.ranges`): the decode graph is then not calibrated at all, which halved GPT-2 small's
+    calibration (docs/export.md). Only ranges measured on calibration data of the same source are shared (a file
+    given for one graph is that graph's), and only for activations whose reading weights identify them
+    (`_weight_keys`); the rest are measured on this graph's own samples."""
+    from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
+
+    model = onnx.load(str(pre))
+    tensors = calibration_tensors(model, options.int8_op_types)
+    cal = options.int8_calibration
+    memo = cal.ranges if cal is not None and graph in getattr(cal, "source", {}) else None
+    keys = {}
+    if memo is not None:
+        prefix = (options.int8_method, cal.source[graph])
+        keys = {t: prefix + k for t, k in _weight_keys(model, tensors, options.int8_op_types).items()}
+    del model
+    shared = {t: memo[keys[t]] for t in tensors if memo is not None and t in keys and keys[t] in memo}
+    missing = [t for t in tensors if t not in shared]
+    kind = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+            "percentile": CalibrationMethod.Percentile}[options.int8_method]
+    data = {t: value for t, (_, value) in shared.items()}
+    if missing:
+        measured = collect_ranges(pre, calibration, options.int8_method, missing)
+        for t in missing:
+            if t in measured:
+                data[t] = measured[t]
+                if memo is not None and t in keys:
+                    memo.setdefault(keys[t], (graph, measured[t]))
+    record = {"measured_tensors": len(missing),
+              "shared_tensors": dict(collections.Counter(g for g, _ in shared.values()))}
+    return TensorsData(kind, data), record
+
+
 def to_int8_static(proto: onnx.ModelProto, calibration: Sequence[Mapping[str, np.ndarray]],
                    options: PrecisionOptions = PrecisionOptions(), *, extra_exclude: Sequence[str] = (),
                    calibration_record: Mapping[str, Any] | None = None, cache: Path | None = None,
-                   ) -> tuple[onnx.ModelProto, dict[str, Any]]:
+                   graph: str | None = None) -> tuple[onnx.ModelProto, dict[str, Any]]:
     """Static int8 Q/DQ quantization of MatMul/Gemm/Conv (see the module docstring).
 
     `extra_exclude`: more node names kept float (the sensitivity search's). `cache`: a JSON file for the
     calibrated tensor ranges; when it exists calibration is skipped (exclusions do not change the fp32
-    activations, so a search re-quantizes in seconds)."""
+    activations, so a search re-quantizes in seconds). `graph`: this graph's name in `options.int8_calibration`,
+    whose range memo shares ranges between an artifact's graphs (`_calibrate`)."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     check_options(options)
@@ -542,6 +622,7 @@ def to_int8_static(proto: onnx.ModelProto, calibration: Sequence[Mapping[str, np
     method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
               "percentile": CalibrationMethod.Percentile}[options.int8_method]
     unsigned = options.int8_activations == "uint8"
+    provenance: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="xdeploy-int8-") as d, _quiet(), _bounded_histograms():
         dst = Path(d, "int8.onnx")
         ranges = cache if cache is not None else Path(d, "ranges.json")
@@ -553,10 +634,11 @@ def to_int8_static(proto: onnx.ModelProto, calibration: Sequence[Mapping[str, np
                 # alone are 0.8 GB at batch 4 x 1024) and histogram all of them (docs/export.md)
                 from onnxruntime.quantization.calibrate import save_tensors_data
 
-                graph = onnx.load(str(pre), load_external_data=False)
-                tensors = calibration_tensors(graph, options.int8_op_types)
-                del graph
-                save_tensors_data(collect_ranges(pre, calibration, options.int8_method, tensors), ranges)
+                data, provenance = _calibrate(pre, calibration, options, graph)
+                save_tensors_data(data, ranges)
+                ranges.with_suffix(".provenance.json").write_text(json.dumps(provenance))
+            elif ranges.with_suffix(".provenance.json").is_file():  # a re-quantization from the cached ranges
+                provenance = json.loads(ranges.with_suffix(".provenance.json").read_text())
             quantize_static(
                 str(pre), str(dst), None, quant_format=QuantFormat.QDQ,
                 op_types_to_quantize=list(options.int8_op_types), per_channel=options.int8_per_channel,
@@ -585,7 +667,7 @@ def to_int8_static(proto: onnx.ModelProto, calibration: Sequence[Mapping[str, np
         "activation_symmetric": not unsigned, "weight_type": "int8", "weight_symmetric": True,
         "weight_bits": options.int8_weight_bits, "per_channel": options.int8_per_channel,
         "op_types": list(options.int8_op_types),
-        "calibration": {"method": options.int8_method, **dict(calibration_record or {})},
+        "calibration": {"method": options.int8_method, **dict(calibration_record or {}), **provenance},
         "excluded": exclude, "requested_nodes_found": requested,
         "kept_fp32": [{"node": n, "reason": "requested" if n in requested else "sensitivity"} for n in exclude],
         "quantized_nodes": len(quantized),

@@ -20,9 +20,9 @@ from xdeploy import api
 from xdeploy.cli import main
 from xdeploy.core.errors import XDeployError
 from xdeploy.export.artifact import load_artifact
-from xdeploy.export.calibration import default_calibration, load_calibration
-from xdeploy.export.precision import PrecisionOptions, to_int8_static
-from xdeploy.models.registry import MODELS
+from xdeploy.export.calibration import PARAGRAPH_TOKENS, default_calibration, load_calibration
+from xdeploy.export.precision import PrecisionOptions, to_int8_static, with_calibration
+from xdeploy.models.registry import MODELS, get_config
 from xdeploy.verify.layerwise import tensor_values
 from xdeploy.verify.parity import check_artifact
 from xdeploy.verify.sensitivity import eval_cases, int8_sensitivity
@@ -128,6 +128,14 @@ def test_default_calibration_is_deterministic_and_follows_the_inputs(fp32):
     assert a.sha256 == b.sha256 and a.source["model"] == "default:text"
     lengths = [s["input_ids"].shape[1] for s in a.samples["model"]]
     assert min(lengths) < 16 and max(lengths) == bert.spec.axes["seq"].max  # short sentences and paragraphs
+    # a paragraph sample holds PARAGRAPH_TOKENS whatever the maximum length (GPT-2 small's 1024: 2 rows; the
+    # spec alone, no export needed)
+    for model, preset, rows in (("gpt", "small", 2), ("bert", "tiny", 4)):
+        spec = MODELS[model].spec(get_config(model, preset))
+        paragraphs = [s["input_ids"] for s in default_calibration(spec).samples[spec.graphs[0].name]
+                      if s["input_ids"].shape[1] == spec.axes["seq"].max]
+        assert paragraphs and {p.shape[0] for p in paragraphs} == {rows}
+        assert all(p.size <= max(PARAGRAPH_TOKENS, 4 * spec.axes["seq"].max) for p in paragraphs)
     assert all(s["attention_mask"].sum(1).min() >= 1 for s in a.samples["model"])
     img = default_calibration(vit.spec)
     px = np.concatenate([s["pixel_values"] for s in img.samples["model"]])
@@ -193,8 +201,10 @@ def test_cli_convert_with_calibration_file_and_method(fp32, tmp_path, capsys):
                  "--calibration-method", "minmax", "--no-sensitivity", "--out", str(out)]) == 0
     assert "minmax calibration, 2 samples, file:cal.txt" in capsys.readouterr().out
     info = json.loads((out / "manifest.json").read_text())["conversion"]["model"]
-    assert info["calibration"] == {"method": "minmax", "source": "file:cal.txt", "samples": 2,
-                                   "sha256": hashlib.sha256(lines.read_bytes()).hexdigest()}
+    cal = dict(info["calibration"])
+    assert cal.pop("measured_tensors") > 0 and cal.pop("shared_tensors") == {}  # one graph: nothing to share
+    assert cal == {"method": "minmax", "source": "file:cal.txt", "samples": 2,
+                   "sha256": hashlib.sha256(lines.read_bytes()).hexdigest()}
     assert info["sensitivity"] == {"enabled": False}
     # the method changes the activation scales (default: percentile)
     mm = tmp_path / "mm"
@@ -273,6 +283,40 @@ def test_requested_exclusions_and_cached_ranges(fp32, tmp_path):
     assert_qdq_structure(proto, q1, {first})
     with pytest.raises(XDeployError, match="needs calibration data"):
         to_int8_static(proto, [], opts)
+
+
+def _activation_scales(q: onnx.ModelProto) -> list[float]:
+    inits = {i.name: i for i in q.graph.initializer}
+    return sorted(float(numpy_helper.to_array(inits[n.input[1]]).ravel()[0]) for n in q.graph.node
+                  if n.op_type == "QuantizeLinear" and n.input[1] in inits and n.input[0] not in inits)
+
+
+def test_a_decode_graph_takes_the_prefill_graphs_ranges(fp32):
+    """GPT's decode step runs the prefill graph's weights on the same text, so an artifact calibrates once: the
+    decode graph's activation scales are the model graph's, recorded as shared. A graph calibrated on its own
+    (no graph name: no memo) measures its own ranges, and different ones (the sharing is what made them equal);
+    a calibration source given for the decode graph alone stays that graph's; every artifact starts empty."""
+    art = load_artifact(fp32("gpt"))
+    opts = with_calibration(PrecisionOptions(), "int8", art.spec, art.tokenizer_dir)
+    cal = opts.int8_calibration
+    protos = {g.name: onnx.load(str(art.onnx_path(g.name))) for g in art.spec.graphs}
+    qm, im = to_int8_static(protos["model"], cal.samples["model"], opts, graph="model")
+    qd, idc = to_int8_static(protos["decode"], cal.samples["decode"], opts, graph="decode")
+    n = im["calibration"]["measured_tensors"]
+    assert n == im["quantized_nodes"] > 0 and im["calibration"]["shared_tensors"] == {}
+    assert idc["calibration"]["measured_tensors"] == 0 and idc["calibration"]["shared_tensors"] == {"model": n}
+    assert _activation_scales(qd) == _activation_scales(qm)
+    own, own_info = to_int8_static(protos["decode"], cal.samples["decode"], opts)
+    assert own_info["calibration"]["measured_tensors"] == n and _activation_scales(own) != _activation_scales(qm)
+    # a file for the decode graph alone (its source differs): the decode graph measures its own
+    other = dataclasses.replace(cal, source={**cal.source, "decode": "file:decode.npz"}, ranges={})
+    opts2 = dataclasses.replace(opts, int8_calibration=other)
+    to_int8_static(protos["model"], other.samples["model"], opts2, graph="model")
+    _, info2 = to_int8_static(protos["decode"], other.samples["decode"], opts2, graph="decode")
+    assert info2["calibration"]["measured_tensors"] == n and info2["calibration"]["shared_tensors"] == {}
+    # the next artifact (with_calibration runs once per export/convert) starts with an empty memo
+    again = with_calibration(opts, "int8", art.spec, art.tokenizer_dir).int8_calibration
+    assert cal.ranges and again.ranges == {} and again.sha256 == cal.sha256
 
 
 def test_uint8_activations_for_onnxruntime(fp32, tmp_path, capsys):

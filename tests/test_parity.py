@@ -85,6 +85,32 @@ def test_compare_mask_saturation_and_relative_error():
     assert compare(ref, flip, FP32, mask=mask).nonfinite == 1
 
 
+def test_compare_in_chunks_equals_the_whole_tensor_formulas(monkeypatch):
+    """compare works through a large tensor in chunks (bounded float64 temporaries): every metric is the
+    whole-tensor formula, with a NaN, a saturated value and masked-out garbage in different chunks."""
+    from xdeploy.deploy import metrics
+
+    monkeypatch.setattr(metrics, "CHUNK", 1000)
+    rng = np.random.default_rng(3)
+    ref = rng.standard_normal((7, 1003)).astype(np.float32)
+    cand = (ref + 0.01 * rng.standard_normal(ref.shape)).astype(np.float32)
+    ref[5, 7], cand[5, 7] = -3e38, -65504.0  # saturation: matches, not compared
+    cand[6, 900] = np.nan  # a NaN in another chunk
+    mask = np.ones((7, 1), bool)
+    mask[2] = False  # a padded row (its garbage is not compared)
+    cand[2] += 100.0
+    c = compare(ref, cand, FP32, mask=mask)
+    sel = np.broadcast_to(mask, ref.shape) & np.isfinite(cand) & (np.abs(ref) < 1e30)
+    r, x = ref[sel].astype(np.float64), cand[sel].astype(np.float64)
+    d = np.abs(x - r)
+    assert c.nonfinite == 1 and not c.passed and c.compared == r.size == 6 * 1003 - 2
+    assert c.max_abs == pytest.approx(d.max(), rel=1e-12) and c.mean_abs == pytest.approx(d.mean(), rel=1e-9)
+    assert c.cosine == pytest.approx(r @ x / np.linalg.norm(r) / np.linalg.norm(x), rel=1e-12)
+    assert c.within == pytest.approx(np.mean(d <= FP32.atol + FP32.rtol * np.abs(r)), rel=1e-12)
+    big = np.abs(r) > FP32.atol
+    assert c.max_rel == pytest.approx((d[big] / np.abs(r[big])).max(), rel=1e-12)
+
+
 def test_cosine_whole_and_per_row():
     from xdeploy.deploy.metrics import cosine
 

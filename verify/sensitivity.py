@@ -84,17 +84,22 @@ def refine(proto: onnx.ModelProto, precision: str, *, graph: Graph, spec: Export
 
 
 def saturation_check(q: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarray]], *, weight_bits: int,
-                     most: int = 8) -> dict[str, Any]:
-    """The static saturation check (export/saturation.py) of int8 graph `q`: the weight bound, and the AVX2
-    arithmetic simulated on the activations of up to `most` calibration samples (run through `q` itself on
-    onnxruntime, so they are the activations the int8 graph really quantizes)."""
+                     most: int = 8, simulate: bool | None = None) -> dict[str, Any]:
+    """The static saturation check (export/saturation.py) of int8 graph `q`: the weight bound, and, when the bound
+    does not prove the graph (8-bit int8 weights), the AVX2 arithmetic simulated on the activations of up to
+    `most` calibration samples (run through `q` itself on onnxruntime, so they are the activations the int8 graph
+    really quantizes), to say how far off an AVX2 machine would be. A proven graph skips the simulation: no
+    input can saturate it, so it could only find nothing (tests/test_saturation.py checks that it does), at the
+    cost of running the calibration samples again (GPT-2 small: ~40 s a graph). `simulate` True: always."""
     from xdeploy.export import saturation
 
     nodes = saturation.int8_nodes(q)
     names = sorted({n.activation for n in nodes})
     graph_inputs = {i.name for i in q.graph.input}
     feeds = [{k: v for k, v in s.items() if k in graph_inputs} for s in list(samples)[:most]]
-    if not (names and feeds):
+    if simulate is None:
+        simulate = not saturation.weight_bound(q, nodes)["portable"]
+    if not (names and feeds and simulate):
         return saturation.record(q, None, weight_bits=weight_bits, samples=0, nodes=nodes)
     # one session, one sample's activations at a time (tensor_values_many would hold all of them at once)
     probe = _Probe(q, feeds[0], ["CPUExecutionProvider"], "all")
@@ -173,8 +178,25 @@ def eval_cases(graph: Graph, spec: ExportSpec, calibration: Sequence[Mapping[str
         cases.append(dataclasses.replace(case, name=f"{case.name} seed {seed}"))
     if calibration and any(t.kind == "ids" for t in graph.inputs):  # real text (synthetic images add nothing)
         longest = max(calibration, key=lambda f: sum(a.size for a in f.values()))
-        cases.append(InputCase("calibration sample", graph.name, {}, dict(longest)))
+        cases.append(InputCase("calibration sample", graph.name, {}, _longest_row(graph, longest)))
     return cases
+
+
+def _longest_row(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The row (batch 1) of a calibration sample with the most real tokens: the real text is what this case adds
+    (padding and batching are the shape cases' part), and a whole 4 x 1024 sample's logits alone are 0.8 GB on
+    GPT-2, held for the reference and the candidate on each runtime."""
+    batch_axis = {t.name: t.dims.index("batch") for t in graph.inputs if "batch" in t.dims}
+    if not batch_axis or not all(k in batch_axis for k in feeds):
+        return dict(feeds)
+    ids_dims = {t.dims for t in graph.inputs if t.kind == "ids"}
+    masks = [t for t in graph.inputs if t.kind == "mask" and t.dims in ids_dims and t.name in feeds]  # the text's
+    if masks:
+        m = np.moveaxis(np.asarray(feeds[masks[0].name]), batch_axis[masks[0].name], 0)
+        r = int(np.argmax(m.reshape(m.shape[0], -1).sum(axis=1)))
+    else:
+        r = 0
+    return {k: np.take(v, [r], axis=batch_axis[k]) for k, v in feeds.items()}
 
 
 def _norm(a: np.ndarray) -> float:
@@ -338,7 +360,8 @@ def int8_sensitivity(proto: onnx.ModelProto, *, graph: Graph, spec: ExportSpec, 
     tol = spec.tolerances["int8"]
     with tempfile.TemporaryDirectory(prefix="xdeploy-sensitivity-") as d:
         cache = Path(d) / "ranges.json"
-        q, info = prec.to_int8_static(proto, feeds, options, calibration_record=cal_record, cache=cache)
+        q, info = prec.to_int8_static(proto, feeds, options, calibration_record=cal_record, cache=cache,
+                                      graph=graph.name)
         if not options.int8_sensitivity:
             info["sensitivity"] = {"enabled": False}
             return q, info
@@ -390,11 +413,11 @@ def int8_sensitivity(proto: onnx.ModelProto, *, graph: Graph, spec: ExportSpec, 
             if len(rounds) % REQUANTIZE_EVERY == 0 or trials[best] >= tol.cosine:
                 # the quantizer's own graph with these exclusions (the edit above is the same graph, cheaper)
                 q, info = prec.to_int8_static(proto, feeds, options, calibration_record=cal_record, cache=cache,
-                                              extra_exclude=[k["node"] for k in kept])
+                                              extra_exclude=[k["node"] for k in kept], graph=graph.name)
                 edited = False
         if edited:
             q, info = prec.to_int8_static(proto, feeds, options, calibration_record=cal_record, cache=cache,
-                                          extra_exclude=[k["node"] for k in kept])
+                                          extra_exclude=[k["node"] for k in kept], graph=graph.name)
     by_node = {k["node"]: k for k in kept}
     info["kept_fp32"] = [by_node.get(e["node"], e) | {"reason": e["reason"]} for e in info["kept_fp32"]]
     info["sensitivity"] = {

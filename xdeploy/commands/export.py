@@ -184,8 +184,11 @@ def print_conversion(manifest: dict) -> None:
             cal = info.get("calibration", {})
             sens = info.get("sensitivity", {})
             kept = [k["node"] for k in info.get("kept_fp32", [])]
-            parts.append(f"{info.get('quantized_nodes', 0)} nodes int8 ({cal.get('method')} calibration, "
-                         f"{cal.get('samples')} samples, {cal.get('source')}); kept float: {', '.join(kept) or 'none'}")
+            shared = cal.get("shared_tensors") or {}
+            where = (f"{cal.get('samples')} samples, {cal.get('source')}" if cal.get("measured_tensors", 1)
+                     else f"ranges of graph {', '.join(shared)}: same weights, same data")
+            parts.append(f"{info.get('quantized_nodes', 0)} nodes int8 ({cal.get('method')} calibration, {where}); "
+                         f"kept float: {', '.join(kept) or 'none'}")
             if sens.get("unresolved"):
                 parts.append(f"sensitivity budget spent, still failing: {sens['unresolved'].get('reason')}")
         if info.get("fused_ops"):
