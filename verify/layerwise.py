@@ -35,6 +35,7 @@ there; exposing that tensor forces its fp16 value and would show ±inf that the 
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -177,13 +178,20 @@ def tensor_values_many(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]
                        ) -> list[dict[str, np.ndarray]]:
     """`tensor_values` on several feeds with one session / one compiled model."""
     _check_runtime(runtime)
+    return list(iter_tensor_values(model, feeds, names, runtime=runtime, providers=providers, opt_level=opt_level))
+
+
+def iter_tensor_values(model: onnx.ModelProto, feeds: Sequence[dict[str, np.ndarray]], names: list[str], *,
+                       runtime: str = "ort", providers: list[Any] | None = None, opt_level: str = "all"
+                       ) -> Iterator[dict[str, np.ndarray]]:
+    """`tensor_values_many` one feed at a time: a caller that judges each result and drops it holds one feed's
+    outputs, not all of them (the int8 search's cases: GPT-2's logits are 0.2 GB a case)."""
+    _check_runtime(runtime)
     probe = _Probe(model, feeds[0], list(providers or ["CPUExecutionProvider"]), opt_level, runtime)
     call = probe.compile(list(dict.fromkeys(names)))
-    out = []
     for f in feeds:
         probe.feeds = probe._adapt(f)
-        out.append(call())
-    return out
+        yield call()
 
 
 def _range(a: np.ndarray) -> tuple[float, float]:

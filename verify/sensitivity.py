@@ -48,7 +48,13 @@ from xdeploy.core.errors import XDeployError
 from xdeploy.deploy.verdict import check_outputs, meaningful, tolerance_precision
 from xdeploy.export import precision as prec
 from xdeploy.models.spec import ExportSpec, Graph, InputCase, Tolerance, case_sizes, shape_cases
-from xdeploy.verify.layerwise import _Probe, find_divergence, tensor_values, tensor_values_many
+from xdeploy.verify.layerwise import (
+    _Probe,
+    find_divergence,
+    iter_tensor_values,
+    tensor_values,
+    tensor_values_many,
+)
 
 SHORTLIST = 6  # nodes per round whose float version is tried on the failing case
 REQUANTIZE_EVERY = 4  # rounds between re-quantizations with the exclusions (the edits are equivalent)
@@ -342,7 +348,7 @@ def _evaluate(reference_out: list[dict[str, np.ndarray]], candidate: onnx.ModelP
     for rt in runtimes:
         tp = tolerance_precision("int8", "bf16" if rt == "ov:bf16" else "fp32")
         for case, ref, got in zip(cases, reference_out,
-                                  tensor_values_many(candidate, [c.feeds for c in cases], outs, runtime=rt)):
+                                  iter_tensor_values(candidate, [c.feeds for c in cases], outs, runtime=rt)):
             for c in check_outputs(ref, got, case, graph, runner=rt, precision=tp, artifact_precision="int8",
                                    tol=tol):
                 if c.comparison.cosine == c.comparison.cosine:  # not NaN
