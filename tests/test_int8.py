@@ -285,6 +285,25 @@ def test_requested_exclusions_and_cached_ranges(fp32, tmp_path):
         to_int8_static(proto, [], opts)
 
 
+def test_the_searchs_real_text_case_is_the_longest_calibration_row(fp32):
+    """The search's real-text case is one row (batch 1): the calibration sample's row with the most tokens, on
+    every graph with token ids (the decode graph's cache inputs cut along their own batch axis)."""
+    art = load_artifact(fp32("gpt"))
+    cal = default_calibration(art.spec, art.tokenizer_dir)
+    for g in art.spec.graphs:
+        samples = cal.samples[g.name]
+        case = eval_cases(g, art.spec, samples)[-1]
+        assert case.name == "calibration sample"
+        longest = max(samples, key=lambda f: sum(a.size for a in f.values()))
+        mask = next(t.name for t in g.inputs if t.kind == "mask" and t.dims == g.inputs[0].dims)
+        row = int(np.argmax(longest[mask].sum(axis=1)))
+        for t in g.inputs:
+            axis = t.dims.index("batch")
+            assert case.feeds[t.name].shape[axis] == 1, (g.name, t.name)
+            np.testing.assert_array_equal(case.feeds[t.name], np.take(longest[t.name], [row], axis=axis))
+        assert case.feeds[mask].sum() == longest[mask].sum(axis=1).max() > 1
+
+
 def _activation_scales(q: onnx.ModelProto) -> list[float]:
     inits = {i.name: i for i in q.graph.initializer}
     return sorted(float(numpy_helper.to_array(inits[n.input[1]]).ravel()[0]) for n in q.graph.node
