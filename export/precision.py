@@ -32,7 +32,8 @@ Only MatMul, Gemm and Conv are quantized: onnxruntime's quantizer registry is ke
 treat the native opset-23 `Attention` as com.microsoft.Attention.
 
 Every conversion returns a record for the manifest (`conversion.<graph>`): precision, format ("qdq" for static
-int8, "integer-ops" for dynamic), kept_fp32 nodes and why, calibration (method, samples, sha256), and the
+int8, "integer-ops" for dynamic), kept_fp32 nodes and why, calibration (method, samples, sha256, and how many
+activation ranges were measured on this graph or shared from an earlier graph of the artifact), and the
 measured search's iterations when one ran.
 """
 
