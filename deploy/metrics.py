@@ -65,9 +65,14 @@ def cosine(a: np.ndarray, b: np.ndarray, axis: int | None = None) -> float | np.
         a, b = a.ravel(), b.ravel()
     na, nb = np.linalg.norm(a, axis=axis), np.linalg.norm(b, axis=axis)
     dot = np.dot(a, b) if axis is None else np.sum(a * b, axis=axis)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        cos = np.where((na == 0) & (nb == 0), 1.0, np.where((na == 0) | (nb == 0), 0.0, dot / (na * nb)))
+    cos = _cosine_rule(dot, na, nb)
     return float(cos) if axis is None else cos
+
+
+def _cosine_rule(dot: np.ndarray | float, na: np.ndarray | float, nb: np.ndarray | float) -> np.ndarray:
+    """dot / (|a| |b|), with 1.0 where both vectors are zero and 0.0 where only one is."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where((na == 0) & (nb == 0), 1.0, np.where((na == 0) | (nb == 0), 0.0, dot / (na * nb)))
 
 
 CHUNK = 1 << 21  # elements compared at a time: float64 temporaries of a few MB, not of a 0.8 GB logits tensor
@@ -116,7 +121,7 @@ def compare(ref: np.ndarray, cand: np.ndarray, tol: Tolerance, *, mask: np.ndarr
         within_n += int(np.count_nonzero(d <= tol.atol + tol.rtol * ar))
         dot, na2, nb2 = dot + float(np.dot(rs, cs)), na2 + float(np.dot(rs, rs)), nb2 + float(np.dot(cs, cs))
     if n:
-        mean_abs, within, cos = sum_abs / n, within_n / n, _cosine_of(dot, na2, nb2)
+        mean_abs, within, cos = sum_abs / n, within_n / n, float(_cosine_rule(dot, np.sqrt(na2), np.sqrt(nb2)))
     else:
         max_abs = max_rel = mean_abs = 0.0
         within, cos = 1.0, 1.0
@@ -130,12 +135,3 @@ def compare(ref: np.ndarray, cand: np.ndarray, tol: Tolerance, *, mask: np.ndarr
         reason = f"max_abs {max_abs:.3g} > atol+rtol*|ref| and cosine {cos:.6f} < {tol.cosine}"
     return Comparison(max_abs=max_abs, max_rel=max_rel, mean_abs=mean_abs, cosine=cos, within=within,
                       nonfinite=nonfinite, compared=n, passed=passed, reason=reason)
-
-
-def _cosine_of(dot: float, na2: float, nb2: float) -> float:
-    """`cosine`'s rule from accumulated sums: 1.0 when both vectors are zero, 0.0 when one is."""
-    if na2 == 0 and nb2 == 0:
-        return 1.0
-    if na2 == 0 or nb2 == 0:
-        return 0.0
-    return float(dot / (np.sqrt(na2) * np.sqrt(nb2)))

@@ -350,22 +350,22 @@ def _prepare(proto: onnx.ModelProto, d: Path) -> tuple[Path, bool]:
     fused = any(n.domain == "com.microsoft" for n in proto.graph.node)
     large = proto.ByteSize() >= 2**31
     src, pre = d / "in.onnx", d / "pre.onnx"
-    if large:  # saving with external data rewrites the initializers in place: save a copy
+    # Saved as it is, its value_info swapped out for the save (a copy would be one more model in memory), except
+    # when large: saving with external data rewrites the initializers in place, so a copy is saved.
+    p = proto
+    if large:
         p = onnx.ModelProto()
         p.CopyFrom(proto)
-        del p.graph.value_info[:]
+    kept = [onnx.ValueInfoProto.FromString(v.SerializeToString()) for v in p.graph.value_info]
+    del p.graph.value_info[:]
+    try:
         type_contrib_outputs(p)
-        onnx.save_model(p, str(src), save_as_external_data=True, location="in.onnx.data")
-        del p
-    else:  # saved as it is, its value_info swapped for the save (a copy would be one more model in memory)
-        kept = [onnx.ValueInfoProto.FromString(v.SerializeToString()) for v in proto.graph.value_info]
-        del proto.graph.value_info[:]
-        try:
-            type_contrib_outputs(proto)
-            onnx.save_model(proto, str(src))
-        finally:
-            del proto.graph.value_info[:]
-            proto.graph.value_info.extend(kept)
+        onnx.save_model(p, str(src), save_as_external_data=large, location="in.onnx.data" if large else None)
+    finally:
+        if p is proto:
+            del p.graph.value_info[:]
+            p.graph.value_info.extend(kept)
+    del p
     # Its symbolic shape inference does not know the opset-23 Attention op, so only onnx's is used. An
     # optimized graph skips the pre-processing's optimization pass, which would drop the contrib ops'
     # value_info added above.
@@ -467,6 +467,14 @@ _HISTOGRAM_SETTINGS: dict[str, dict[str, Any]] = {
 }
 
 
+def _ort_method(method: str) -> Any:
+    """onnxruntime's CalibrationMethod for one of CALIBRATION_METHODS."""
+    from onnxruntime.quantization import CalibrationMethod
+
+    return {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+            "percentile": CalibrationMethod.Percentile}[method]
+
+
 def calibration_tensors(model: onnx.ModelProto, op_types: Sequence[str] = INT8_OP_TYPES) -> list[str]:
     """The tensors static int8 needs ranges for: the activation (first) input of every node `quantizable_nodes`
     finds. onnxruntime's calibrators also collect every other input and every output of every MatMul/Gemm/Conv,
@@ -489,7 +497,7 @@ def collect_ranges(model_path: Path, samples: Sequence[Mapping[str, np.ndarray]]
     are fetched (graph outputs are not: the lm_head's logits are never computed) and nothing outlives its
     sample, so memory is the session plus one sample's activations, whatever the number of samples."""
     import onnxruntime as ort
-    from onnxruntime.quantization.calibrate import CalibrationMethod, HistogramCollector, TensorsData
+    from onnxruntime.quantization.calibrate import HistogramCollector, TensorsData
 
     model = onnx.load(str(model_path), load_external_data=False)
     outputs = {o.name for o in model.graph.output}
@@ -532,9 +540,8 @@ def collect_ranges(model_path: Path, samples: Sequence[Mapping[str, np.ndarray]]
     if collector is not None:
         with contextlib.redirect_stdout(io.StringIO()):
             result = collector.compute_collection_result()
-        kind = {"percentile": CalibrationMethod.Percentile, "entropy": CalibrationMethod.Entropy}[method]
-        return TensorsData(kind, result)
-    return TensorsData(CalibrationMethod.MinMax, {t: (lows[t], highs[t]) for t in names if t in lows})
+        return TensorsData(_ort_method(method), result)
+    return TensorsData(_ort_method("minmax"), {t: (lows[t], highs[t]) for t in names if t in lows})
 
 
 def _weight_keys(model: onnx.ModelProto, tensors: Sequence[str], op_types: Sequence[str]) -> dict[str, tuple]:
@@ -573,32 +580,31 @@ def _calibrate(pre: Path, calibration: Sequence[Mapping[str, np.ndarray]], optio
     calibration (docs/export.md). Only ranges measured on calibration data of the same source are shared (a file
     given for one graph is that graph's), and only for activations whose reading weights identify them
     (`_weight_keys`); the rest are measured on this graph's own samples."""
-    from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
+    from onnxruntime.quantization.calibrate import TensorsData
 
-    model = onnx.load(str(pre))
-    tensors = calibration_tensors(model, options.int8_op_types)
     cal = options.int8_calibration
-    memo = cal.ranges if cal is not None and graph in getattr(cal, "source", {}) else None
-    keys = {}
-    if memo is not None:
+    sharing = cal is not None and graph in cal.source
+    model = onnx.load(str(pre), load_external_data=sharing)  # the weights only to identify activations by them
+    tensors = calibration_tensors(model, options.int8_op_types)
+    memo: dict[tuple, tuple[str, Any]] = cal.ranges if sharing else {}
+    keys: dict[str, tuple] = {}
+    if sharing:
         prefix = (options.int8_method, cal.source[graph])
         keys = {t: prefix + k for t, k in _weight_keys(model, tensors, options.int8_op_types).items()}
     del model
-    shared = {t: memo[keys[t]] for t in tensors if memo is not None and t in keys and keys[t] in memo}
+    shared = {t: memo[keys[t]] for t in tensors if t in keys and keys[t] in memo}
     missing = [t for t in tensors if t not in shared]
-    kind = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
-            "percentile": CalibrationMethod.Percentile}[options.int8_method]
     data = {t: value for t, (_, value) in shared.items()}
     if missing:
         measured = collect_ranges(pre, calibration, options.int8_method, missing)
         for t in missing:
             if t in measured:
                 data[t] = measured[t]
-                if memo is not None and t in keys:
+                if t in keys:
                     memo.setdefault(keys[t], (graph, measured[t]))
     record = {"measured_tensors": len(missing),
               "shared_tensors": dict(collections.Counter(g for g, _ in shared.values()))}
-    return TensorsData(kind, data), record
+    return TensorsData(_ort_method(options.int8_method), data), record
 
 
 def to_int8_static(proto: onnx.ModelProto, calibration: Sequence[Mapping[str, np.ndarray]],
@@ -611,7 +617,7 @@ def to_int8_static(proto: onnx.ModelProto, calibration: Sequence[Mapping[str, np
     calibrated tensor ranges; when it exists calibration is skipped (exclusions do not change the fp32
     activations, so a search re-quantizes in seconds). `graph`: this graph's name in `options.int8_calibration`,
     whose range memo shares ranges between an artifact's graphs (`_calibrate`)."""
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
     check_options(options)
     requested = _requested(proto, options.int8_exclude)
@@ -620,8 +626,7 @@ def to_int8_static(proto: onnx.ModelProto, calibration: Sequence[Mapping[str, np
     activation_only = [n.name for n in proto.graph.node if n.op_type in options.int8_op_types and n.name not in weights]
     if not calibration and not (cache and cache.is_file()):
         raise XDeployError("static int8 needs calibration data; none was given for this graph")
-    method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
-              "percentile": CalibrationMethod.Percentile}[options.int8_method]
+    method = _ort_method(options.int8_method)
     unsigned = options.int8_activations == "uint8"
     provenance: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="xdeploy-int8-") as d, _quiet(), _bounded_histograms():

@@ -177,7 +177,6 @@ def tensor_values_many(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]
                        runtime: str = "ort", providers: list[Any] | None = None, opt_level: str = "all"
                        ) -> list[dict[str, np.ndarray]]:
     """`tensor_values` on several feeds with one session / one compiled model."""
-    _check_runtime(runtime)
     return list(iter_tensor_values(model, feeds, names, runtime=runtime, providers=providers, opt_level=opt_level))
 
 
