@@ -143,10 +143,10 @@ def _ort_qlinear(prec: str, n: int, threads: int, budget: float) -> float:
 
 
 def _ov_gemm(prec: str, n: int, threads: int, budget: float) -> float:
-    import openvino as ov
-
+    from xdeploy.core.deps import import_quietly
     from xdeploy.deploy.sessions import ov_compile, ov_config
 
+    ov = import_quietly("openvino")
     if prec not in ("fp32", "bf16", "int8"):
         raise NotImplementedError(prec)
     form = "qdq" if prec == "int8" else ""  # FakeQuantize -> int8 MatMul (a bare MatMulInteger is decomposed)

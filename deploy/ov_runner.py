@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from xdeploy.core.deps import installed
+from xdeploy.core.deps import import_quietly, installed
 from xdeploy.core.errors import XDeployError, one_of
 
 from .base import Runner, RunnerInfo, validate_feeds
@@ -50,7 +50,7 @@ class OvRunner(Runner):
               opt_level: str = "all") -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
         """The OpenVINO CPU plugin on the same ONNX graph (read from a temporary file), compiled with the runner's
         own options for `variant` (precision hint, latency hint)."""
-        import openvino as ov
+        ov = import_quietly("openvino")
 
         with onnx_file(model) as path:
             read = ov.Core().read_model(str(path))
@@ -65,7 +65,7 @@ class OvRunner(Runner):
 
     def _load(self) -> None:
         try:
-            import openvino as ov
+            ov = import_quietly("openvino")
         except ImportError:
             raise XDeployError("runner 'ov' needs the openvino package: pip install 'xdeploy[openvino]'") from None
         self._ov = ov

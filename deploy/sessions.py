@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from xdeploy.core.deps import import_quietly
 from xdeploy.core.errors import XDeployError, one_of
 
 ORT_OPT_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
@@ -126,7 +127,7 @@ def ov_compile(model: str | Path | Any, config: dict[str, Any], device: str = "C
     """openvino compile_model on a path (lets CACHE_DIR skip reading the file) or an ov.Model; an OpenVINO
     refusal is one XDeployError naming `what` (or the path)."""
     try:
-        import openvino as ov
+        ov = import_quietly("openvino")
     except ImportError:
         raise XDeployError("OpenVINO is not installed: pip install 'xdeploy[openvino]'") from None
     if "CACHE_DIR" in config:

@@ -152,7 +152,9 @@ def _add_int8_ir(w: Any, section: dict[str, Any], art: Any, graph: Any, fp32: on
                  check_ir: IrCheck) -> None:
     """Quantize graph `graph`'s fp32 IR with the Q/DQ graph's calibration samples, write it beside the graphs and
     check it; a failing (or unquantizable) IR is removed again and the reason recorded under "skipped"."""
-    import openvino as ov
+    from xdeploy.core.deps import import_quietly
+
+    ov = import_quietly("openvino")
 
     src = art.openvino_ir(graph.name)
     if src is None:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from xdeploy.core.deps import import_quietly, installed
 from xdeploy.core.errors import XDeployError
 from xdeploy.models.spec import ExportSpec, Graph, make_feeds
 
@@ -48,16 +49,12 @@ FOLDER = "openvino"
 
 def available() -> bool:
     """Whether openvino is installed: an fp32 export writes the IR by default where it can."""
-    from xdeploy.core.deps import installed
-
     return installed("openvino")
 
 
 def nncf_available() -> bool:
     """Whether nncf (OpenVINO's quantizer, the `openvino` extra) is installed: an int8 conversion quantizes the
     fp32 artifact's IR where it can."""
-    from xdeploy.core.deps import installed
-
     return installed("nncf")
 
 
@@ -73,8 +70,7 @@ def quantize_ir(xml: str | Path, graph: Graph, samples: Sequence[Mapping[str, np
     `graph` only, all of them: subset_size = len(samples)). Returns an ov.Model; one XDeployError line when
     nncf is missing or refuses the model."""
     try:
-        import nncf
-        import openvino as ov
+        nncf, ov = import_quietly("nncf"), import_quietly("openvino")
     except ImportError:
         raise XDeployError("an int8 OpenVINO IR needs nncf and openvino: pip install 'xdeploy[openvino]'") from None
     names = [t.name for t in graph.inputs]
@@ -106,7 +102,7 @@ def convert_graph_ir(module: nn.Module, graph: Graph, sizes: Mapping[str, int]) 
     traced at the example `sizes`): inputs named and typed as the manifest says, dynamic axes dynamic (fixed dims
     fixed), outputs named as the ONNX graph's. Returns an ov.Model."""
     try:
-        import openvino as ov
+        ov = import_quietly("openvino")
     except ImportError:
         raise XDeployError("an OpenVINO IR needs the openvino package: pip install 'xdeploy[openvino]'") from None
     import torch
@@ -140,7 +136,7 @@ def write_ir(writer: Any, spec: ExportSpec, graph_module: Callable[[Graph], nn.M
     section that points at them (an fp32 artifact's only: the IR holds the reference's fp32 weights).
     `graph_module(graph)` is the module the ONNX exporter traces for that graph (onnx_export passes it, so
     both formats come from the same wrapper at the same example sizes)."""
-    import openvino as ov
+    ov = import_quietly("openvino")
 
     if writer.manifest["precision"] != "fp32":
         raise XDeployError(f"an OpenVINO IR is carried by fp32 artifacts only (it holds the reference's fp32 "

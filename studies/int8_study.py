@@ -51,8 +51,11 @@ def _artifact(workdir: Path, name: str, build: Any) -> Path:
 
 def _nncf(fp32: Path, out: Path) -> None:
     """The ORT-minmax artifact's layout with model.onnx replaced by NNCF's quantization of the fp32 graph."""
-    import nncf
     import onnx
+
+    from xdeploy.core.deps import import_quietly
+
+    nncf = import_quietly("nncf")
 
     from xdeploy.core.fsutil import atomic_dir
     from xdeploy.export.artifact import MANIFEST, load_artifact, write_manifest_files

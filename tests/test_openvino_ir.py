@@ -218,3 +218,44 @@ def test_without_nncf_the_int8_artifact_says_why_it_has_no_ir(ir_artifact: Path,
     assert art.manifest["openvino"]["graphs"] == {} and "nncf is not installed" in art.manifest["openvino"]["reason"]
     assert not any(f.startswith("openvino/") for f in art.manifest["files"])
     assert open_runner("ov", art, threads=1).graph_format == "onnx"
+
+
+TELEMETRY_PROBE = """
+import os
+forks = []
+os.register_at_fork(after_in_parent=lambda: forks.append(1))
+import torch
+from xdeploy.core.deps import import_quietly
+ov = import_quietly("openvino")
+nncf = import_quietly("nncf")
+ov.convert_model(torch.nn.Linear(4, 4), example_input=torch.zeros(1, 4))
+from openvino.tools.ovc import telemetry_utils
+import openvino_telemetry  # the user's own import still works afterwards
+stub = nncf and isinstance(nncf.telemetry.wrapper.telemetry, nncf.telemetry.wrapper.NNCFTelemetryStub)
+print(len(forks), telemetry_utils.tm.__name__, "nncf-stub" if stub else "nncf-telemetry")
+"""
+
+
+@pytest.mark.parametrize("opt_in", [False, True], ids=["default", "XDEPLOY_OV_TELEMETRY=1"])
+def test_openvino_and_nncf_are_imported_without_their_telemetry(opt_in: bool) -> None:
+    """Each telemetry event forks the process (~1 s of CPU per convert_model): xdeploy imports openvino and nncf
+    through their own no-telemetry path unless the user opts in. The probe runs in a fresh interpreter (this one
+    has imported openvino already) with pytest absent (nncf turns its telemetry off under pytest itself) and
+    without CI variables (which turn it off too): the default must fork nothing and bind the stubs."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "TF_BUILD", "JENKINS_URL", "NNCF_CI",
+                                                            "XDEPLOY_OV_TELEMETRY")}
+    if opt_in:
+        env["XDEPLOY_OV_TELEMETRY"] = "1"
+    pytest.importorskip("nncf")
+    out = subprocess.run([sys.executable, "-c", TELEMETRY_PROBE], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    forks, ovc_tm, nncf_tm = out.stdout.split()[-3:]
+    if opt_in:
+        assert (ovc_tm, nncf_tm) == ("openvino_telemetry", "nncf-telemetry")
+    else:
+        assert (forks, ovc_tm, nncf_tm) == ("0", "openvino.tools.ovc.telemetry_stub", "nncf-stub")

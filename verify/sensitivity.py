@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from xdeploy.core.deps import import_quietly
 from xdeploy.core.errors import XDeployError
 from xdeploy.deploy.verdict import check_outputs, meaningful, tolerance_precision
 from xdeploy.export import precision as prec
@@ -64,7 +65,7 @@ MAX_OUTPUT_ELEMENTS = 2e7  # an evaluation case whose outputs would exceed this 
 def default_runtimes() -> tuple[str, ...]:
     """onnxruntime, plus OpenVINO with bf16 compute (the loosest-numerics runner) where OpenVINO is installed."""
     try:
-        import openvino  # noqa: F401
+        import_quietly("openvino")
     except ImportError:
         return ("ort",)
     return ("ort", "ov:bf16")
