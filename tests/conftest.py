@@ -10,6 +10,7 @@ session, and a change fails the session naming the artifact."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -18,6 +19,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from xdeploy.core.deps import import_quietly
+
+# test modules import openvino themselves (pytest.importorskip at collection): openvino is imported here first,
+# through xdeploy's import, so the conversions the tests run in this process send no telemetry either (each
+# event forks the process; core/deps.py import_quietly)
+with contextlib.suppress(ImportError):
+    import_quietly("openvino")
 
 
 def _digest(root: Path) -> str:
