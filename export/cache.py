@@ -48,6 +48,11 @@ def entries_root() -> Path:
     return cache_root() / "exports"
 
 
+def traces_root() -> Path:
+    """The trace cache's folder (`cached_trace`)."""
+    return cache_root() / "traces"
+
+
 # the in-place folder of versions before the one cache: its entries can never be hit again (other names), so they
 # count as stale in the default folder's budget until they are gone
 LEGACY_ROOT = "artifacts"
@@ -106,7 +111,8 @@ def cached_artifact(model: str, *, preset: str | None = None, checkpoint: str | 
         log(f"exporting {model} {preset or 'checkpoint'} {precision} opset {opset} {attn_impl or 'sdpa'} -> {path}")
     kwargs: dict[str, Any] = {"config_overrides": dict(overrides)} if overrides else {}
     export(model, preset=preset, checkpoint=checkpoint, out=path, opset=opset, precision=precision,
-           attn_impl=attn_impl, force=True, refine=refine, openvino_ir=openvino_ir, **kwargs)
+           attn_impl=attn_impl, force=True, refine=refine, openvino_ir=openvino_ir,
+           trace_cache="refresh" if fresh else "use", **kwargs)
     _hold(path)  # the new directory: held before eviction runs, so it cannot be taken by another store either
     evict(folder, keep=path)
     return path
@@ -161,11 +167,20 @@ def _file_digest(path: str | Path) -> str:
     return sha256_file(p)
 
 
+def _fields_digest(fields: Mapping[str, Any], source: str) -> str:
+    """sha256 of `fields` (JSON) with the library versions, the Python version and the export `source`: what every
+    key is made of."""
+    import json
+    import sys
+
+    blob = json.dumps({**fields, "libraries": _library_versions(), "python": sys.version.split()[0],
+                       "source": source}, sort_keys=True, allow_nan=False)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
 def _key_digest(model: str, options: Mapping[str, Any], source: str) -> str | None:
     """The sha256 behind export_key, for the export `source` (export_source_hash())."""
     import dataclasses
-    import json
-    import sys
 
     fields: dict[str, Any] = {"model": model}
     for k, v in sorted(options.items()):
@@ -190,14 +205,10 @@ def _key_digest(model: str, options: Mapping[str, Any], source: str) -> str | No
             fields[k] = v.cache_key  # deploy/tokenizer_graph.py's builder names its behaviour
         else:
             return None
-    fields["libraries"] = _library_versions()
-    fields["python"] = sys.version.split()[0]
-    fields["source"] = source
     try:
-        blob = json.dumps(fields, sort_keys=True, allow_nan=False)
+        return _fields_digest(fields, source)
     except (TypeError, ValueError):
         return None
-    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def export_key(model: str, options: Mapping[str, Any]) -> str | None:
@@ -291,12 +302,55 @@ def cached_export(model: str, options: Mapping[str, Any], run: Callable[[], Path
     return path
 
 
+# ------------------------------------------------------------------------------------------ traces ----
+# torch.onnx's dynamo export is most of an export's time (tiny presets: 4-11 s of CPU per graph, mostly tracing
+# and decompositions), and the same fp32 graph is traced again for every precision, optimization and option of
+# the same model: an fp32, fp16, int8 and int8-dynamic export of one model trace the same graphs four times. The
+# traced graph is kept as an entry of the same folder (same budget, eviction and in-use locks), keyed by what
+# the trace depends on (the caller's fields: family, config, weights, graph, opset) plus, as every key, the
+# library versions, Python and the export source. Traces live in a folder of their own, $XDEPLOY_CACHE/traces/,
+# under the same rules as the artifacts' (named entries, XDEPLOY_EXPORT_CACHE_BUDGET_MB, eviction, in-use locks).
+TRACE_FILE = "graph.onnx"
+
+
+def cached_trace(label: str, fields: Mapping[str, Any], run: Callable[[], bytes], *, read: bool = True) -> bytes:
+    """The bytes `run()` makes (a serialized traced graph), stored as the entry `<label>-<source>_<key>` of
+    traces_root() with their sha256, and read from it while they verify; `read=False` runs and refreshes the
+    entry. Results over XDEPLOY_EXPORT_CACHE_MAX_MB are not stored; a cache that cannot be written costs only
+    the reuse."""
+    source = export_source_hash()
+    digest = _fields_digest(fields, source)
+    name = re.sub(r"[^\w.+=-]", "", label)[:120]
+    entry = traces_root() / f"{name}-{_source_tag(source)}_{digest[:12]}"
+    limit = entry_limit_bytes()
+    if read and (entry / TRACE_FILE).is_file():
+        with _leased(entry) as held, contextlib.suppress(OSError):
+            if held:
+                data = (entry / TRACE_FILE).read_bytes()
+                if hashlib.sha256(data).hexdigest() == (entry / "sha256").read_text().strip():
+                    _touch(entry)
+                    return data
+    data = run()
+    if len(data) <= limit:
+        with contextlib.suppress(XDeployError, OSError):
+            with atomic_dir(entry, force=True) as tmp:
+                (tmp / TRACE_FILE).write_bytes(data)
+                (tmp / "sha256").write_text(hashlib.sha256(data).hexdigest() + "\n")
+            evict(traces_root(), keep=entry)
+    return data
+
+
 # Size policy: one budget over the folder, XDEPLOY_EXPORT_CACHE_BUDGET_MB, stale entries first, then least recently
 # used. Copies (cached_export) are stored only up to XDEPLOY_EXPORT_CACHE_MAX_MB (tiny and small presets: what
 # tests, docs and quick runs repeat): a copy of a base-preset export costs more disk than re-exporting saves. An
 # in-place entry (cached_artifact) is the artifact its caller uses, so it is stored whatever its size.
 DEFAULT_ENTRY_MB = 256.0
 DEFAULT_BUDGET_MB = 2048.0
+
+
+def entry_limit_bytes() -> float:
+    """XDEPLOY_EXPORT_CACHE_MAX_MB in bytes: the largest copy or trace the cache stores."""
+    return _mb_env("XDEPLOY_EXPORT_CACHE_MAX_MB", DEFAULT_ENTRY_MB)
 
 
 def _mb_env(name: str, default: float) -> float:

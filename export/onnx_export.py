@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
+import inspect
 import io
 import logging
 import warnings
@@ -107,16 +109,62 @@ def resolve_source(model: str, *, preset: str | None = None, checkpoint: str | P
     return Source(family, cfg, module, preset, {"kind": "preset", "preset": preset, "seed": seed})
 
 
-def export_graphs(src: Source, spec: ExportSpec, *, opset: int, precision: str, optimize: bool, opt_level: int,
-                  precision_options: Any, refine: Any = None
-                  ) -> Iterator[tuple[Graph, onnx.ModelProto, dict[str, Any]]]:
-    """Each graph of `spec` exported, optimized and converted to `precision`, with its conversion record
-    (one at a time, so a large model's graphs are not all held in memory)."""
-    from . import convert  # convert.convert_graph is looked up per call (tests interrupt it there)
+def _weights_digest(module: nn.Module, limit: float) -> str | None:
+    """sha256 of the module's state (names, dtypes, shapes, bytes); None above `limit` bytes (not worth a cache
+    entry: hashing and storing a base preset's graph costs more than it saves)."""
+    state = module.state_dict()
+    if sum(t.numel() * t.element_size() for t in state.values()) > limit:
+        return None
+    h = hashlib.sha256()
+    for name, t in state.items():
+        t = t.detach().contiguous().cpu()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}\0".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
+
+TRACE_CACHE = ("use", "refresh", "off")
+
+
+def traced_graph(src: Source, graph: Graph, spec: ExportSpec, opset: int, *, trace_cache: str = "use",
+                 weights: str | None = None) -> onnx.ModelProto:
+    """export_graph of `src`, through the trace cache (export/cache.py `cached_trace`): the same fp32 graph of the
+    same module (weights digest `weights`, config, graph, opset) is traced once for every precision and option.
+    `trace_cache`: "use", "refresh" (trace again and store) or "off"; no `weights` digest: no cache."""
+    from .cache import cached_trace
+
+    def run() -> bytes:
+        return export_graph(src.module, graph, spec, opset).SerializeToString()
+
+    if weights is None or trace_cache == "off":
+        return export_graph(src.module, graph, spec, opset)
+    # the module's own file too: a family registered from outside models/ (a plugin, a test) is not in the export
+    # source hash
+    code = Path(inspect.getfile(type(src.module)))
+    fields = {"family": src.family.name, "config": dataclasses.asdict(src.config), "graph": graph.name,
+              "method": graph.method, "opset": opset, "weights": weights,
+              "module": f"{type(src.module).__qualname__}:{hashlib.sha256(code.read_bytes()).hexdigest()}"}
+    label = f"{src.family.name}-{src.preset or 'checkpoint'}-trace-{graph.name}-o{opset}"
+    for read in ((True, False) if trace_cache == "use" else (False,)):
+        proto = onnx.load_from_string(cached_trace(label, fields, run, read=read))
+        if [i.name for i in proto.graph.input] == [t.name for t in graph.inputs]:
+            return proto
+    raise XDeployError(f"the trace of graph {graph.name!r} does not have the inputs the spec declares")
+
+
+def export_graphs(src: Source, spec: ExportSpec, *, opset: int, precision: str, optimize: bool, opt_level: int,
+                  precision_options: Any, refine: Any = None, trace_cache: str = "use"
+                  ) -> Iterator[tuple[Graph, onnx.ModelProto, dict[str, Any]]]:
+    """Each graph of `spec` exported (through the trace cache: `traced_graph`), optimized and converted to
+    `precision`, with its conversion record (one at a time, so a large model's graphs are not all held in
+    memory)."""
+    from . import convert  # convert.convert_graph is looked up per call (tests interrupt it there)
+    from .cache import entry_limit_bytes
+
+    weights = None if trace_cache == "off" else _weights_digest(src.module, entry_limit_bytes())
     with torch.no_grad():
         for graph in spec.graphs:
-            proto = export_graph(src.module, graph, spec, opset)
+            proto = traced_graph(src, graph, spec, opset, trace_cache=trace_cache, weights=weights)
             proto, info = convert.convert_graph(
                 proto, precision, graph=graph, spec=spec, model=src.family.name, config=src.config,
                 optimizer=src.family.capabilities.optimizer, optimize=optimize, opt_level=opt_level,
@@ -129,7 +177,7 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
            attn_impl: str | None = None, seed: int = 0, optimize: bool = DEFAULT_OPTIMIZE, opt_level: int = 1,
            precision_options: Any = None, config_overrides: dict[str, Any] | None = None,
            tokenizer_graph: TokenizerGraphBuilder | None = None, refine: Any = None,
-           openvino_ir: bool = False) -> Path:
+           openvino_ir: bool = False, trace_cache: str = "use") -> Path:
     """Export every graph of `model` into the artifact directory `out` (written atomically).
 
     `config_overrides` replaces preset config fields (e.g. {"max_positions": 4096} for scaling runs); the
@@ -146,9 +194,15 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
     the builder, which refuses when ids differ unless told to accept them.
 
     `openvino_ir` (fp32 only) also writes openvino/<graph>.xml + .bin converted from the same module by
-    openvino.convert_model (export/openvino_ir.py), which the `ov` runner compiles instead of the ONNX graph."""
+    openvino.convert_model (export/openvino_ir.py), which the `ov` runner compiles instead of the ONNX graph.
+
+    Each graph's torch.onnx trace is kept in the trace cache (export/cache.py `cached_trace`, $XDEPLOY_CACHE/exports)
+    and reused by any later export of the same module, graph and opset, whatever its precision and options;
+    `trace_cache="refresh"` traces again and stores the trace, "off" neither reads nor writes it."""
     from . import precision as prec
 
+    if trace_cache not in TRACE_CACHE:
+        raise XDeployError(f"trace_cache={trace_cache!r}; expected one of: {', '.join(TRACE_CACHE)}")
     if opset not in SUPPORTED_OPSETS:
         raise XDeployError(f"unsupported opset {opset}; expected one of: {', '.join(map(str, SUPPORTED_OPSETS))}")
     prec.check_precision(precision)
@@ -176,7 +230,7 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
         write_probes(w, spec, src.module, raw=src.family.capabilities.text is not None)
         for graph, proto, info in export_graphs(src, spec, opset=opset, precision=precision, optimize=optimize,
                                                 opt_level=opt_level, precision_options=precision_options,
-                                                refine=refine):
+                                                refine=refine, trace_cache=trace_cache):
             w.manifest["conversion"][graph.name] = info
             w.add_graph(graph.name, proto)
         prec.check_requested_nodes(precision, precision_options, w.manifest["conversion"])

@@ -328,3 +328,43 @@ def test_run_job_takes_its_fp32_export_from_the_cache_and_fresh_exports_again(tm
     third = job("c", fresh=True)
     assert mtime(third) != before and mtime(entry) == mtime(third)  # exported again, the entry refreshed from it
     load_artifact(third)
+
+
+def test_a_trace_is_reused_by_every_precision_and_verified(tmp_path, monkeypatch):
+    """The trace cache (export/cache.py cached_trace): an export traces each graph once; a later export of the same
+    module, graph and opset at another precision (or a second fp32 export) reads the trace instead of running
+    torch.onnx, and its graphs are the same as a fresh trace's; a damaged trace is traced again; another opset or
+    other weights are other entries; trace_cache="off" neither reads nor writes, "refresh" traces again."""
+    import onnx
+
+    import xdeploy.export.onnx_export as ox
+
+    monkeypatch.setenv("XDEPLOY_CACHE", str(tmp_path / "cache"))
+    model = _first_model()
+    traces = lambda: sorted((tmp_path / "cache" / "traces").glob("*-trace-*"))  # noqa: E731
+    calls: list[str] = []
+    real = ox.export_graph
+    monkeypatch.setattr(ox, "export_graph", lambda m, g, s, o: calls.append(g.name) or real(m, g, s, o))
+    first = ox.export(model, preset="tiny", out=tmp_path / "a")
+    n = len(MODELS[model].spec(MODELS[model].presets["tiny"]).graphs)
+    assert len(calls) == n and len(traces()) == n
+    again = ox.export(model, preset="tiny", out=tmp_path / "b")
+    ox.export(model, preset="tiny", out=tmp_path / "c", precision="int8-dynamic")
+    assert len(calls) == n  # no trace: both read the cache
+    fresh = ox.export(model, preset="tiny", out=tmp_path / "d", trace_cache="off")
+    assert len(calls) == 2 * n and len(traces()) == n  # traced, nothing written
+    for g in load_artifact(first).spec.graphs:
+        protos = [onnx.load(p / f"{g.name}.onnx").SerializeToString() for p in (first, again, fresh)]
+        assert protos[0] == protos[1] == protos[2]
+    damaged = traces()[0] / "graph.onnx"
+    whole = damaged.read_bytes()
+    damaged.write_bytes(whole[:-16])  # its sha256 no longer matches
+    ox.export(model, preset="tiny", out=tmp_path / "e")
+    assert len(calls) == 2 * n + 1 and damaged.read_bytes() == whole  # traced again and stored whole
+    ox.export(model, preset="tiny", out=tmp_path / "f", trace_cache="refresh")
+    assert len(calls) == 3 * n + 1
+    ox.export(model, preset="tiny", out=tmp_path / "g", opset=18)
+    ox.export(model, preset="tiny", out=tmp_path / "h", seed=1)  # other weights
+    assert len(calls) == 5 * n + 1 and len(traces()) == 3 * n
+    with pytest.raises(XDeployError, match="expected one of: use, refresh, off"):
+        ox.export(model, preset="tiny", out=tmp_path / "i", trace_cache="never")

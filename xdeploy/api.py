@@ -45,14 +45,16 @@ def export(model: str, *, measured: bool = True, cache: bool = True, fresh: bool
 
     The export cache (export/cache.py `cached_export`, $XDEPLOY_CACHE/exports): an export with the same model,
     options, library versions and xdeploy source as an earlier one copies that result into `out` (verified)
-    instead of running torch again. `fresh` exports anyway and refreshes the entry; `cache=False` neither
-    reads nor writes it. `log` receives one line when the cache is used."""
+    instead of running torch again; a miss still reuses each graph's torch.onnx trace from any earlier export of
+    the same module (the trace cache). `fresh` exports anyway and refreshes the entries; `cache=False` neither
+    reads nor writes them. `log` receives one line when the cache is used."""
     from xdeploy.export.cache import cached_export
 
     def run() -> Path:
         from xdeploy.export import onnx_export as _onnx_export  # imports torch: only when exporting
 
-        return _onnx_export.export(model, refine=_refine if measured else None, **kwargs)
+        trace_cache = "off" if not cache else "refresh" if fresh else "use"
+        return _onnx_export.export(model, refine=_refine if measured else None, trace_cache=trace_cache, **kwargs)
 
     if not cache:
         return run()
