@@ -34,7 +34,8 @@ def test_artifact_layout_manifest_and_metadata(bert_art):
     assert m["graphs"]["model"]["inputs"][0]["name"] == "input_ids"
     meta = {p.key: p.value for p in onnx.load(str(bert_art / "model.onnx")).metadata_props}
     assert meta["xdeploy.model"] == "bert" and meta["xdeploy.precision"] == "fp32" and meta["xdeploy.opset"] == "23"
-    assert not list(bert_art.parent.glob(".*tmp*")), "temporary directories left behind"
+    # its own temporaries only: the folder is shared, and the other xdist worker may be exporting beside it
+    assert not list(bert_art.parent.glob(f".{bert_art.name}.tmp*")), "temporary directories left behind"
 
 
 def test_ort_matches_torch_at_several_shapes(bert_art):
