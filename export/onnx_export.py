@@ -131,7 +131,7 @@ def traced_graph(src: Source, graph: Graph, spec: ExportSpec, opset: int, *, tra
     """export_graph of `src`, through the trace cache (export/cache.py `cached_trace`): the same fp32 graph of the
     same module (weights digest `weights`, config, graph, opset) is traced once for every precision and option.
     `trace_cache`: "use", "refresh" (trace again and store) or "off"; no `weights` digest: no cache."""
-    from .cache import cached_trace
+    from .store import cached_trace
 
     def run() -> bytes:
         return export_graph(src.module, graph, spec, opset).SerializeToString()
@@ -159,7 +159,7 @@ def export_graphs(src: Source, spec: ExportSpec, *, opset: int, precision: str, 
     `precision`, with its conversion record (one at a time, so a large model's graphs are not all held in
     memory)."""
     from . import convert  # convert.convert_graph is looked up per call (tests interrupt it there)
-    from .cache import entry_limit_bytes
+    from .store import entry_limit_bytes
 
     weights = None if trace_cache == "off" else _weights_digest(src.module, entry_limit_bytes())
     with torch.no_grad():

@@ -24,6 +24,7 @@ def test_preset_entries_are_reused_and_damaged_ones_rebuilt(tmp_path, monkeypatc
     """cached_artifact: one export per key, reused in place; a damaged entry is rebuilt; the key is the export
     cache's (export_key), so a change to the source an export runs gives a new entry."""
     import xdeploy.export.cache as cache
+    import xdeploy.export.store as store
 
     model = _first_model()
     logs: list[str] = []
@@ -39,6 +40,7 @@ def test_preset_entries_are_reused_and_damaged_ones_rebuilt(tmp_path, monkeypatc
     assert c == a and len(logs) == 2 and load_artifact(c).path == a  # exported again, verified
     assert (a / "manifest.json").stat().st_mtime_ns != stamp
     monkeypatch.setattr(cache, "export_source_hash", lambda: "edited exporter")
+    monkeypatch.setattr(store, "export_source_hash", lambda: "edited exporter")  # eviction's view too
     d = cached_artifact(model, preset="tiny", root=tmp_path, log=logs.append)
     assert d != a and len(logs) == 3 and d.name.rsplit("-", 1)[0] == a.name.rsplit("-", 1)[0]
 
@@ -194,6 +196,7 @@ def test_stale_entries_go_first_and_a_source_edit_leaves_nothing_behind(tmp_path
     import shutil
 
     import xdeploy.export.cache as cache
+    import xdeploy.export.store as store
 
     monkeypatch.setenv("XDEPLOY_CACHE", str(tmp_path / "cache"))
     model = _first_model()
@@ -210,6 +213,7 @@ def test_stale_entries_go_first_and_a_source_edit_leaves_nothing_behind(tmp_path
     cached("a", 1)
     [old] = set(root.iterdir()) - {legacy}
     monkeypatch.setattr(cache, "export_source_hash", lambda: "edited exporter")
+    monkeypatch.setattr(store, "export_source_hash", lambda: "edited exporter")  # eviction's view too
     cached("a2", 1)  # the same export after the edit: a new entry beside the old one
     [new] = set(root.iterdir()) - {legacy, old}
     assert old.name.rsplit("_", 1)[0] != new.name.rsplit("_", 1)[0] and legacy.is_dir()  # a different source tag
@@ -227,6 +231,7 @@ def test_entries_in_use_are_never_evicted(tmp_path, monkeypatch, tiny_export):
     import sys
 
     import xdeploy.export.cache as cache
+    import xdeploy.export.store as store
     from xdeploy.export import onnx_export
 
     model = _first_model()
@@ -238,6 +243,7 @@ def test_entries_in_use_are_never_evicted(tmp_path, monkeypatch, tiny_export):
     (root / "hf-checkpoint").mkdir(parents=True)  # not an entry: a study keeps its checkpoints beside them
     a = cached_artifact(model, preset="tiny", root=root)
     monkeypatch.setattr(cache, "export_source_hash", lambda: "edited exporter")
+    monkeypatch.setattr(store, "export_source_hash", lambda: "edited exporter")  # eviction's view too
     b = cached_artifact(model, preset="tiny", root=root)
     assert a != b and a.is_dir() and b.is_dir() and cache.evict(root) == []  # stale, over budget, but in use
     os.close(cache._HELD.pop(a))  # this process is done with it
