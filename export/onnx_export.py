@@ -128,7 +128,7 @@ TRACE_CACHE = ("use", "refresh", "off")
 
 def traced_graph(src: Source, graph: Graph, spec: ExportSpec, opset: int, *, trace_cache: str = "use",
                  weights: str | None = None) -> onnx.ModelProto:
-    """export_graph of `src`, through the trace cache (export/cache.py `cached_trace`): the same fp32 graph of the
+    """export_graph of `src`, through the trace cache (export/store.py `cached_trace`): the same fp32 graph of the
     same module (weights digest `weights`, config, graph, opset) is traced once for every precision and option.
     `trace_cache`: "use", "refresh" (trace again and store) or "off"; no `weights` digest: no cache."""
     from .store import cached_trace
@@ -196,7 +196,7 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
     `openvino_ir` (fp32 only) also writes openvino/<graph>.xml + .bin converted from the same module by
     openvino.convert_model (export/openvino_ir.py), which the `ov` runner compiles instead of the ONNX graph.
 
-    Each graph's torch.onnx trace is kept in the trace cache (export/cache.py `cached_trace`, $XDEPLOY_CACHE/exports)
+    Each graph's torch.onnx trace is kept in the trace cache (export/store.py `cached_trace`, $XDEPLOY_CACHE/traces)
     and reused by any later export of the same module, graph and opset, whatever its precision and options;
     `trace_cache="refresh"` traces again and stores the trace, "off" neither reads nor writes it."""
     from . import precision as prec
