@@ -40,7 +40,6 @@ from .store import (  # noqa: F401
     _HELD,
     DEFAULT_BUDGET_MB,
     DEFAULT_ENTRY_MB,
-    EXPORT_LIBRARIES,
     EXPORT_SOURCES,
     _dir_bytes,
     _fields_digest,
@@ -50,12 +49,9 @@ from .store import (  # noqa: F401
     _source_tag,
     _touch,
     cache_root,
-    cached_trace,
     entries_root,
-    entry_limit_bytes,
     evict,
     export_source_hash,
-    traces_root,
 )
 
 

@@ -109,27 +109,25 @@ def resolve_source(model: str, *, preset: str | None = None, checkpoint: str | P
     return Source(family, cfg, module, preset, {"kind": "preset", "preset": preset, "seed": seed})
 
 
-def _weights_digest(module: nn.Module, limit: float) -> str | None:
-    """sha256 of the module's state (names, dtypes, shapes, bytes); None above `limit` bytes (not worth a cache
-    entry: hashing and storing a base preset's graph costs more than it saves)."""
-    state = module.state_dict()
-    if sum(t.numel() * t.element_size() for t in state.values()) > limit:
-        return None
-    h = hashlib.sha256()
-    for name, t in state.items():
-        t = t.detach().contiguous().cpu()
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}\0".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
 TRACE_CACHE = ("use", "refresh", "off")
+
+
+def _trace_weights(writer: Any) -> str | None:
+    """The trace cache's weights key: the sha256 of the artifact's reference safetensors (names, dtypes, shapes
+    and bytes: written and hashed once per export anyway), or None over XDEPLOY_EXPORT_CACHE_MAX_MB (hashing and
+    storing a base preset's graphs costs more than tracing them again saves)."""
+    from .store import entry_limit_bytes
+
+    if writer.path("reference/model.safetensors").stat().st_size > entry_limit_bytes():
+        return None
+    return writer.manifest["source"]["weights_sha256"]
 
 
 def traced_graph(src: Source, graph: Graph, spec: ExportSpec, opset: int, *, trace_cache: str = "use",
                  weights: str | None = None) -> onnx.ModelProto:
     """export_graph of `src`, through the trace cache (export/store.py `cached_trace`): the same fp32 graph of the
-    same module (weights digest `weights`, config, graph, opset) is traced once for every precision and option.
+    same module (`weights`: the sha256 of its saved safetensors; config, graph, opset) is traced once for every
+    precision and option.
     `trace_cache`: "use", "refresh" (trace again and store) or "off"; no `weights` digest: no cache."""
     from .store import cached_trace
 
@@ -153,15 +151,14 @@ def traced_graph(src: Source, graph: Graph, spec: ExportSpec, opset: int, *, tra
 
 
 def export_graphs(src: Source, spec: ExportSpec, *, opset: int, precision: str, optimize: bool, opt_level: int,
-                  precision_options: Any, refine: Any = None, trace_cache: str = "use"
-                  ) -> Iterator[tuple[Graph, onnx.ModelProto, dict[str, Any]]]:
-    """Each graph of `spec` exported (through the trace cache: `traced_graph`), optimized and converted to
+                  precision_options: Any, refine: Any = None, trace_cache: str = "use",
+                  weights: str | None = None) -> Iterator[tuple[Graph, onnx.ModelProto, dict[str, Any]]]:
+    """Each graph of `spec` exported (through the trace cache, `traced_graph`, when `weights` keys the module's
+    weights: export passes `_trace_weights`; None traces without it), optimized and converted to
     `precision`, with its conversion record (one at a time, so a large model's graphs are not all held in
     memory)."""
     from . import convert  # convert.convert_graph is looked up per call (tests interrupt it there)
-    from .store import entry_limit_bytes
 
-    weights = None if trace_cache == "off" else _weights_digest(src.module, entry_limit_bytes())
     with torch.no_grad():
         for graph in spec.graphs:
             proto = traced_graph(src, graph, spec, opset, trace_cache=trace_cache, weights=weights)
@@ -230,7 +227,8 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
         write_probes(w, spec, src.module, raw=src.family.capabilities.text is not None)
         for graph, proto, info in export_graphs(src, spec, opset=opset, precision=precision, optimize=optimize,
                                                 opt_level=opt_level, precision_options=precision_options,
-                                                refine=refine, trace_cache=trace_cache):
+                                                refine=refine, trace_cache=trace_cache,
+                                                weights=_trace_weights(w)):
             w.manifest["conversion"][graph.name] = info
             w.add_graph(graph.name, proto)
         prec.check_requested_nodes(precision, precision_options, w.manifest["conversion"])
