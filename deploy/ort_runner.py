@@ -9,9 +9,10 @@ from typing import Any, ClassVar
 import numpy as np
 
 from xdeploy.core.errors import ParityError, XDeployError
+from xdeploy.export.onnx_graph import TWO_GB, proto_size
 
 from .base import Runner, RunnerInfo, validate_feeds
-from .sessions import CPU_PROVIDERS, TWO_GB, onnx_file, ort_session, ort_session_options
+from .sessions import CPU_PROVIDERS, onnx_file, ort_session, ort_session_options
 
 
 class OrtRunner(Runner):
@@ -31,7 +32,7 @@ class OrtRunner(Runner):
         """One session on the in-memory model (serialized, or a temporary file beyond protobuf's 2 GB)."""
         so, what = ort_session_options(0, opt_level), "the graph with exposed tensors"
         providers = list(providers) or list(CPU_PROVIDERS)
-        if model.ByteSize() < TWO_GB:
+        if proto_size(model) < TWO_GB:
             sess = ort_session(model.SerializeToString(), options=so, providers=providers, what=what)
         else:
             with onnx_file(model) as path:

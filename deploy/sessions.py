@@ -27,13 +27,13 @@ from typing import Any
 
 from xdeploy.core.deps import import_quietly
 from xdeploy.core.errors import XDeployError, one_of
+from xdeploy.export.onnx_graph import TWO_GB, proto_size
 
 ORT_OPT_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
                   "all": "ORT_ENABLE_ALL"}
 CPU_PROVIDERS: tuple[Any, ...] = ("CPUExecutionProvider",)
 OV_PRECISION_HINTS = {"": "f32", "f32": "f32", "bf16": "bf16"}  # ov variant -> INFERENCE_PRECISION_HINT
 OV_PERFORMANCE_HINTS = {"latency": "LATENCY", "throughput": "THROUGHPUT"}
-TWO_GB = 2**31  # protobuf's limit: a larger ONNX model is serialized with its weights as external data
 
 
 def intra_op_threads(threads: int) -> int:
@@ -90,7 +90,7 @@ def onnx_file(model: Any) -> Iterator[Path]:
 
     with tempfile.TemporaryDirectory(prefix="xdeploy-onnx-") as d:
         path = Path(d) / "model.onnx"
-        onnx.save_model(model, str(path), save_as_external_data=model.ByteSize() >= TWO_GB,
+        onnx.save_model(model, str(path), save_as_external_data=proto_size(model) >= TWO_GB,
                         location="model.onnx.data")
         yield path
 

@@ -1,7 +1,9 @@
 """Reading another exporter's ONNX graph into the manifest of an artifact view (export/foreign.py has the view, the
 binding of its dims and the rest; export/artifact.py `load_artifact` opens a view with `view_manifest`), and the
 checks every ONNX file gets before a runtime follows it (external data inside the directory). Graphs are
-untrusted input: read without their external data, one-line errors for anything xdeploy cannot run.
+untrusted input: read without their external data, one-line errors for anything xdeploy cannot run. Also the two
+graph walks the int8 path and layerwise share (`subgraph_inputs`, `prune`), and `proto_size`, which every
+"is this model over protobuf's 2 GB" decision uses.
 """
 
 from __future__ import annotations
@@ -52,6 +54,100 @@ def read_onnx(onnx_path: Path) -> Any:
     except Exception as e:  # protobuf DecodeError and friends
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise XDeployError(f"{onnx_path} is not a readable ONNX model: {why}") from None
+
+
+TWO_GB = 2**31  # protobuf's limit: a larger ONNX model is serialized with its weights as external data
+_SLACK = 64  # bytes per message or field counted on top of its payload (tags, lengths, names of a few bytes)
+
+
+def proto_size(message: Any) -> int:
+    """An upper estimate of `message`'s serialized size (an onnx ModelProto or any part of it), without
+    serializing its tensors' payload: upb's ByteSize() serializes the whole message to measure it (1.2 s for
+    GPT-2 small's 0.5 GB graph, asked several times per export). A tensor with raw data counts its dims times
+    its element size; everything else is measured, plus a few bytes per field. Exact enough for thresholds of
+    megabytes and gigabytes; never used as a length."""
+    import onnx
+
+    if isinstance(message, onnx.TensorProto) and message.HasField("raw_data"):
+        itemsize = _itemsize(message.data_type)
+        if itemsize:
+            n = 1
+            for d in message.dims:
+                n *= d
+            return int(n * itemsize) + len(message.name) + _SLACK * (len(message.dims) + 4)
+    if not isinstance(message, (onnx.ModelProto, onnx.GraphProto, onnx.FunctionProto, onnx.NodeProto,
+                                onnx.AttributeProto)):
+        return message.ByteSize()  # no payload of raw tensors to skip
+    total = 0
+    for _, value in message.ListFields():
+        repeated = hasattr(value, "__len__") and not isinstance(value, (str, bytes))
+        for v in value if repeated else [value]:
+            if hasattr(v, "ListFields"):
+                total += proto_size(v)
+            elif isinstance(v, (str, bytes)):
+                total += len(v)
+            total += _SLACK
+    return total
+
+
+def _itemsize(data_type: int) -> float:
+    """Bytes per element of an onnx tensor type's raw data (0 when not fixed: strings, unknown types)."""
+    import onnx
+
+    if data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
+        return 0
+    try:
+        bits = {onnx.TensorProto.INT4: 4, onnx.TensorProto.UINT4: 4}.get(data_type)
+        if bits is None and hasattr(onnx.TensorProto, "FLOAT4E2M1") and data_type == onnx.TensorProto.FLOAT4E2M1:
+            bits = 4
+        if bits is not None:
+            return bits / 8
+        return float(onnx.helper.tensor_dtype_to_np_dtype(data_type).itemsize)
+    except (KeyError, TypeError, ValueError):
+        return 0
+
+
+def subgraph_inputs(node: Any) -> set[str]:
+    """Every tensor name an If/Loop/Scan body of `node` reads (outer-scope tensors are read implicitly)."""
+    names: set[str] = set()
+    for attr in node.attribute:
+        for g in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+            for n in g.node:
+                names.update(n.input)
+                names.update(subgraph_inputs(n))
+    return names
+
+
+def prune(model: Any, outputs: Sequence[str] | None = None) -> Any:
+    """In place: keep only the nodes the tensors `outputs` depend on (default: the graph's outputs; given, they
+    become the graph's outputs, in that order) and the initializers those nodes read; returns `model`.
+
+    onnxruntime runs every node of a graph whatever is fetched: a calibration run that fetches GPT-2's hidden
+    states still computed its (batch, seq, 50257) logits, a quarter of the run, until it ran a pruned graph."""
+    import onnx
+
+    g = model.graph
+    if outputs is not None:
+        known = {o.name: o for o in g.output}
+        chosen = [known.get(t) or onnx.ValueInfoProto(name=t) for t in outputs]
+        kept_out = [onnx.ValueInfoProto.FromString(v.SerializeToString()) for v in chosen]
+        del g.output[:]
+        g.output.extend(kept_out)
+    needed = {o.name for o in g.output}
+    dead = []
+    for k in range(len(g.node) - 1, -1, -1):  # reverse topological order: a node's readers come first
+        n = g.node[k]
+        if any(o in needed for o in n.output if o):
+            needed.update(i for i in n.input if i)
+            needed |= subgraph_inputs(n)
+        else:
+            dead.append(k)
+    for k in dead:  # descending indices; deleted in place (no copy of the weights)
+        del g.node[k]
+    for k in range(len(g.initializer) - 1, -1, -1):
+        if g.initializer[k].name not in needed:
+            del g.initializer[k]
+    return model
 
 
 def check_external_data(onnx_path: Path, root: Path, proto: Any = None) -> list[str]:

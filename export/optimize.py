@@ -30,6 +30,8 @@ import onnx
 
 from xdeploy.core.errors import XDeployError
 
+from .onnx_graph import TWO_GB, proto_size
+
 MS_DOMAIN = "com.microsoft"
 OPT_LEVELS = (0, 1, 2)  # 0: Python fusions only; 1: onnxruntime basic + fusions; 2: + onnxruntime extended
 
@@ -75,7 +77,7 @@ def optimize(proto: onnx.ModelProto, *, model_type: str, num_heads: int, hidden_
         fusion.enable_bias_gelu = False
     # The optimizer logs every fusion pass (and "failed in shape inference" at opset 23) to stdout/logging.
     logging.getLogger("onnxruntime").setLevel(logging.ERROR)
-    large = proto.ByteSize() >= 2**31
+    large = proto_size(proto) >= TWO_GB
     with tempfile.TemporaryDirectory(prefix="xdeploy-opt-") as d, contextlib.redirect_stdout(io.StringIO()):
         # Given a ModelProto, the optimizer saves it with external data for its onnxruntime pass, which then
         # cannot constant-fold shape tensors ("Cannot parse data from external tensors"): give it a file.

@@ -57,6 +57,7 @@ from xdeploy.core.errors import XDeployError, one_of
 from xdeploy.models.spec import ARTIFACT_PRECISIONS, ExportSpec, Graph, make_feeds
 
 from . import saturation
+from .onnx_graph import TWO_GB, proto_size, prune
 
 EXPORT_PRECISIONS = ARTIFACT_PRECISIONS
 INT8_PRECISIONS = ("int8", "int8-dynamic")
@@ -288,7 +289,7 @@ def _float_nodes(proto: onnx.ModelProto) -> dict[str, str]:
     p = onnx.ModelProto()
     p.CopyFrom(proto)
     type_contrib_outputs(p)
-    g = (onnx.shape_inference.infer_shapes(p) if p.ByteSize() < 2**31 else p).graph
+    g = (onnx.shape_inference.infer_shapes(p) if proto_size(p) < TWO_GB else p).graph
     types = {v.name: v.type.tensor_type.elem_type for v in [*g.input, *g.output, *g.value_info]}
     types |= {t.name: t.data_type for t in g.initializer}
     flt = {onnx.TensorProto.FLOAT}
@@ -343,12 +344,18 @@ def to_fp16_blocked(proto: onnx.ModelProto, options: PrecisionOptions = Precisio
 # ---------------------------------------------------------------------------------------------- int8 ----
 
 def _prepare(proto: onnx.ModelProto, d: Path) -> tuple[Path, bool]:
-    """Save `proto` (value_info stripped, contrib outputs typed) and run the quantizer's documented
-    pre-processing (onnxruntime basic optimizations + shape inference) into d/pre.onnx."""
-    from onnxruntime.quantization.shape_inference import quant_pre_process
+    """Save `proto` (value_info stripped, contrib outputs typed) and run the optimization step of the quantizer's
+    documented pre-processing (onnxruntime's basic optimizations: constant folding, e.g. GPT's tied lm_head
+    Transpose into one weight) into d/pre.onnx; returns (path, whether its weights are external).
+
+    Its other step, onnx shape inference, is left to `quantize_static`, which runs it again on load anyway
+    (`load_model_with_shape_infer`): `quant_pre_process` saved and re-read the model three more times around it,
+    14 s of GPT-2 small's 17 s per graph (docs/export.md). Symbolic shape inference stays off as before: it does
+    not know the opset-23 Attention op."""
+    import onnxruntime as ort
 
     fused = any(n.domain == "com.microsoft" for n in proto.graph.node)
-    large = proto.ByteSize() >= 2**31
+    large = proto_size(proto) >= TWO_GB
     src, pre = d / "in.onnx", d / "pre.onnx"
     # Saved as it is, its value_info swapped out for the save (a copy would be one more model in memory), except
     # when large: saving with external data rewrites the initializers in place, so a copy is saved.
@@ -366,12 +373,16 @@ def _prepare(proto: onnx.ModelProto, d: Path) -> tuple[Path, bool]:
             del p.graph.value_info[:]
             p.graph.value_info.extend(kept)
     del p
-    # Its symbolic shape inference does not know the opset-23 Attention op, so only onnx's is used. An
-    # optimized graph skips the pre-processing's optimization pass, which would drop the contrib ops'
-    # value_info added above.
-    quant_pre_process(str(src), str(pre), skip_symbolic_shape=True, skip_optimization=fused,
-                      save_as_external_data=large, all_tensors_to_one_file=True,
-                      external_data_location="pre.onnx.data")
+    if fused:  # an optimized graph is not optimized again: that would drop the contrib ops' value_info added above
+        return src, large
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.optimized_model_filepath = str(pre)
+    so.log_severity_level = 3
+    if large:  # the optimized model's weights beside it, not pointing at in.onnx.data
+        so.add_session_config_entry("session.optimized_model_external_initializers_file_name", "pre.onnx.data")
+    session = ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"])
+    del session
     return pre, large
 
 
@@ -494,14 +505,13 @@ def collect_ranges(model_path: Path, samples: Sequence[Mapping[str, np.ndarray]]
     format): the same session settings as its calibrators (no graph optimizations, so the values are the
     unfused graph's), MinMax as a running min/max, Percentile/Entropy through onnxruntime's own HistogramCollector
     fed one sample at a time (what its calibrators do with one sample per range). Only the requested tensors
-    are fetched (graph outputs are not: the lm_head's logits are never computed) and nothing outlives its
-    sample, so memory is the session plus one sample's activations, whatever the number of samples."""
+    are computed (the graph is pruned to them: onnxruntime runs every node whatever is fetched, and GPT-2
+    small's lm_head was a quarter of each calibration run) and nothing outlives its sample, so memory is the
+    session plus one sample's activations, whatever the number of samples."""
     import onnxruntime as ort
     from onnxruntime.quantization.calibrate import HistogramCollector, TensorsData
 
-    model = onnx.load(str(model_path), load_external_data=False)
-    outputs = {o.name for o in model.graph.output}
-    model.graph.output.extend([onnx.ValueInfoProto(name=t) for t in tensors if t not in outputs])
+    model = prune(onnx.load(str(model_path), load_external_data=False), tensors)  # (no logits computed)
     external = any(i.data_location == onnx.TensorProto.EXTERNAL for i in model.graph.initializer)
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # as onnxruntime's calibrators

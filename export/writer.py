@@ -35,8 +35,8 @@ from xdeploy.core.errors import XDeployError
 from xdeploy.core.fsutil import atomic_dir, atomic_write_bytes, atomic_write_json, sha256_file
 
 from .artifact import FORMAT, MANIFEST, SCHEMA_VERSION, write_manifest_files
+from .onnx_graph import TWO_GB, proto_size
 
-TWO_GB = 2**31
 # From this size on a graph's weights go to <graph>.onnx.data beside it, not inside the protobuf: onnxruntime then
 # maps that file instead of parsing a copy of every weight out of the model bytes and keeping it (GPT-2 small
 # fp32 decode on `ort`, generating: peak RSS 1146 -> 877 MB on Zen 3, same tokens/s), and protobuf's 2 GB limit
@@ -62,7 +62,7 @@ def set_metadata(proto: onnx.ModelProto, fields: Mapping[str, Any]) -> None:
 
 def save_onnx(proto: onnx.ModelProto, path: Path, *, check: bool = True) -> None:
     """Check fully (with shape inference) and save; weights go to <name>.data from EXTERNAL_DATA_BYTES on."""
-    size = proto.ByteSize()
+    size = proto_size(proto)  # an upper estimate: a graph within a few KB of a threshold is treated as over
     large = size >= EXTERNAL_DATA_BYTES
     try:
         if check and size < TWO_GB:

@@ -413,3 +413,25 @@ def test_an_option_of_another_precision_is_refused_in_one_line():
                       (("--precision", "int8", "--no-amp"), "--no-amp applies to --precision fp16, not int8")):
         with pytest.raises(XDeployError, match=msg):
             opts(*argv)
+
+
+@pytest.mark.parametrize("model", names())
+def test_proto_size_bounds_the_serialized_size_without_serializing(fp32, model):
+    """`proto_size` (every 2 GB / external-data decision) is an upper estimate of ByteSize(), close for weights."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from xdeploy.export.onnx_graph import TWO_GB, proto_size
+
+    art = load_artifact(fp32(model))
+    for g in (g.name for g in art.spec.graphs):
+        proto = onnx.load(str(art.onnx_path(g)))
+        exact = proto.ByteSize()
+        assert exact <= proto_size(proto) <= 1.3 * exact + 65536, g
+    big = numpy_helper.from_array(np.zeros((1024, 9000), np.float32), "w")  # 36.9 MB of raw data
+    half = helper.make_tensor("h", TensorProto.INT4, [3], [1, 2, 3])  # packed: 2 bytes
+    m = helper.make_model(helper.make_graph([helper.make_node("Identity", ["w"], ["y"])], "g", [],
+                                            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                                            [big, half]))
+    exact = m.ByteSize()
+    assert exact <= proto_size(m) <= exact + 4096
+    assert proto_size(m) < TWO_GB <= proto_size(m) * 60  # below the limit, and the scale is right

@@ -83,9 +83,12 @@ def _qdq_params(q: onnx.ModelProto) -> dict[str, tuple[float, int]]:
 
 
 def test_quantized_graph_equals_onnxruntime_calibration(gpt):
-    """The Q/DQ graph from our ranges has the same quantized tensors, scales and zero points as quantize_static
-    calibrating by itself (percentile, the default)."""
+    """The Q/DQ graph from our pre-processing and ranges has the same quantized tensors, scales, zero points and
+    quantized weights as onnxruntime's documented path: `quant_pre_process`, then quantize_static calibrating by
+    itself (percentile, the default). Ours runs only the pre-processing's optimization (the tied lm_head's
+    Transpose folded) and leaves shape inference to quantize_static."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
 
     proto, samples = gpt
     options = prec.PrecisionOptions(int8_sensitivity=False)
@@ -94,7 +97,11 @@ def test_quantized_graph_equals_onnxruntime_calibration(gpt):
     weights = prec.quantizable_nodes(proto)
     activation_only = [n.name for n in proto.graph.node if n.op_type in prec.INT8_OP_TYPES and n.name not in weights]
     with tempfile.TemporaryDirectory() as d, prec._quiet(), prec._bounded_histograms():
-        pre, _ = prec._prepare(proto, Path(d))
+        plain = onnx.ModelProto.FromString(proto.SerializeToString())
+        del plain.graph.value_info[:]
+        onnx.save(plain, str(Path(d, "in.onnx")))
+        pre = Path(d, "pre.onnx")
+        quant_pre_process(str(Path(d, "in.onnx")), str(pre), skip_symbolic_shape=True)
         reader = Reader(samples, {i.name for i in proto.graph.input})
         quantize_static(str(pre), str(Path(d, "q.onnx")), reader, quant_format=QuantFormat.QDQ,
                         op_types_to_quantize=list(prec.INT8_OP_TYPES), per_channel=True, reduce_range=True,
@@ -110,3 +117,60 @@ def test_quantized_graph_equals_onnxruntime_calibration(gpt):
     for t, (scale, zp) in ref.items():
         assert mine[t][1] == zp and mine[t][0] == pytest.approx(scale, rel=1e-6), t
     assert [n.op_type for n in ours.graph.node] == [n.op_type for n in theirs.graph.node]
+    transposes = [sum(n.op_type == "Transpose" for n in m.graph.node) for m in (ours, proto)]
+    assert transposes[0] < transposes[1]  # the tied lm_head's weight Transpose was folded
+    qw, rw = ({i.name: numpy_helper.to_array(i) for i in m.graph.initializer if i.data_type == onnx.TensorProto.INT8}
+              for m in (ours, theirs))
+    assert qw and qw.keys() == rw.keys() and all(np.array_equal(qw[k], rw[k]) for k in qw)
+
+
+def test_calibration_runs_a_graph_pruned_to_the_ranged_tensors(gpt):
+    """onnxruntime runs every node whatever is fetched, so calibration runs the graph pruned to the activations it
+    ranges: the lm_head (whose logits are a quarter of GPT-2 small's run) is gone, the values are the same."""
+    import onnxruntime as ort
+
+    from xdeploy.export.onnx_graph import prune
+
+    proto, samples = gpt
+    tensors = prec.calibration_tensors(proto)
+    logits = proto.graph.output[0].name
+    pruned = prune(onnx.ModelProto.FromString(proto.SerializeToString()), tensors)
+    assert [o.name for o in pruned.graph.output] == tensors
+    assert not any(logits in n.output for n in pruned.graph.node)
+    assert 0 < len(pruned.graph.node) < len(proto.graph.node)
+    assert len(pruned.graph.initializer) <= len(proto.graph.initializer)
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    full = onnx.ModelProto.FromString(proto.SerializeToString())
+    full.graph.output.extend([onnx.ValueInfoProto(name=t) for t in tensors])
+    feeds = samples[3]  # a paragraph sample
+    got, want = (ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+                 .run(tensors, {i.name: feeds[i.name] for i in m.graph.input}) for m in (pruned, full))
+    for t, a, b in zip(tensors, got, want):
+        np.testing.assert_array_equal(a, b, err_msg=t)
+
+
+def test_prune_keeps_what_a_subgraph_reads():
+    """A tensor read only inside an If branch (outer scope) keeps its producer; an unread node and initializer go."""
+    from onnx import TensorProto, helper
+
+    from xdeploy.export.onnx_graph import prune
+
+    branch = lambda name: helper.make_graph(  # noqa: E731
+        [helper.make_node("Identity", ["outer"], [f"{name}_out"])], name, [],
+        [helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, [2])])
+    nodes = [helper.make_node("Neg", ["x"], ["outer"], name="neg"),
+             helper.make_node("Mul", ["x", "unused_w"], ["dead"], name="dead"),
+             helper.make_node("If", ["c"], ["y"], name="if", then_branch=branch("then"), else_branch=branch("else"))]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+                     helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        [numpy_helper.from_array(np.ones(2, np.float32), "unused_w")])
+    model = prune(helper.make_model(graph))
+    assert [n.name for n in model.graph.node] == ["neg", "if"]
+    assert not model.graph.initializer
+    assert [o.name for o in prune(model, ["outer"]).graph.output] == ["outer"]
+    assert [n.name for n in model.graph.node] == ["neg"]
+

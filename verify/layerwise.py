@@ -45,7 +45,7 @@ import onnx
 
 from xdeploy.core.errors import XDeployError
 from xdeploy.deploy.metrics import compare
-from xdeploy.deploy.sessions import TWO_GB
+from xdeploy.export.onnx_graph import TWO_GB, proto_size, subgraph_inputs
 from xdeploy.models.spec import Tolerance
 
 FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
@@ -80,7 +80,7 @@ def _load(model: onnx.ModelProto | str | Path, what: str) -> onnx.ModelProto:
 def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
     """Element type of every typed value (graph value_info, inputs, outputs, after shape inference)."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(model) if model.ByteSize() < TWO_GB else model
+        inferred = onnx.shape_inference.infer_shapes(model) if proto_size(model) < TWO_GB else model
     except Exception:  # shape inference is best effort: unknown types are decided at run time
         inferred = model
     g = inferred.graph
@@ -280,18 +280,8 @@ def ancestors(model: onnx.ModelProto, tensors: list[tuple[str, onnx.NodeProto]])
         m = 0
         for name in node.input:
             m |= dep.get(name, 0)
-        for name in _subgraph_inputs(node):  # If/Loop bodies read outer tensors implicitly
+        for name in subgraph_inputs(node):  # If/Loop bodies read outer tensors implicitly
             m |= dep.get(name, 0)
         for o in node.output:
             dep[o] = m | (1 << index[o] if o in index else 0)
     return [dep[t] for t, _ in tensors]
-
-
-def _subgraph_inputs(node: onnx.NodeProto) -> set[str]:
-    names: set[str] = set()
-    for attr in node.attribute:
-        for g in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-            for n in g.node:
-                names.update(n.input)
-                names.update(_subgraph_inputs(n))
-    return names

@@ -48,6 +48,7 @@ from xdeploy.core.deps import import_quietly
 from xdeploy.core.errors import XDeployError
 from xdeploy.deploy.verdict import check_outputs, meaningful, tolerance_precision
 from xdeploy.export import precision as prec
+from xdeploy.export.onnx_graph import prune
 from xdeploy.models.spec import ExportSpec, Graph, InputCase, Tolerance, case_sizes, shape_cases
 from xdeploy.verify.layerwise import (
     _Probe,
@@ -308,24 +309,7 @@ def keep_float(candidate: onnx.ModelProto, reference: onnx.ModelProto, nodes: Se
         nodes_now = list(q.graph.node)
         del q.graph.node[:]
         q.graph.node.extend(chains + nodes_now)
-    return _prune(q)
-
-
-def _prune(q: onnx.ModelProto) -> onnx.ModelProto:
-    """Drop nodes whose outputs nothing reads (Q/DQ pairs left without a consumer) and unused initializers."""
-    g = q.graph
-    while True:
-        used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
-        dead = [n for n in g.node if not any(o in used for o in n.output if o)]
-        if not dead:
-            break
-        for n in dead:
-            g.node.remove(n)
-    used = {i for n in g.node for i in n.input}
-    keep = [i for i in g.initializer if i.name in used]
-    del g.initializer[:]
-    g.initializer.extend(keep)
-    return q
+    return prune(q)  # Q/DQ pairs left without a consumer, and their initializers
 
 
 def _score(reference_out: dict[str, np.ndarray], candidate: onnx.ModelProto, case: InputCase, graph: Graph,
