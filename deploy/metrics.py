@@ -94,7 +94,9 @@ def compare(ref: np.ndarray, cand: np.ndarray, tol: Tolerance, *, mask: np.ndarr
     for k in range(0, rf.size, CHUNK):
         r = rf[k:k + CHUNK].astype(np.float64)
         c = cf[k:k + CHUNK].astype(np.float64)
-        r_inf = ~np.isfinite(r) | (np.abs(r) >= HUGE)
+        d = np.abs(r)  # |ref| for now
+        r_inf = d >= HUGE
+        r_inf |= ~np.isfinite(r)
         c_fin = np.isfinite(c)
         # Where the reference is NaN/±inf/huge the candidate must be the same kind: NaN for NaN, a saturated
         # value (>= fp16 max) of the same sign for ±inf/huge.
@@ -104,21 +106,27 @@ def compare(ref: np.ndarray, cand: np.ndarray, tol: Tolerance, *, mask: np.ndarr
                 sat_ok = np.where(np.isnan(rr), np.isnan(cc),
                                   (np.sign(cc) == np.sign(rr)) & (~np.isfinite(cc) | (np.abs(cc) >= 65504.0)))
             nonfinite += int(np.count_nonzero(~sat_ok))
-        nonfinite += int(np.count_nonzero(~r_inf & ~c_fin))
-        sel = ~r_inf & c_fin
+        sel = c_fin
+        sel &= ~r_inf
+        nonfinite += int(sel.size - np.count_nonzero(sel | r_inf))  # candidate non-finite where ref is finite
         if mf is not None:
             sel &= mf[k:k + CHUNK]
-        rs, cs = r[sel], c[sel]
+        if sel.all():  # the common case: no copies of the chunk
+            rs, cs, ar = r, c, d
+        else:
+            rs, cs, ar = r[sel], c[sel], d[sel]
         if not rs.size:
             continue
         n += int(rs.size)
-        d = np.abs(cs - rs)
-        ar = np.abs(rs)
+        d = np.subtract(cs, rs)
+        np.abs(d, out=d)
         max_abs, sum_abs = max(max_abs, float(d.max())), sum_abs + float(d.sum())
         big = ar > tol.atol
         if big.any():
-            max_rel = max(max_rel, float((d[big] / ar[big]).max()))
-        within_n += int(np.count_nonzero(d <= tol.atol + tol.rtol * ar))
+            max_rel = max(max_rel, float(np.divide(d, ar, out=np.zeros_like(d), where=big).max()))
+        bound = ar * tol.rtol
+        bound += tol.atol
+        within_n += int(np.count_nonzero(d <= bound))
         dot, na2, nb2 = dot + float(np.dot(rs, cs)), na2 + float(np.dot(rs, rs)), nb2 + float(np.dot(cs, cs))
     if n:
         mean_abs, within, cos = sum_abs / n, within_n / n, float(_cosine_rule(dot, np.sqrt(na2), np.sqrt(nb2)))
