@@ -349,9 +349,10 @@ def _prepare(proto: onnx.ModelProto, d: Path) -> tuple[Path, bool]:
     Transpose into one weight) into d/pre.onnx; returns (path, whether its weights are external).
 
     Its other step, onnx shape inference, is left to `quantize_static`, which runs it again on load anyway
-    (`load_model_with_shape_infer`): `quant_pre_process` saved and re-read the model three more times around it,
-    14 s of GPT-2 small's 17 s per graph (docs/export.md). Symbolic shape inference stays off as before: it does
-    not know the opset-23 Attention op."""
+    (`load_model_with_shape_infer`): `quant_pre_process` saved and re-read the model three more times around it
+    (GPT-2 small: ~14 s per graph with it, 4-9 s without; docs/export.md). An optimization failure is an error
+    (`quant_pre_process` logged it and went on with the graph as it was). Symbolic shape inference stays off as
+    before: it does not know the opset-23 Attention op."""
     import onnxruntime as ort
 
     fused = any(n.domain == "com.microsoft" for n in proto.graph.node)
