@@ -94,8 +94,8 @@ def compare(ref: np.ndarray, cand: np.ndarray, tol: Tolerance, *, mask: np.ndarr
     for k in range(0, rf.size, CHUNK):
         r = rf[k:k + CHUNK].astype(np.float64)
         c = cf[k:k + CHUNK].astype(np.float64)
-        d = np.abs(r)  # |ref| for now
-        r_inf = d >= HUGE
+        r_abs = np.abs(r)
+        r_inf = r_abs >= HUGE
         r_inf |= ~np.isfinite(r)
         c_fin = np.isfinite(c)
         # Where the reference is NaN/±inf/huge the candidate must be the same kind: NaN for NaN, a saturated
@@ -106,15 +106,14 @@ def compare(ref: np.ndarray, cand: np.ndarray, tol: Tolerance, *, mask: np.ndarr
                 sat_ok = np.where(np.isnan(rr), np.isnan(cc),
                                   (np.sign(cc) == np.sign(rr)) & (~np.isfinite(cc) | (np.abs(cc) >= 65504.0)))
             nonfinite += int(np.count_nonzero(~sat_ok))
-        sel = c_fin
-        sel &= ~r_inf
-        nonfinite += int(sel.size - np.count_nonzero(sel | r_inf))  # candidate non-finite where ref is finite
+        nonfinite += int(c_fin.size - np.count_nonzero(c_fin | r_inf))  # candidate non-finite where ref is finite
+        sel = c_fin & ~r_inf
         if mf is not None:
             sel &= mf[k:k + CHUNK]
         if sel.all():  # the common case: no copies of the chunk
-            rs, cs, ar = r, c, d
+            rs, cs, ar = r, c, r_abs
         else:
-            rs, cs, ar = r[sel], c[sel], d[sel]
+            rs, cs, ar = r[sel], c[sel], r_abs[sel]
         if not rs.size:
             continue
         n += int(rs.size)

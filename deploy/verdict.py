@@ -62,9 +62,9 @@ def top1_agrees(ref: np.ndarray, cand: np.ndarray, tol: Tolerance) -> np.ndarray
     flip between two logits 0.01 apart, a verdict about the input, not the deployment."""
     # max and gather are exact in the reference's own dtype: only their results are widened (a float64 copy of
     # GPT-2's 1 x 1024 x 50257 logits was 0.4 GB and a second of the int8 search's every comparison)
-    best = np.asarray(ref).max(axis=-1).astype(np.float64)
-    picked = np.take_along_axis(np.asarray(ref), np.argmax(cand, axis=-1)[..., None], axis=-1)[..., 0]
-    picked = picked.astype(np.float64)
+    r = np.asarray(ref)
+    best = r.max(axis=-1).astype(np.float64)
+    picked = np.take_along_axis(r, np.argmax(cand, axis=-1)[..., None], axis=-1)[..., 0].astype(np.float64)
     return picked >= best - (tol.atol + tol.rtol * np.abs(best))
 
 

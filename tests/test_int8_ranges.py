@@ -148,7 +148,7 @@ def test_calibration_runs_a_graph_pruned_to_the_ranged_tensors(gpt):
     got, want = (ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
                  .run(tensors, {i.name: feeds[i.name] for i in m.graph.input}) for m in (pruned, full))
     for t, a, b in zip(tensors, got, want):
-        np.testing.assert_array_equal(a, b, err_msg=t)
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=0, err_msg=t)  # the same kernels on the same inputs
 
 
 def test_prune_keeps_what_a_subgraph_reads():
