@@ -20,10 +20,12 @@ class OrtRunner(Runner):
     providers: tuple[Any, ...] = CPU_PROVIDERS
     # Interleaved with other engines, onnxruntime's intra-op pool spinning after a call (its default) slows the
     # block timed next: on 2 cores (MiniLM, 12 rotated rounds) 25-38% of the rounds after an ort block were >10%
-    # slow and the paired intervals of the batch-1 speed-ups were +-16-26% wide; with spinning off, 4-12% and
-    # +-2-5% (studies/round_noise.py, docs/benchmarks.md). Its cost to onnxruntime alone: 3-6% at batch 1, none
-    # at batch 8 - the figures of a comparison say so (the record's stability block names the options).
-    interleaved_options: ClassVar[Mapping[str, Any]] = {"spinning": False}
+    # slow and the paired intervals of the batch-1 speed-ups were +-16-26% wide (studies/round_noise.py,
+    # docs/benchmarks.md). session.force_spinning_stop keeps the pool spinning while a Run() lasts (between the
+    # ops of one call, where a parked thread costs a wake-up per op) and stops it the moment the call returns:
+    # the same +-4-7% intervals as no spinning at all, without its cost to onnxruntime itself (batch 1: 1-5% on
+    # MiniLM, ~7% per decode step on GPT-2 small). The record's stability block names the options.
+    interleaved_options: ClassVar[Mapping[str, Any]] = {"spin_between_runs": False}
     layerwise = True
 
     @classmethod
@@ -42,9 +44,10 @@ class OrtRunner(Runner):
     def _load(self) -> None:
         if self.name == "ort" and not self.options.pop("allow_saturation", False):
             refuse_saturating_int8(self.artifact, self.graph.name)
-        spinning = self.options.get("spinning")
+        spinning, between = self.options.get("spinning"), self.options.get("spin_between_runs")
         so = ort_session_options(self.threads, self.options.get("opt_level", "all"),
-                                 spinning=None if spinning is None else bool(spinning))
+                                 spinning=None if spinning is None else bool(spinning),
+                                 spin_between_runs=None if between is None else bool(between))
         self.session = ort_session(self.artifact.onnx_path(self.graph.name), providers=self._providers(), options=so)
 
     def _providers(self) -> tuple[Any, ...]:

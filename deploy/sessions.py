@@ -46,10 +46,12 @@ def intra_op_threads(threads: int) -> int:
 # ------------------------------------------------------------------------------------ onnxruntime ----
 
 def ort_session_options(threads: int = 0, opt_level: str = "all", *, profile_prefix: str | Path | None = None,
-                        spinning: bool | None = None) -> Any:
+                        spinning: bool | None = None, spin_between_runs: bool | None = None) -> Any:
     """onnxruntime.SessionOptions: `threads` intra-op threads, one inter-op thread (sequential execution),
     warnings off, graph optimizations at `opt_level`; `profile_prefix` turns the per-op profiler on;
-    `spinning` sets session.intra_op.allow_spinning (None: onnxruntime's default, spinning on)."""
+    `spinning` sets session.intra_op.allow_spinning (None: onnxruntime's default, spinning on);
+    `spin_between_runs` False sets session.force_spinning_stop: the pool spins while a Run() lasts and stops
+    the moment it returns (None: onnxruntime's default, it goes on spinning after the call)."""
     import onnxruntime as ort
 
     if opt_level not in ORT_OPT_LEVELS:
@@ -61,6 +63,8 @@ def ort_session_options(threads: int = 0, opt_level: str = "all", *, profile_pre
     so.log_severity_level = 3
     if spinning is not None:
         so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    if spin_between_runs is not None:
+        so.add_session_config_entry("session.force_spinning_stop", "0" if spin_between_runs else "1")
     if profile_prefix is not None:
         so.enable_profiling = True
         so.profile_file_prefix = str(profile_prefix)

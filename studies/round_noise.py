@@ -13,11 +13,16 @@ Settings (each opened afresh; the settings alternate, A B C D A B C D, so drift 
 
   default     onnxruntime spins after a call (its default), OpenVINO's defaults, 2 ms untimed pause per block
   no-spin     session.intra_op.allow_spinning = 0 for every onnxruntime session
+  run-spin    session.force_spinning_stop = 1: the pool spins while a Run() lasts, stops when it returns
   settle-20   a 20 ms pause before each block instead of 2 ms (settle-100: 100 ms)
   no-pin      OpenVINO ENABLE_CPU_PINNING = false
   burn-in     one untimed rotated round of blocks before the timed rounds
 
     .venv/bin/python -m xdeploy.studies.round_noise [--rounds 16] [--batches 1,8] [--repeats 2]
+    .venv/bin/python -m xdeploy.studies.round_noise --cost run-spin   # what a setting costs onnxruntime itself
+
+`--cost SETTING`: onnxruntime's candidates opened with SETTING and with no-spin, timed in the same rotated rounds
+beside PyTorch and OpenVINO (the neighbours a comparison gives them), paired speed-up of SETTING over no-spin.
 
 Take figures on a quiet machine (nothing else running); docs/benchmarks.md has them.
 """
@@ -45,6 +50,7 @@ class Setting:
 SETTINGS = {s.name: s for s in (
     Setting("default"),
     Setting("no-spin", ort={"spinning": False}),
+    Setting("run-spin", ort={"spin_between_runs": False}),
     Setting("settle-20", settle_s=0.020),
     Setting("settle-100", settle_s=0.100),
     Setting("no-pin", ov={"pinning": False}),
@@ -82,7 +88,14 @@ def analyse(rounds: dict[str, list[float]], rounds_n: int, target: float = 0.10)
             "within": sum(h <= target for h in halves.values()), "compared": len(halves)}
 
 
-def measure(setting: Setting, arts: dict[str, Any], batch: int, rounds: int, threads: int) -> dict[str, Any]:
+def _options(setting: Setting, runner: str) -> dict[str, Any]:
+    return setting.ort if runner == "ort" else setting.ov if runner == "ov" else {}
+
+
+def _rounds(candidates: dict[str, tuple[str, str, dict[str, Any]]], arts: dict[str, Any], batch: int, rounds: int,
+            threads: int, **timing: Any) -> Any:
+    """Open each candidate (name -> runner, precision, options) on the artifact of its precision and time them
+    all in the same `rounds` rotated rounds (bench/interleave.py run_rounds; `timing`: its settle_s, burn_in)."""
     from xdeploy.bench.interleave import run_rounds
     from xdeploy.deploy.registry import open_runner
     from xdeploy.models.spec import make_feeds
@@ -90,18 +103,40 @@ def measure(setting: Setting, arts: dict[str, Any], batch: int, rounds: int, thr
     runners: dict[str, Any] = {}
     try:
         calls = {}
-        for runner, prec in CANDIDATES:
+        for name, (runner, prec, opts) in candidates.items():
             art = arts[prec]
-            opts = setting.ort if runner == "ort" else setting.ov if runner == "ov" else {}
-            r = runners[f"{runner} {prec}"] = open_runner(runner, art, "model", threads=threads, **opts)
-            calls[f"{runner} {prec}"] = r.prepare(make_feeds(art.graph("model"), {"batch": batch, "seq": 128},
-                                                             seed=0))
-        att = run_rounds(calls, min_rounds=rounds, max_rounds=rounds, max_seconds=1e-3, settle_s=setting.settle_s,
-                         burn_in=setting.burn_in)
+            r = runners[name] = open_runner(runner, art, "model", threads=threads, **opts)
+            calls[name] = r.prepare(make_feeds(art.graph("model"), {"batch": batch, "seq": 128}, seed=0))
+        return run_rounds(calls, min_rounds=rounds, max_rounds=rounds, max_seconds=1e-3, **timing)
     finally:
         for r in runners.values():
             r.close()
+
+
+def measure(setting: Setting, arts: dict[str, Any], batch: int, rounds: int, threads: int) -> dict[str, Any]:
+    att = _rounds({f"{runner} {prec}": (runner, prec, _options(setting, runner)) for runner, prec in CANDIDATES},
+                  arts, batch, rounds, threads, settle_s=setting.settle_s, burn_in=setting.burn_in)
     return analyse(att.rounds, rounds) | {"other_cores": att.load.other_cores, "loadavg": att.load.loadavg_1m}
+
+
+def cost(setting: Setting, arts: dict[str, Any], batch: int, rounds: int, threads: int) -> dict[str, Any]:
+    """Paired speed-up of each onnxruntime candidate opened with `setting` over the same one with no-spin, in
+    the same rotated rounds as PyTorch and OpenVINO."""
+    from xdeploy.bench.interleave import paired_speedup
+
+    base = SETTINGS["no-spin"]
+    candidates = {}
+    for runner, prec in CANDIDATES:
+        for s in ((base, setting) if runner == "ort" else (base,)):
+            candidates[f"{runner} {prec}" + (f" {s.name}" if runner == "ort" else "")] = (runner, prec,
+                                                                                         _options(s, runner))
+    att = _rounds(candidates, arts, batch, rounds, threads)
+    out = {}
+    for runner, prec in CANDIDATES:
+        if runner == "ort":
+            sp = paired_speedup(att.rounds[f"ort {prec} {base.name}"], att.rounds[f"ort {prec} {setting.name}"])
+            out[prec] = {"median": sp.median, "low": sp.low, "high": sp.high}
+    return {"speedup": out, "other_cores": att.load.other_cores}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--settings", default=",".join(SETTINGS))
+    ap.add_argument("--cost", default=None, help="a setting whose cost to onnxruntime itself to measure")
     ap.add_argument("--json", default=None, help="write every result here")
     args = ap.parse_args(argv)
     from xdeploy.bench.interleave import resolve_threads
@@ -123,6 +159,14 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     for batch in (int(b) for b in args.batches.split(",")):
         for rep in range(args.repeats):
+            if args.cost:
+                res = cost(SETTINGS[args.cost], arts, batch, args.rounds, threads) | {"setting": args.cost,
+                                                                                     "batch": batch, "repeat": rep}
+                results.append(res)
+                print(f"b{batch} #{rep} {args.cost} over no-spin: " + ", ".join(
+                    f"ort {p} {v['median']:.3f}× ({v['low']:.3f}–{v['high']:.3f})" for p, v in res["speedup"].items())
+                    + f"; other processes {res['other_cores']:.2f} cores", flush=True)
+                continue
             for s in settings:
                 res = measure(s, arts, batch, args.rounds, threads) | {"setting": s.name, "batch": batch,
                                                                         "repeat": rep}

@@ -27,8 +27,8 @@ def test_compare_child_groups_candidates_when_memory_is_short(tiny_export, monke
         assert st["speedup"]["low"] <= st["speedup"]["median"] <= st["speedup"]["high"]
         groups.add(st["group"])
     assert groups == {1, 2}
-    # engines are opened as they are timed beside others: onnxruntime's pool does not spin between blocks
-    assert out["results"]["ort fp32"]["stability"]["options"] == {"spinning": False}
+    # engines are opened as they are timed beside others: onnxruntime's pool does not spin between calls
+    assert out["results"]["ort fp32"]["stability"]["options"] == {"spin_between_runs": False}
     assert out["results"]["ov fp32"]["stability"]["options"] == {}
     monkeypatch.delenv(LIMIT_ENV)  # enough memory: one group, as before
     assert compare_child(Probe(), job)["groups"] == 1

@@ -112,11 +112,19 @@ def test_ov_config_and_compile(tmp_path: Path) -> None:
     onnx.checker.check_model(onnx.load(str(path)))
 
 
-def test_ort_spinning_option_reaches_the_session_config() -> None:
-    """The interleaved comparisons' knob (deploy/ort_runner.py interleaved_options): allow_spinning = 0."""
+def test_ort_spinning_options_reach_the_session_config(tiny_export) -> None:
+    """The spin knobs: allow_spinning, and force_spinning_stop (the interleaved comparisons' one, deploy/ort_runner.py
+    interleaved_options) on the session the ort runner opens."""
+    from xdeploy.deploy.registry import open_runner, runner_class
     from xdeploy.deploy.sessions import ort_session_options
 
     assert ort_session_options(1, spinning=False).get_session_config_entry("session.intra_op.allow_spinning") == "0"
     assert ort_session_options(1, spinning=True).get_session_config_entry("session.intra_op.allow_spinning") == "1"
-    with pytest.raises(RuntimeError, match="does not have configuration"):  # unset: onnxruntime's default
-        ort_session_options(1).get_session_config_entry("session.intra_op.allow_spinning")
+    stop = "session.force_spinning_stop"
+    assert ort_session_options(1, spin_between_runs=False).get_session_config_entry(stop) == "1"
+    assert ort_session_options(1, spin_between_runs=True).get_session_config_entry(stop) == "0"
+    for key in ("session.intra_op.allow_spinning", stop):
+        with pytest.raises(RuntimeError, match="does not have configuration"):  # unset: onnxruntime's default
+            ort_session_options(1).get_session_config_entry(key)
+    with open_runner("ort", tiny_export("bert"), threads=1, **runner_class("ort").interleaved_options) as r:
+        assert r.session.get_session_options().get_session_config_entry(stop) == "1"
