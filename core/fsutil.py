@@ -21,7 +21,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,43 @@ def _fsync_dir(path: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+# -------------------------------------------------------------------------------------------- space ----
+
+def _existing(path: Path) -> Path:
+    """`path`, or its nearest existing parent (what a directory about to be created will live on)."""
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def require_space(needs: Mapping[str | os.PathLike[str], int], what: str) -> None:
+    """Refuse `what` in one line when a filesystem lacks the space it is about to fill. `needs` maps each directory
+    written under (it need not exist yet) to the bytes that will be; directories on one filesystem add up.
+
+    Checked before the first byte: a disk that fills half way shows up as some library's parse error instead
+    (onnx: "Error parsing message with type 'onnx.ModelProto'", OpenVINO: "basic_ios::clear: iostream error")."""
+    by_fs: dict[int, tuple[list[Path], int, Path]] = {}
+    for where, n in needs.items():
+        if n <= 0:
+            continue
+        d = _existing(Path(where))
+        dev = d.stat().st_dev
+        paths, total, probe = by_fs.get(dev, ([], 0, d))
+        by_fs[dev] = (paths + [Path(where)], total + int(n), probe)
+    for paths, total, probe in by_fs.values():
+        free = shutil.disk_usage(probe).free
+        if free < total:
+            raise XDeployError(
+                f"not enough disk space for {what}: about {_size(total)} will be written under "
+                f"{' and '.join(map(str, paths))}, and {_size(free)} is free there; expected that much "
+                "free (free some space, or point --out / TMPDIR at another disk)")
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 # ------------------------------------------------------------------------------------------- debris ----

@@ -15,6 +15,7 @@ in which case the `ov` runner compiles the Q/DQ ONNX graph.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import onnx
 
 from xdeploy.core.errors import XDeployError
+from xdeploy.core.fsutil import require_space
 from xdeploy.models.spec import ExportSpec, Graph
 
 from . import foreign as foreign_graphs
@@ -98,6 +100,14 @@ def convert_artifact(src: str | Path, out: str | Path, precision: str, *, optimi
     if art.foreign is not None:
         manifest, carry = foreign_graphs.converted_manifest(art, manifest)
     optimizer = art.capabilities.optimizer if optimize else None
+    # the new artifact is at most the source (its graphs at most as large; the int8 IR at most the fp32 one), and
+    # a conversion holds a graph about three times in the temporary directory (saved, pre-processed, converted)
+    graph_bytes = [sum(f.stat().st_size for f in (p, p.with_name(p.name + ".data")) if f.is_file())
+                   for p in (art.onnx_path(g.name) for g in art.spec.graphs)]
+    out_bytes = sum(graph_bytes) if art.foreign is not None else sum(
+        (art.path / rel).stat().st_size for rel in art.manifest["files"] if (art.path / rel).is_file())
+    require_space({out.absolute().parent: out_bytes, Path(tempfile.gettempdir()): 3 * max(graph_bytes, default=0)},
+                  f"converting {src} to {precision}")
     with write_artifact(out, manifest, force=force) as w:
         # everything but the graphs carries over: reference weights, tokenizer, any extra section's files
         graph_files = {g["file"] for g in art.manifest["graphs"].values()}

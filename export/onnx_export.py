@@ -11,6 +11,8 @@ import hashlib
 import inspect
 import io
 import logging
+import os
+import tempfile
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +24,7 @@ import torch
 from torch import nn
 
 from xdeploy.core.errors import XDeployError
+from xdeploy.core.fsutil import require_space
 from xdeploy.models import registry
 from xdeploy.models.spec import ExportSpec, Graph, ModelFamily
 
@@ -109,6 +112,23 @@ def resolve_source(model: str, *, preset: str | None = None, checkpoint: str | P
     return Source(family, cfg, module, preset, {"kind": "preset", "preset": preset, "seed": seed})
 
 
+def weight_bytes(module: nn.Module) -> int:
+    """The bytes of a module's weights (its state dict: a tied tensor counted once per name, an upper bound)."""
+    return sum(t.numel() * t.element_size() for t in module.state_dict().values())
+
+
+def export_space(module: nn.Module, n_graphs: int, out: str | Path, *, precision: str, optimize: bool,
+                 openvino_ir: bool) -> dict[Path, int]:
+    """What an export writes, for core/fsutil.require_space, from the module's weight bytes W (an upper bound for
+    each graph: a graph holds at most the weights, at fp32): the artifact beside `out` (its temporary sibling:
+    reference safetensors + each graph + each OpenVINO IR, W each), and the temporary directory (a conversion or
+    optimization holds its graph about three times there: saved, pre-processed, converted)."""
+    w = weight_bytes(module)
+    converts = precision != "fp32" or optimize
+    return {Path(out).absolute().parent: w * (1 + n_graphs * (2 if openvino_ir else 1)),
+            Path(tempfile.gettempdir()): 3 * w if converts else 0}
+
+
 TRACE_CACHE = ("use", "refresh", "off")
 
 
@@ -150,23 +170,143 @@ def traced_graph(src: Source, graph: Graph, spec: ExportSpec, opset: int, *, tra
     raise XDeployError(f"the trace of graph {graph.name!r} does not have the inputs the spec declares")
 
 
+# A module with this many weight bytes or more has its later graphs traced in a child process while the parent
+# traces the first (torch.onnx's trace is single-threaded Python: GPT-2 small's decode graph ~20 s of 2 cores'
+# otherwise idle second one); below it, the child's start (importing torch, rebuilding the module) costs more.
+PARALLEL_TRACE_MIN_MB = 64
+PARALLEL_TRACE_ENV = "XDEPLOY_PARALLEL_TRACE_MIN_MB"
+
+
+def _trace_child(job: str) -> None:
+    """A child process's work (`_TraceAhead`; `python -c` runs it with the job file's path): rebuild the module
+    from the reference weights just written and save the trace of each of its graphs as <dir>/<graph>.onnx."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from .artifact import parse_config
+    from .onnx_graph import TWO_GB, proto_size
+
+    a = json.loads(Path(job).read_text(encoding="utf-8"))
+    fam = registry.get_family(a["family"])
+    config = parse_config(a["family"], a["config"], Path(job))  # the config as a manifest records it
+    module = fam.build(config).eval()
+    registry.load_state(module, load_file(a["reference"]), source=a["reference"])
+    src = Source(fam, config, module, None, {})
+    spec = fam.spec(config)
+    with torch.no_grad():
+        for name in a["graphs"]:
+            proto = traced_graph(src, spec.graph(name), spec, a["opset"], trace_cache=a["trace_cache"],
+                                 weights=a["weights"])
+            large = proto_size(proto) >= TWO_GB
+            path = Path(job).with_name(f"{name}.onnx")
+            onnx.save_model(proto, str(path), save_as_external_data=large,
+                            location=f"{name}.onnx.data" if large else None)
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec (Linux): SIGKILL when the parent dies, so a parent killed mid-export (SIGKILL,
+    the OOM killer) leaves no orphan tracing into a temporary directory nobody will remove."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class _TraceAhead:
+    """Graphs 2..n of an export traced by a child process (`_trace_child`) while the parent traces graph 1.
+    The parent waits for it before converting graph 1, so the child's memory never meets a conversion's peak;
+    a child that fails is not an error: its graphs are traced in the parent as before, which reports any
+    failure itself. A fresh interpreter (not fork: torch's thread pools are not fork-safe; not multiprocessing's
+    spawn: it re-imports the caller's __main__, which a plain script runs again)."""
+
+    def __init__(self, src: Source, graphs: list[str], opset: int, trace_cache: str, weights: str | None,
+                 reference: Path) -> None:
+        import json
+        import subprocess
+        import sys
+
+        self.graphs = graphs
+        self._dir = tempfile.TemporaryDirectory(prefix="xdeploy-trace-")
+        job = Path(self._dir.name, "job.json")
+        job.write_text(json.dumps({"family": src.family.name, "config": dataclasses.asdict(src.config),
+                                   "reference": str(reference), "graphs": graphs, "opset": opset,
+                                   "trace_cache": trace_cache, "weights": weights}), encoding="utf-8")
+        self._log = open(Path(self._dir.name, "child.log"), "wb")  # noqa: SIM115 (closed in close())
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", f"from {__name__} import _trace_child; _trace_child({str(job)!r})"],
+            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+        self.ok: bool | None = None
+
+    def wait(self) -> bool:
+        if self.ok is None:
+            self.ok = self._proc.wait() == 0
+        return self.ok
+
+    def take(self, graph: str) -> onnx.ModelProto | None:
+        """The child's trace of `graph` (None when the child failed: trace it here)."""
+        path = Path(self._dir.name, f"{graph}.onnx")
+        if not (self.wait() and path.is_file()):
+            return None
+        proto = onnx.load(str(path))
+        path.unlink()
+        path.with_name(f"{graph}.onnx.data").unlink(missing_ok=True)
+        return proto
+
+    def close(self) -> None:
+        if self._proc.poll() is None:  # the parent stopped early (an error, Ctrl-C): the child's work is not needed
+            self._proc.kill()
+            self._proc.wait()
+        self._log.close()
+        self._dir.cleanup()
+
+
+def _trace_ahead(src: Source, spec: ExportSpec, opset: int, trace_cache: str, weights: str | None,
+                 reference: Path | None) -> _TraceAhead | None:
+    """A `_TraceAhead` for graphs 2..n when it pays: several graphs, a module of PARALLEL_TRACE_MIN_MB or more
+    ($XDEPLOY_PARALLEL_TRACE_MIN_MB), and traces the trace cache will not give back (no `weights` digest, or the
+    cache not read)."""
+    if reference is None or len(spec.graphs) < 2 or (weights is not None and trace_cache == "use"):
+        return None
+    raw = os.environ.get(PARALLEL_TRACE_ENV, str(PARALLEL_TRACE_MIN_MB))
+    try:
+        limit = float(raw) * 2**20
+    except ValueError:
+        raise XDeployError(f"{PARALLEL_TRACE_ENV}={raw!r}; expected a number of MB") from None
+    if weight_bytes(src.module) < limit:
+        return None
+    return _TraceAhead(src, [g.name for g in spec.graphs[1:]], opset, trace_cache, weights, reference)
+
+
 def export_graphs(src: Source, spec: ExportSpec, *, opset: int, precision: str, optimize: bool, opt_level: int,
                   precision_options: Any, refine: Any = None, trace_cache: str = "use",
-                  weights: str | None = None) -> Iterator[tuple[Graph, onnx.ModelProto, dict[str, Any]]]:
+                  weights: str | None = None, reference: Path | None = None
+                  ) -> Iterator[tuple[Graph, onnx.ModelProto, dict[str, Any]]]:
     """Each graph of `spec` exported (through the trace cache, `traced_graph`, when `weights` keys the module's
     weights: export passes `_trace_weights`; None traces without it), optimized and converted to
     `precision`, with its conversion record (one at a time, so a large model's graphs are not all held in
-    memory)."""
+    memory). `reference`: the module's saved safetensors, from which a child process traces the later graphs
+    of a large module beside the first (`_trace_ahead`)."""
     from . import convert  # convert.convert_graph is looked up per call (tests interrupt it there)
 
-    with torch.no_grad():
-        for graph in spec.graphs:
-            proto = traced_graph(src, graph, spec, opset, trace_cache=trace_cache, weights=weights)
-            proto, info = convert.convert_graph(
-                proto, precision, graph=graph, spec=spec, model=src.family.name, config=src.config,
-                optimizer=src.family.capabilities.optimizer, optimize=optimize, opt_level=opt_level,
-                options=precision_options, refine=refine)
-            yield graph, proto, info
+    ahead = _trace_ahead(src, spec, opset, trace_cache, weights, reference)
+    try:
+        with torch.no_grad():
+            for graph in spec.graphs:
+                proto = ahead.take(graph.name) if ahead is not None and graph.name in ahead.graphs else None
+                if proto is None:
+                    proto = traced_graph(src, graph, spec, opset, trace_cache=trace_cache, weights=weights)
+                if ahead is not None:
+                    ahead.wait()  # the child's trace finished before this graph's conversion peaks
+                proto, info = convert.convert_graph(
+                    proto, precision, graph=graph, spec=spec, model=src.family.name, config=src.config,
+                    optimizer=src.family.capabilities.optimizer, optimize=optimize, opt_level=opt_level,
+                    options=precision_options, refine=refine)
+                yield graph, proto, info
+    finally:
+        if ahead is not None:
+            ahead.close()
 
 
 def export(model: str, *, preset: str | None = None, checkpoint: str | Path | None = None, out: str | Path,
@@ -209,6 +349,8 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
     src = resolve_source(model, preset=preset, checkpoint=checkpoint, attn_impl=attn_impl, seed=seed,
                          config_overrides=config_overrides)
     spec = src.family.spec(src.config)
+    require_space(export_space(src.module, len(spec.graphs), out, precision=precision, optimize=optimize,
+                               openvino_ir=openvino_ir), f"exporting {model} ({precision})")
     tok_dir = next((f.parent for f in src.tokenizer_files if f.name == "tokenizer.json"), None)
     precision_options = prec.with_calibration(precision_options, precision, spec, tok_dir)
     graphs, axes, tols = spec_to_json(spec, {g.name: f"{g.name}.onnx" for g in spec.graphs})
@@ -228,7 +370,8 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
         for graph, proto, info in export_graphs(src, spec, opset=opset, precision=precision, optimize=optimize,
                                                 opt_level=opt_level, precision_options=precision_options,
                                                 refine=refine, trace_cache=trace_cache,
-                                                weights=_trace_weights(w)):
+                                                weights=_trace_weights(w),
+                                                reference=w.path("reference/model.safetensors")):
             w.manifest["conversion"][graph.name] = info
             w.add_graph(graph.name, proto)
         prec.check_requested_nodes(precision, precision_options, w.manifest["conversion"])

@@ -282,6 +282,80 @@ def test_bad_opset_precision_and_unwritable_output(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 
 
+def test_too_little_disk_space_is_refused_before_any_work(fp32, tmp_path, monkeypatch):
+    """A disk that would fill half way fails inside onnx/OpenVINO with a parse error; refused up front instead, in
+    one line naming how much goes where, with nothing written."""
+    import shutil
+
+    from xdeploy.core.fsutil import require_space
+
+    src = fp32("gpt")  # exported (or found) before the disk "fills"
+    real = shutil.disk_usage
+    free = {"bytes": 1000}
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=free["bytes"]))
+    with pytest.raises(XDeployError, match=r"not enough disk space for exporting gpt \(int8\): about .* MiB will be "
+                                           r"written under .* and 0\.0 MiB is free there"):
+        export("gpt", preset="tiny", precision="int8", out=tmp_path / "a")
+    with pytest.raises(XDeployError, match="not enough disk space for converting .* to int8-dynamic"):
+        convert_artifact(src, tmp_path / "b", "int8-dynamic")
+    assert list(tmp_path.iterdir()) == []
+    # directories on one filesystem add up, one not yet made counts where it will be made
+    require_space({tmp_path / "x": 400, tmp_path / "new" / "y": 400}, "a test")
+    with pytest.raises(XDeployError, match=r"about 0\.0 MiB will be written under .*x and .*y, and"):
+        require_space({tmp_path / "x": 600, tmp_path / "new" / "y": 600}, "a test")
+    free["bytes"] = 10 * 2**30  # enough: the export runs
+    assert export("gpt", preset="tiny", out=tmp_path / "c").is_dir()
+
+
+def _nodes_less_metadata(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    nodes = [onnx.NodeProto.FromString(n.SerializeToString()) for n in model.graph.node]
+    for n in nodes:
+        del n.metadata_props[:]
+    return nodes
+
+
+def test_later_graphs_traced_in_a_child_process_are_the_same_graphs(fp32, tmp_path, monkeypatch):
+    """A large module's graphs 2..n are traced by a child process beside the first (export/onnx_export.py
+    _TraceAhead): the child rebuilds the module from the saved reference weights and gives back the graph the
+    parent exports; a child that fails is replaced by tracing in the parent."""
+    from families import n_graphs, smallest
+
+    from xdeploy.export import onnx_export as oe
+
+    model = min((m for m in names() if n_graphs(m) >= 2), key=n_graphs)  # the cheapest multi-graph family
+    art = load_artifact(fp32(model))
+    src = oe.resolve_source(model, preset=smallest(model))
+    spec = src.family.spec(src.config)
+    ref = art.path / "reference" / "model.safetensors"
+    later = [g.name for g in spec.graphs[1:]]
+    ahead = oe._TraceAhead(src, later, art.opset, "off", None, ref)
+    try:
+        for name in later:
+            got = ahead.take(name)
+            assert ahead.ok and got is not None
+            want = onnx.load(str(art.onnx_path(name)))  # the same trace, exported by the parent
+            # node by node, less torch's metadata: its stack traces name the directory the code ran from, and the
+            # fp32 artifact may come from a cache another checkout filled
+            assert _nodes_less_metadata(got) == _nodes_less_metadata(want)
+            assert list(got.graph.initializer) == list(want.graph.initializer)
+    finally:
+        ahead.close()
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # a child that cannot run: the parent traces instead
+    ahead = oe._TraceAhead(src, later, art.opset, "off", None, ref)
+    try:
+        assert ahead.take(later[0]) is None and ahead.ok is False
+    finally:
+        ahead.close()
+    # when it is used: several graphs, a module at least this large, traces the cache will not give back
+    monkeypatch.setenv(oe.PARALLEL_TRACE_ENV, "1e9")
+    assert oe._trace_ahead(src, spec, art.opset, "off", None, ref) is None
+    monkeypatch.setenv(oe.PARALLEL_TRACE_ENV, "0")
+    assert oe._trace_ahead(src, spec, art.opset, "use", "digest", ref) is None  # the trace cache's job
+    monkeypatch.setenv(oe.PARALLEL_TRACE_ENV, "lots")
+    with pytest.raises(XDeployError, match="XDEPLOY_PARALLEL_TRACE_MIN_MB='lots'; expected a number of MB"):
+        oe._trace_ahead(src, spec, art.opset, "off", None, ref)
+
+
 def test_interrupted_export_leaves_nothing(fp32, tmp_path, monkeypatch):
     from xdeploy.export import convert
 
