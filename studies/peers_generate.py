@@ -30,9 +30,10 @@ Every system loads the same local safetensors directory (with a byte-level GPT-2
                  export has; its "gpt2" type expects the combined past_%d layout). genai refuses an EOS id outside
                  the vocabulary, so EOS is kept from stopping it by min_length = max_length (which also masks the
                  EOS logit: a divergence only where EOS would be the argmax)
-  openvino-genai LLMPipeline on optimum-intel's f32 IR, its tokenizer converted by openvino_tokenizers, fed token
-                 ids (TokenizedInputs), GenerationConfig(max_new_tokens, ignore_eos=True, greedy), its prefix
-                 cache off (the rounds repeat one prompt: every row computes it every time)
+  openvino-genai LLMPipeline (f32; bf16, its default, where the CPU has it) on optimum-intel's f32 IR, its
+                 tokenizer converted by openvino_tokenizers, fed token ids (TokenizedInputs),
+                 GenerationConfig(max_new_tokens, ignore_eos=True, greedy), its prefix cache off (the rounds repeat
+                 one prompt: every row computes it every time)
 
 Thread budget, the same for every row (stated in the output; default 2): torch.set_num_threads, xdeploy's
 threads, OpenVINO INFERENCE_NUM_THREADS (NUM_STREAMS 1), CTranslate2 intra_threads (inter_threads 1),
@@ -90,7 +91,8 @@ OPTIMUM_INTEL: tuple[Row, ...] = (("optimum-intel", "ov stateful f32", "openvino
 CTRANSLATE2: tuple[Row, ...] = (("ctranslate2", "float32", "ctranslate2", "fp32"),
                                 ("ctranslate2", "int8", "ctranslate2", "int8"))
 ORT_GENAI: tuple[Row, ...] = (("onnxruntime-genai", "fp32 (optimum-onnx export)", "onnxruntime", "fp32"),)
-OV_GENAI: tuple[Row, ...] = (("openvino-genai", "LLMPipeline f32", "openvino", "fp32"),)
+OV_GENAI: tuple[Row, ...] = (("openvino-genai", "LLMPipeline f32", "openvino", "fp32"),
+                             ("openvino-genai", "LLMPipeline bf16", "openvino", "bf16"))
 SYSTEMS = ("transformers", "xdeploy", "optimum-intel", "ctranslate2", "onnxruntime-genai", "openvino-genai")
 # xdeploy config -> (artifact precision, runner, runner options)
 XDEPLOY_ROUTE = {"ort fp32": ("fp32", "ort", {}), "ov f32": ("fp32", "ov:f32", {"format": "ir"}),
@@ -491,7 +493,10 @@ def _open_ov_genai(ctx: Context, row: Row, stack: contextlib.ExitStack) -> Calla
     # on Zen 3: first token 27-31 ms for a repeated prompt vs 62-78 ms for a new one), which no other row does.
     sched = og.SchedulerConfig()
     sched.enable_prefix_caching = False
-    pipe = og.LLMPipeline(str(d), "CPU", INFERENCE_PRECISION_HINT="f32", INFERENCE_NUM_THREADS=ctx.threads,
+    # the row's precision: bf16 is openvino-genai's own default where the CPU has it (rows_here drops the row
+    # elsewhere), f32 is asked for
+    hint = "bf16" if row[3] == "bf16" else "f32"
+    pipe = og.LLMPipeline(str(d), "CPU", INFERENCE_PRECISION_HINT=hint, INFERENCE_NUM_THREADS=ctx.threads,
                           NUM_STREAMS=1, scheduler_config=sched)
     gc = og.GenerationConfig()
     gc.max_new_tokens, gc.ignore_eos, gc.do_sample = ctx.w.new_tokens, True, False
