@@ -97,6 +97,9 @@ GPU_EPS: dict[str, GpuEP] = {
     "ort-trt": GpuEP("TensorrtExecutionProvider", ("", "fp16"), _trt_list),
 }
 OPTIONS = ("opt_level", "device", "cache_dir", "workspace_mib")
+# session options, not provider ones: the CPU thread pool (nodes no GPU provider takes) is the `ort` runner's
+# (ort_runner.OrtRunner: spinning, and spin_between_runs, which it is opened with when timed beside others)
+SESSION_OPTIONS = ("spinning", "spin_between_runs")
 ARTIFACT_FACTS = ("precision", "model", "graph_sha256", "int8_format")  # filled in by the runner from the artifact
 
 
@@ -113,7 +116,8 @@ def provider_list(runner: str, graph: Graph, axes: Mapping[str, Axis], variant: 
                            "inputs and outputs; use prepare() for the steady-state call instead")
     unknown = set(opts) - set(OPTIONS) - set(ARTIFACT_FACTS)
     if unknown:
-        raise XDeployError(f"unknown {runner} option(s) {sorted(unknown)}; expected {', '.join(OPTIONS)}")
+        raise XDeployError(f"unknown {runner} option(s) {sorted(unknown)}; expected "
+                           f"{', '.join(OPTIONS + SESSION_OPTIONS)}")
     return ep.build(graph, axes, variant, device_id, **opts)
 
 
@@ -139,6 +143,30 @@ def check_available(runner: str, available: list[str], version: str) -> None:
                            f"onnxruntime {version} offers only {', '.join(available)}")
 
 
+EP_LIBRARIES = {"CUDAExecutionProvider": "libonnxruntime_providers_cuda.so",
+                "TensorrtExecutionProvider": "libonnxruntime_providers_tensorrt.so"}
+
+
+def ep_library_gap(provider: str) -> str | None:
+    """Why the provider's shared library cannot load (the loader's own message, e.g. `libnvinfer.so.10: cannot
+    open shared object file`), or None. onnxruntime-gpu lists its GPU providers whenever their libraries are in
+    the wheel, even where what they link against (TensorRT, cuDNN) is absent: session creation then falls back
+    to the next provider with the cause only in its log."""
+    import ctypes
+    import os
+
+    import onnxruntime as ort
+
+    lib = Path(ort.__file__).parent / "capi" / EP_LIBRARIES[provider]
+    if not lib.is_file():
+        return None  # another platform's layout: session creation is the check
+    try:
+        ctypes.CDLL(str(lib), mode=os.RTLD_LAZY)
+    except OSError as e:
+        return f"onnxruntime {ort.__version__} cannot load {provider}: {e}"
+    return None
+
+
 class _OrtGpuRunner(OrtRunner):
     # not a layerwise runtime: each bisection round would build a GPU session (a TensorRT engine for ort-trt)
     # for another set of exposed tensors; layerwise runs such a candidate in onnxruntime on the CPU
@@ -149,19 +177,29 @@ class _OrtGpuRunner(OrtRunner):
         import onnxruntime as ort
 
         want = GPU_EPS[cls.name].provider
-        missing = [] if want in ort.get_available_providers() else [
-            f"onnxruntime {ort.__version__} lacks {want} (onnxruntime-gpu: make gpu-env)"]
+        if want not in ort.get_available_providers():
+            missing = [f"onnxruntime {ort.__version__} lacks {want} (onnxruntime-gpu: make gpu-env)"]
+        else:
+            missing = [g for g in (ep_library_gap(want),) if g]
         return missing + cuda_gaps()
+
+    @classmethod
+    def provider_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The options that go to provider_list (pure): the session's own are left to OrtRunner; the artifact's
+        facts cannot be passed in."""
+        extra = {k: v for k, v in options.items() if k not in ("opt_level", "device", *SESSION_OPTIONS)}
+        unknown = set(extra) & set(ARTIFACT_FACTS)
+        if unknown:
+            raise XDeployError(f"unknown {cls.name} option(s) {sorted(unknown)}; expected "
+                               f"{', '.join(OPTIONS + SESSION_OPTIONS)}")
+        return extra
 
     def _load(self) -> None:
         import onnxruntime as ort
 
         check_available(self.name, ort.get_available_providers(), ort.__version__)
         self.device_id = int(self.options.get("device", 0))
-        extra = {k: v for k, v in self.options.items() if k not in ("opt_level", "device")}
-        unknown = set(extra) & set(ARTIFACT_FACTS)
-        if unknown:
-            raise XDeployError(f"unknown {self.name} option(s) {sorted(unknown)}; expected {', '.join(OPTIONS)}")
+        extra = self.provider_options(self.options)
         facts = {"precision": self.artifact.precision, "model": self.artifact.model,
                  "int8_format": int8_format(self.artifact.onnx_path(self.graph.name))
                  if self.artifact.precision.startswith("int8") else None,
@@ -172,9 +210,11 @@ class _OrtGpuRunner(OrtRunner):
         create_cache_dirs(self._plist)
         super()._load()
         active = self.session.get_providers()
-        if GPU_EPS[self.name].provider not in active:  # onnxruntime falls back to CPU when CUDA fails to start
-            raise XDeployError(f"runner {self.name!r}: onnxruntime could not start "
-                               f"{GPU_EPS[self.name].provider} (no usable GPU?); active providers: {active}")
+        want = GPU_EPS[self.name].provider
+        if want not in active:  # onnxruntime falls back to the next provider when one fails to start
+            why = ep_library_gap(want) or "no usable GPU?"
+            raise XDeployError(f"runner {self.name!r}: onnxruntime could not start {want} ({why}); "
+                               f"active providers: {active}")
 
     def _providers(self) -> tuple[Any, ...]:
         return (*self._plist, "CPUExecutionProvider")

@@ -3,10 +3,12 @@
     python studies/gpu_check.py --preflight        # prints one line naming what is missing, exit 2; silent if ready
     python -m xdeploy.studies.gpu_check --out reports/gpu   # in the GPU env (make gpu-env): the whole check
 
-The whole check runs the `gpu`-marked tests, then `xdeploy run --smoke --runners trt,ort-cuda,ort-trt` on the
-default (tiny/small) presets and on the base presets (--full), sampling the GPU's memory with nvidia-smi, and
-writes reports/gpu/verification.md (+ .json): what ran, parity, latency and device memory per runner. That file
-is where GPU results go; nothing in this project has run on a GPU before it exists.
+The whole check runs the `gpu`-marked tests, then `xdeploy run --smoke` with the GPU runners on the default
+(tiny/small) presets and on the base presets (--full), sampling the GPU's memory with nvidia-smi, then times
+the GPU runners interleaved on BERT-base (studies/runner_compare, batch 1 and 8, seq 128), and writes
+reports/gpu/verification.md (+ .json): what ran, parity, latency and device memory per runner. A GPU runner this
+environment cannot open (no tensorrt package, say) is left out and named with what it lacks; with no NVIDIA
+device, or no GPU runner at all, the check stops with one line.
 
 --preflight needs nothing but the standard library (it runs before the GPU env is installed), so this module
 imports xdeploy only inside the full check.
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import importlib.util
 import json
 import os
 import shutil
@@ -29,10 +30,16 @@ from pathlib import Path
 from typing import Any
 
 RUNNERS = "trt,ort-cuda,ort-trt"
+# runner_compare candidates per GPU runner: the artifact precisions it is timed on (torch:fp16 runs the fp32
+# reference module in half precision); the first available one is the baseline of the ratios
+COMPARE = {"ort-cuda": ("ort-cuda", "ort-cuda@fp16"), "trt": ("trt", "trt@fp16"), "ort-trt": ("ort-trt:fp16",),
+           "torch:fp16": ("torch:fp16",)}
+COMPARE_BATCHES = (1, 8)
 # int8 is left out while `export --precision int8` writes onnxruntime *dynamic* int8, which TensorRT cannot
 # import (the trt runner refuses it); add it here once the int8 export writes static Q/DQ graphs (#16)
 PRECISIONS = "fp32,fp16"
-PRESET_RUNS = {"default": ["--smoke"], "base": ["--smoke", "--full"]}
+# --full = the base presets (bert base, gpt small, vit base16, transformer base); it excludes --smoke
+PRESET_RUNS = {"default": ["--smoke"], "base": ["--full"]}
 
 
 def machine_gaps(which: Callable[[str], str | None] = shutil.which,
@@ -46,28 +53,11 @@ def machine_gaps(which: Callable[[str], str | None] = shutil.which,
     return gaps
 
 
-def env_gaps() -> list[str]:
-    """What the Python environment lacks (run inside the GPU env)."""
-    gaps = []
-    if importlib.util.find_spec("tensorrt") is None:
-        gaps.append("the tensorrt package is not installed (make gpu-env)")
-    try:
-        import onnxruntime as ort
+def runner_gaps(specs: Iterable[str]) -> dict[str, list[str]]:
+    """spec -> what this environment lacks to open it ([] = ready): the registry's own check, no backend opened."""
+    from xdeploy.deploy.registry import gaps
 
-        have = ort.get_available_providers()
-        for p in ("CUDAExecutionProvider", "TensorrtExecutionProvider"):
-            if p not in have:
-                gaps.append(f"onnxruntime {ort.__version__} lacks {p} (onnxruntime-gpu: make gpu-env)")
-    except ImportError:
-        gaps.append("onnxruntime(-gpu) is not installed")
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            gaps.append(f"torch {torch.__version__} sees no CUDA device")
-    except ImportError:
-        gaps.append("torch is not installed")
-    return gaps
+    return {spec: gaps(spec) for spec in specs}
 
 
 def one_line(gaps: Sequence[str]) -> str:
@@ -153,44 +143,105 @@ def _nvidia_smi(query: str) -> str:
     return "; ".join(r.stdout.split("\n")).strip("; ") if r.returncode == 0 else "?"
 
 
-def full_check(out: Path) -> int:
+def _version(module: str) -> str:
+    try:
+        return __import__(module).__version__
+    except ImportError:
+        return "not installed"
+
+
+def compare_timings(out: Path, candidates: Sequence[str]) -> list[dict[str, Any]]:
+    """BERT-base seq 128 at each of COMPARE_BATCHES: the GPU candidates timed interleaved in one process
+    (studies/runner_compare, its own JSON kept next to the report); a batch whose run fails keeps its error."""
+    if not candidates:
+        return []
+    found = []
+    for batch in COMPARE_BATCHES:
+        js = out / f"compare-b{batch}.json"
+        cmd = [sys.executable, "-m", "xdeploy.studies.runner_compare", "--preset", "base", "--batch", str(batch),
+               "--seq", "128", "--rounds", "15", "--per-round", "10", "--warmup", "20",
+               "--workdir", str(out / "artifacts" / "compare"), "--runners", ",".join(candidates), "--json", str(js)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        (out / f"compare-b{batch}.log").write_text(" ".join(cmd) + "\n" + r.stdout + r.stderr)
+        if r.returncode == 0 and js.is_file():
+            found.append(json.loads(js.read_text()))
+        else:
+            lines = [s for s in (r.stderr or r.stdout).splitlines() if s.strip()]
+            found.append({"batch": batch, "error": lines[-1] if lines else f"exit {r.returncode}"})
+    return found
+
+
+def render_extras(not_run: Mapping[str, Sequence[str]], timings: Sequence[Mapping[str, Any]]) -> str:
+    """The runners left out (and why) and the interleaved timings, below the verification table."""
+    from xdeploy.studies.runner_compare import render as render_compare
+
+    lines = [""]
+    if not_run:
+        lines += ["Not run here (what this environment lacks):", ""]
+        lines += [f"- `{spec}`: {'; '.join(lack)}" for spec, lack in not_run.items()] + [""]
+    for t in timings:
+        if "error" in t:
+            lines += [f"Timing at batch {t['batch']} failed: {t['error']}", ""]
+        else:
+            lines += ["Interleaved timing (studies/runner_compare): " + render_compare(t), ""]
+    return "\n".join(lines)
+
+
+def full_check(out: Path, runs: Sequence[str] = tuple(PRESET_RUNS), tests: bool = True, timing: bool = True) -> int:
     from xdeploy.core.fsutil import atomic_write_json, atomic_write_text
 
-    gaps = machine_gaps() + env_gaps()
-    if gaps:
-        print(one_line(gaps), file=sys.stderr)
+    gaps = machine_gaps()
+    missing = runner_gaps([*RUNNERS.split(","), "torch:fp16"]) if not gaps else {}
+    ready = [spec for spec, lack in missing.items() if not lack]
+    if gaps or not ready:
+        print(one_line(gaps or sorted({g for lack in missing.values() for g in lack})), file=sys.stderr)
         return 2
     import onnxruntime
-    import tensorrt
     import torch
 
     out.mkdir(parents=True, exist_ok=True)
     root = Path(__file__).resolve().parents[1]
-    t = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-                        f"--junitxml={out / 'gpu-tests.xml'}", str(root / "tests")],
-                       capture_output=True, text=True, cwd=root)
-    (out / "gpu-tests.log").write_text(t.stdout + t.stderr)
-    tail = [s for s in t.stdout.splitlines() if s.strip()]
-    tests = {"returncode": t.returncode, "summary": tail[-1] if tail else "no output"}
+    runners = ",".join(r for r in RUNNERS.split(",") if r in ready)
+    # --continue-on-collection-errors: a test module needing a package this env lacks (tritonclient, the bundled
+    # MiniLM) must not stop the gpu tests of the others; its error still shows in the summary and the exit code
+    test_result = {"returncode": 0, "summary": "not run (--no-tests)"}
+    if tests:
+        t = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+                            "--continue-on-collection-errors",
+                            f"--junitxml={out / 'gpu-tests.xml'}", str(root / "tests")],
+                           capture_output=True, text=True, cwd=root)
+        (out / "gpu-tests.log").write_text(t.stdout + t.stderr)
+        tail = [s for s in t.stdout.splitlines() if s.strip()]
+        test_result = {"returncode": t.returncode, "summary": tail[-1] if tail else "no output"}
     rows: list[dict[str, Any]] = []
-    for name, args in PRESET_RUNS.items():
+    for name in runs:
+        args = PRESET_RUNS[name]
         js = out / f"run-{name}.json"
-        cmd = [str(Path(sys.executable).with_name("xdeploy")), "run", *args, "--runners", RUNNERS,
+        cmd = [sys.executable, "-m", "xdeploy.cli", "run", *args, "--runners", runners,
                "--precisions", PRECISIONS,
                "--skip", "scale,roofline", "--out", str(out / f"report-{name}"),
                "--artifacts", str(out / "artifacts"), "--json", str(js)]
         with MemorySampler() as mem:
             r = subprocess.run(cmd, capture_output=True, text=True, cwd=root)
         (out / f"run-{name}.log").write_text(" ".join(cmd) + "\n" + r.stdout + r.stderr)
-        if js.is_file():
-            rows += verification_rows(json.loads(js.read_text())["records"], RUNNERS.split(","), mem.peak_mib)
-    meta = {"gpu": _nvidia_smi("name"), "driver": _nvidia_smi("driver_version"), "tensorrt": tensorrt.__version__,
+        # `xdeploy run --json` names the report; its records are in the report's results.json
+        results = Path(json.loads(js.read_text())["out"]) / "results.json" if js.is_file() else None
+        if results is not None and results.is_file():
+            rows += verification_rows(json.loads(results.read_text())["records"], runners.split(","), mem.peak_mib)
+    timings = compare_timings(out, [c for spec in ready for c in COMPARE.get(spec, ())]) if timing else []
+    meta = {"gpu": _nvidia_smi("name"), "driver": _nvidia_smi("driver_version"),
+            "tensorrt": _version("tensorrt"),
             "onnxruntime": onnxruntime.__version__, "torch": f"{torch.__version__} (CUDA {torch.version.cuda})",
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    atomic_write_text(out / "verification.md", render(rows, tests, meta))
-    atomic_write_json(out / "verification.json", {"meta": meta, "tests": tests, "rows": rows})
-    print(f"gpu-check: wrote {out / 'verification.md'} ({len(rows)} rows; gpu tests: {tests['summary']})")
-    ok = t.returncode == 0 and rows and all(r["parity_passed"] == r["parity_outputs"] for r in rows)
+    not_run = {spec: lack for spec, lack in missing.items() if lack}
+    text = render(rows, test_result, meta) + render_extras(not_run, timings)
+    atomic_write_text(out / "verification.md", text)
+    atomic_write_json(out / "verification.json", {"meta": meta, "tests": test_result, "rows": rows,
+                                                  "not_run": not_run,
+                                                  "timings": timings})
+    print(f"gpu-check: wrote {out / 'verification.md'} ({len(rows)} rows; gpu tests: {test_result['summary']})")
+    ok = (test_result["returncode"] == 0 and (rows or not runs)
+          and all(r["parity_passed"] == r["parity_outputs"] for r in rows) and all("error" not in x for x in timings))
     return 0 if ok else 1
 
 
@@ -198,14 +249,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preflight", action="store_true", help="only say what this machine lacks (one line)")
     ap.add_argument("--out", default=os.environ.get("GPU_CHECK_OUT", "reports/gpu"))
+    ap.add_argument("--runs", default=",".join(PRESET_RUNS),
+                    help=f"which `xdeploy run`s ({', '.join(PRESET_RUNS)}; empty: none)")
+    ap.add_argument("--no-tests", action="store_true", help="skip the gpu-marked tests")
+    ap.add_argument("--no-timing", action="store_true", help="skip the interleaved BERT-base timing")
     a = ap.parse_args(argv)
+    runs = [r for r in a.runs.split(",") if r]
+    if set(runs) - set(PRESET_RUNS):
+        ap.error(f"--runs: expected names among {', '.join(PRESET_RUNS)}")
     if a.preflight:
         gaps = machine_gaps()
         if gaps:
             print(one_line(gaps))
             return 2
         return 0
-    return full_check(Path(a.out))
+    return full_check(Path(a.out), runs, tests=not a.no_tests, timing=not a.no_timing)
 
 
 if __name__ == "__main__":

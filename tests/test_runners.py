@@ -254,13 +254,37 @@ def test_runner_compare_benchmark_runs_and_reports(tmp_path, capsys):
     labels = [r["label"] for r in report["results"]]
     assert labels == ["torch", "ort", "ov", "ov:bf16"]
     for r in report["results"]:
-        assert r["n"] == 1 and r["p50"] > 0 and r["cosine_vs_torch"] > 0.99
+        assert r["n"] == 1 and r["p50"] > 0 and r["cosine_vs_baseline"] > 0.99
     # every speed-up is torch's p50 over the candidate's own p50 (torch's own is therefore exactly 1)
     torch_p50 = report["results"][0]["p50"]
     for r in report["results"]:
-        assert r["speedup_vs_torch"] == pytest.approx(torch_p50 / r["p50"], rel=1e-12)
-    assert report["results"][0]["speedup_vs_torch"] == 1.0
-    assert report["targets"]["ort"]["measured"] == report["results"][1]["speedup_vs_torch"]
+        assert r["speedup_vs_baseline"] == pytest.approx(torch_p50 / r["p50"], rel=1e-12)
+    assert report["results"][0]["speedup_vs_baseline"] == 1.0
+    assert report["targets"]["ort"]["measured"] == report["results"][1]["speedup_vs_baseline"]
     assert report["machine"]["fingerprint"]["cpu_model"] and len(report["machine"]["load_average"]) == 3
     assert set(report["targets"]) == {"ort", "ov:bf16"} and "x torch" in capsys.readouterr().out
     assert runner_compare.main(["--preset", "tiny", "--rounds", "0", "--workdir", str(tmp_path / "w")]) == 2
+
+
+def test_runner_compare_runners_option_sets_candidates_and_baseline(tmp_path, capsys):
+    """--runners: the first candidate is the baseline of every ratio and cosine; the torch-eager targets are
+    not measured against another baseline; a malformed list is one clear error."""
+    from xdeploy.studies import runner_compare
+
+    r = runner_compare.compare("bert", "tiny", seq=16, precisions=("fp32",), workdir=tmp_path / "w", rounds=1,
+                               per_round=1, warmup=0, runners="ort,torch,ort@fp16")
+    assert [x["label"] for x in r["results"]] == ["ort", "torch", "ort@fp16"] and r["baseline"] == "ort"
+    assert [x["artifact_precision"] for x in r["results"]] == ["fp32", "fp32", "fp16"]
+    assert r["results"][0]["speedup_vs_baseline"] == 1.0
+    assert r["results"][1]["speedup_vs_baseline"] == pytest.approx(r["results"][0]["p50"] / r["results"][1]["p50"])
+    assert all(x["cosine_vs_baseline"] > 0.99 for x in r["results"])
+    assert all(t["measured"] is None for t in r["targets"].values())
+    assert "x ort" in runner_compare.render(r)
+    # a candidate that cannot open here is named with why, and the others still compare
+    r = runner_compare.compare("bert", "tiny", seq=16, precisions=("fp32",), workdir=tmp_path / "w", rounds=1,
+                               per_round=1, warmup=0, runners="ort-cuda,ort")
+    assert [x["label"] for x in r["results"]] == ["ort"] and r["baseline"] == "ort"
+    assert "onnxruntime" in r["skipped"]["ort-cuda"] and "not run: ort-cuda: " in runner_compare.render(r)
+    for bad in ("ort,ort", "ort@fp64", ","):
+        with pytest.raises(XDeployError, match="--runners"):
+            runner_compare.compare("bert", "tiny", workdir=tmp_path / "w", runners=bad)

@@ -288,6 +288,20 @@ def test_parser_errors_become_one_line(tmp_path):
 
 # ------------------------------------------------------------------- onnxruntime GPU providers, Triton ----
 
+def test_gpu_runners_accept_the_options_they_are_timed_with():
+    """Found on the first GPU run (H100): `xdeploy run` opens every runner timed beside others with its
+    interleaved_options, and ort-cuda / ort-trt inherit `spin_between_runs` from `ort` but refused it, so every
+    GPU bench and decode step failed. The session options go to onnxruntime's session, not to the providers."""
+    from xdeploy.deploy.registry import runner_class
+
+    for name in ("ort-cuda", "ort-trt"):
+        cls = runner_class(name)
+        assert cls.interleaved_options and cls.provider_options(cls.interleaved_options) == {}
+        assert cls.provider_options({"cache_dir": "/c", "spinning": True}) == {"cache_dir": "/c"}
+        with pytest.raises(XDeployError, match="spin_between_runs"):
+            cls.provider_options({"graph_sha256": "x"})
+
+
 def test_ort_gpu_provider_options(tmp_path):
     spec = _spec("bert")
     g = spec.graph("model")
@@ -467,6 +481,19 @@ def test_gpu_verification_table_from_run_records():
     assert text.count("\n| ") == len(rows) + 2 and "NVIDIA X" in text and "3 passed" in text
     assert verification_rows(records, ["trt"], 0.0) == []  # no GPU record exists yet
     assert "no record from the GPU runners" in render([], {}, {})
+
+
+def test_gpu_check_names_the_runners_it_leaves_out():
+    """make gpu-check runs the GPU runners this environment can open and names the others with what they lack;
+    here (no GPU) every GPU spec lacks something and says what."""
+    from xdeploy.studies.gpu_check import RUNNERS, render_extras, runner_gaps
+
+    missing = runner_gaps([*RUNNERS.split(","), "torch:fp16"])
+    assert set(missing) == {"trt", "ort-cuda", "ort-trt", "torch:fp16"}
+    if not shutil.which("nvidia-smi"):
+        assert all(missing.values()), missing
+    text = render_extras({"trt": ["the tensorrt package is not installed"]}, [{"batch": 8, "error": "boom"}])
+    assert "- `trt`: the tensorrt package is not installed" in text and "Timing at batch 8 failed: boom" in text
 
 
 def test_xdeploy_doctor_lists_runner_gaps_and_refuses_gpu_check_here(capsys):

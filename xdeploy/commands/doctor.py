@@ -28,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
     from xdeploy.studies import gpu_check
 
     if args.gpu:
-        gaps = gpu_check.machine_gaps() or gpu_check.env_gaps()  # the machine first: no env can fix that
+        # the machine first: no env can fix that; full_check then runs the GPU runners this env can open
+        gaps = gpu_check.machine_gaps()
         if gaps:
             raise XDeployError(gpu_check.one_line(gaps))
         from pathlib import Path
