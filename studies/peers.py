@@ -74,13 +74,18 @@ XDEPLOY = (("xdeploy", "ort fp32", "onnxruntime", "fp32"), ("xdeploy", "ort int8
 # artifact exported with --no-openvino-ir; what the IR gains, docs/benchmarks.md)
 XDEPLOY_ONNX_GRAPH = (("xdeploy", "ov f32 ONNX graph", "openvino", "fp32"),
                       ("xdeploy", "ov bf16 ONNX graph", "openvino", "bf16"))
+# --static-int8: xdeploy's static Q/DQ `int8` export (calibrated, with the sensitivity search: what `xdeploy export
+# --precision int8` ships) on OpenVINO, its float parts in bf16 where the CPU has bf16 (`xdeploy run`'s fastest
+# int8 route on AMX); opt-in because the search's export takes minutes at the base presets
+XDEPLOY_STATIC = (("xdeploy", "ov int8 static", "openvino", "int8"),)
 # per xdeploy config: which artifact it runs and the runner options. The int8 row is xdeploy's int8-dynamic, the
 # same method as Optimum's dynamic int8 (the static Q/DQ `int8` needs the sensitivity search to keep MiniLM's
 # accuracy and onnxruntime runs its symmetric activations slowly: docs/export.md). The ov rows run what
 # `xdeploy run` runs: the OpenVINO IR the fp32 artifact carries (export/openvino_ir.py; the runner's "auto").
 XDEPLOY_ROUTE = {"ort fp32": ("fp32", {}), "ort int8 dynamic": ("int8-dynamic", {}),
                  "ov f32": ("fp32", {"format": "ir"}), "ov bf16": ("fp32", {"format": "ir"}),
-                 "ov f32 ONNX graph": ("fp32", {"format": "onnx"}), "ov bf16 ONNX graph": ("fp32", {"format": "onnx"})}
+                 "ov f32 ONNX graph": ("fp32", {"format": "onnx"}), "ov bf16 ONNX graph": ("fp32", {"format": "onnx"}),
+                 "ov int8 static": ("int8", {})}
 OPTIMUM = (("optimum-onnx", "ort plain", "onnxruntime", "fp32"), ("optimum-onnx", "ort O2", "onnxruntime", "fp32"),
            ("optimum-onnx", "ort int8 dynamic avx512_vnni", "onnxruntime", "int8"),
            ("optimum-intel", "ov f32", "openvino", "fp32"), ("optimum-intel", "ov bf16", "openvino", "bf16"))
@@ -217,8 +222,14 @@ class System:
 
 
 def _runner_spec(runtime: str, precision: str) -> str:
-    """xdeploy's runner for a row: ORT runs what the artifact holds; OpenVINO gets an explicit hint."""
-    return "ort" if runtime == "onnxruntime" else ("ov:bf16" if precision == "bf16" else "ov:f32")
+    """xdeploy's runner for a row: ORT runs what the artifact holds; OpenVINO gets an explicit hint (int8: the
+    float parts in bf16 where the CPU computes bf16 natively, else f32)."""
+    from xdeploy.core.fingerprint import bf16_native, fingerprint
+
+    if runtime == "onnxruntime":
+        return "ort"
+    bf16 = precision == "bf16" or (precision == "int8" and bf16_native(fingerprint()))
+    return "ov:bf16" if bf16 else "ov:f32"
 
 
 def _ort_options(threads: int) -> Any:
@@ -423,14 +434,23 @@ def _fastembed_encode(model: Any, sentences: Sequence[str], batch: int) -> np.nd
     return np.stack(list(model.embed(list(sentences), batch_size=batch)))
 
 
-def _xdeploy_artifacts(w: Workload, ckpt: Path, root: Path) -> dict[str, Path]:
-    """xdeploy's route: checkpoint import + export at fp32 (with its OpenVINO IR) and int8-dynamic, once per
-    key (export/cache.py `cached_artifact`: a changed model or exporter exports again, never measures a stale
-    graph)."""
-    from xdeploy.export.cache import cached_artifact
+def xdeploy_rows(onnx_graph: bool = False, static_int8: bool = False) -> tuple[tuple[str, str, str, str], ...]:
+    """xdeploy's rows: the default ones, and those --ov-onnx-graph / --static-int8 add."""
+    return XDEPLOY + (XDEPLOY_ONNX_GRAPH if onnx_graph else ()) + (XDEPLOY_STATIC if static_int8 else ())
 
+
+def _xdeploy_artifacts(w: Workload, ckpt: Path, root: Path, rows: Sequence[tuple[str, str, str, str]] = XDEPLOY
+                       ) -> dict[str, Path]:
+    """xdeploy's route: checkpoint import + export at each precision the `rows` run (fp32 with its OpenVINO IR,
+    int8-dynamic; static int8 with the sensitivity search), once per key (export/cache.py `cached_artifact`: a
+    changed model or exporter exports again, never measures a stale graph)."""
+    from xdeploy.export.cache import cached_artifact
+    from xdeploy.verify.sensitivity import refine
+
+    precisions = dict.fromkeys(["fp32"] + [XDEPLOY_ROUTE[cfg][0] for _, cfg, _, _ in rows])
     return {prec: cached_artifact(w.family, checkpoint=ckpt, precision=prec, root=root / "xdeploy",
-                                  openvino_ir=prec == "fp32") for prec in ("fp32", "int8-dynamic")}
+                                  openvino_ir=prec == "fp32", refine=refine if prec == "int8" else None)
+            for prec in precisions}
 
 
 # ------------------------------------------------------------------------------------------ one workload ----
@@ -509,7 +529,7 @@ def _optimum_systems(w: Workload, ckpt: Path, root: Path, threads: int, wanted: 
 
 
 def _systems(w: Workload, ckpt: Path, root: Path, threads: int, wanted: Sequence[str],
-             log: Callable[[str], None], onnx_graph: bool = False) -> list[System]:
+             log: Callable[[str], None], xrows: Sequence[tuple[str, str, str, str]] = XDEPLOY) -> list[System]:
     import torch
 
     from xdeploy.core.fingerprint import fingerprint
@@ -518,8 +538,8 @@ def _systems(w: Workload, ckpt: Path, root: Path, threads: int, wanted: Sequence
     from xdeploy.models.spec import make_feeds
 
     systems: list[System] = []
-    rows = rows_here(XDEPLOY + (XDEPLOY_ONNX_GRAPH if onnx_graph else ()), fingerprint())
-    arts = _xdeploy_artifacts(w, ckpt, root) if "xdeploy" in wanted else {}
+    rows = rows_here(xrows, fingerprint())
+    arts = _xdeploy_artifacts(w, ckpt, root, rows) if "xdeploy" in wanted else {}
     art32 = load_artifact(arts["fp32"]) if arts else None
     if w.task == "sentences":
         from sentence_transformers import SentenceTransformer
@@ -582,7 +602,7 @@ def _systems(w: Workload, ckpt: Path, root: Path, threads: int, wanted: Sequence
 
 def run_workload(w: Workload, *, root: Path, threads: int, wanted: Sequence[str], max_seconds: float,
                  min_rounds: int, attempts: int, log: Callable[[str], None],
-                 onnx_graph: bool = False, replicas: int = 2) -> list[dict[str, Any]]:
+                 xrows: Sequence[tuple[str, str, str, str]] = XDEPLOY, replicas: int = 2) -> list[dict[str, Any]]:
     """Prepare every system (`replicas` independently loaded instances of each), check its outputs against the
     reference, time them all in the same interleaved rounds; one record per system.
 
@@ -602,7 +622,7 @@ def run_workload(w: Workload, *, root: Path, threads: int, wanted: Sequence[str]
     sets: list[list[System]] = []
     try:
         for _ in range(replicas):
-            sets.append(_systems(w, ckpt, root, threads, wanted, log, onnx_graph))
+            sets.append(_systems(w, ckpt, root, threads, wanted, log, xrows))
             systems += sets[-1]
         ref = systems[0].output()
         acc = {}
@@ -695,10 +715,11 @@ def _versions() -> dict[str, str]:
 def run(out: Path, *, quick: bool = False, workloads: Sequence[str] | None = None, threads: int = 0,
         systems: Sequence[str] = SYSTEMS, max_seconds: float = 20.0, min_rounds: int = 8, attempts: int = 2,
         work: Path | None = None, log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
-        onnx_graph: bool = False, prepare_only: bool = False, replicas: int = 2) -> Path:
+        onnx_graph: bool = False, static_int8: bool = False, prepare_only: bool = False, replicas: int = 2) -> Path:
     """Run the study and write <out>/records.jsonl and the rendered report <out>/summary.md.
     `prepare_only`: write the checkpoints and every system's export into `work` and stop (no timing; e.g. under
-    load, before timing on a quiet machine); `onnx_graph`: also time the `ov` rows on the ONNX graph;
+    load, before timing on a quiet machine); `onnx_graph`: also time the `ov` rows on the ONNX graph; `static_int8`:
+    also time xdeploy's static Q/DQ int8 export on OpenVINO (XDEPLOY_STATIC);
     `replicas`: independently loaded instances per system (run_workload says why)."""
     from xdeploy.bench.interleave import resolve_threads
     from xdeploy.bench.suite import apply_thread_env
@@ -726,6 +747,7 @@ def run(out: Path, *, quick: bool = False, workloads: Sequence[str] | None = Non
     records: list[dict[str, Any]] = []
     out.mkdir(parents=True, exist_ok=True)
     note = no_bf16_note(fingerprint())
+    xrows = xdeploy_rows(onnx_graph, static_int8)
     if note:
         log(note)
     if prepare_only:
@@ -733,7 +755,7 @@ def run(out: Path, *, quick: bool = False, workloads: Sequence[str] | None = Non
             log(f"{w.name}: exporting into {work}")
             ckpt = make_checkpoint(w, work)
             if "xdeploy" in systems:
-                _xdeploy_artifacts(w, ckpt, work)
+                _xdeploy_artifacts(w, ckpt, work, xrows)
             if set(systems) & {"optimum-onnx", "optimum-intel"}:
                 _optimum_dirs(w, ckpt, work)
             if w.task == "sentences" and set(systems) & {"sentence-transformers", "fastembed"}:
@@ -743,7 +765,7 @@ def run(out: Path, *, quick: bool = False, workloads: Sequence[str] | None = Non
     for w in chosen:
         log(f"{w.name}: preparing ({', '.join(systems)}; {threads} threads)")
         records += run_workload(w, root=work, threads=threads, wanted=systems, max_seconds=max_seconds,
-                                min_rounds=min_rounds, attempts=attempts, log=log, onnx_graph=onnx_graph,
+                                min_rounds=min_rounds, attempts=attempts, log=log, xrows=xrows,
                                 replicas=replicas)
         write_records(out / "records.jsonl", records)  # after each workload: a crash keeps what was measured
     from xdeploy.reports.render import render_report
@@ -768,6 +790,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--attempts", type=int, default=2)
     ap.add_argument("--ov-onnx-graph", action="store_true",
                     help="also time the ov rows on the artifact's ONNX graph (the route without its OpenVINO IR)")
+    ap.add_argument("--static-int8", action="store_true",
+                    help="also time xdeploy's static Q/DQ int8 export on OpenVINO (minutes of export at base presets)")
     ap.add_argument("--replicas", type=int, default=2,
                     help="instances of each system timed side by side (their A/A spread widens the tie band)")
     ap.add_argument("--prepare-only", action="store_true",
@@ -777,6 +801,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = run(a.out, quick=a.quick, workloads=[x for x in a.workloads.split(",") if x] or None,
                   threads=a.threads, systems=[x for x in a.systems.split(",") if x], max_seconds=a.max_seconds,
                   min_rounds=a.min_rounds, attempts=a.attempts, work=a.work, onnx_graph=a.ov_onnx_graph,
+                  static_int8=a.static_int8,
                   prepare_only=a.prepare_only, replicas=a.replicas)
     except XDeployError as e:
         print(f"error: {e}", file=sys.stderr)

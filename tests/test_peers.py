@@ -19,6 +19,7 @@ import pytest
 from xdeploy.core.errors import XDeployError
 from xdeploy.core.fingerprint import bf16_native, fingerprint
 from xdeploy.core.records import make_record, read_records
+from xdeploy.export.artifact import load_artifact
 from xdeploy.studies import peers
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,14 +39,14 @@ def test_pytorch_and_xdeploy_rows_records_and_table(tmp_path: Path) -> None:
     fp32 = sorted((tmp_path / "work" / "xdeploy").glob("*-fp32-ir-*"))
     assert len(fp32) == 1 and (fp32[0] / "openvino" / "model.xml").is_file()
     stamp = (fp32[0] / "manifest.json").stat().st_mtime_ns
-    out = peers.run(tmp_path / "out", quick=True, workloads=["bert-tiny-b2"], onnx_graph=True,
+    out = peers.run(tmp_path / "out", quick=True, workloads=["bert-tiny-b2"], onnx_graph=True, static_int8=True,
                     systems=["pytorch", "xdeploy"], work=tmp_path / "work", log=lambda _m: None, **FAST)
     assert (fp32[0] / "manifest.json").stat().st_mtime_ns == stamp  # reused, not exported again
     recs = read_records(out / "records.jsonl")  # validated against the record contract
     rows = _by(recs, "workload", "system", "config")
     for wl in ("bert-tiny-b2",):
         assert (wl, "pytorch", "eager fp32") in rows
-        here = peers.rows_here((*peers.XDEPLOY, *peers.XDEPLOY_ONNX_GRAPH), fingerprint())
+        here = peers.rows_here(peers.xdeploy_rows(onnx_graph=True, static_int8=True), fingerprint())
         assert {cfg for _, cfg, _, _ in here} == {c for (w, sy, c) in rows if w == wl and sy == "xdeploy"}
         for _, cfg, _, prec in here:
             r = rows[(wl, "xdeploy", cfg)]
@@ -53,6 +54,12 @@ def test_pytorch_and_xdeploy_rows_records_and_table(tmp_path: Path) -> None:
             assert r["accuracy_ok"], (wl, cfg, r["min_cosine"])
             assert r["vs_peer"] is None  # no peer row in this run
             assert r["nn_agreement"] is None  # a sentence workload's measure
+        # the static int8 row runs the calibrated Q/DQ export (its manifest says so), on OpenVINO
+        static = rows[(wl, "xdeploy", "ov int8 static")]
+        assert static["runtime"] == "openvino" and static["precision"] == "int8"
+        int8 = [load_artifact(p) for p in (tmp_path / "work" / "xdeploy").iterdir() if p.is_dir()
+                and load_artifact(p).precision == "int8"]
+        assert len(int8) == 1 and int8[0].manifest["conversion"]["model"]["format"] == "qdq"
         # fp32 rows compute what PyTorch computes
         assert rows[(wl, "xdeploy", "ort fp32")]["max_abs_err"] < 1e-4
         assert rows[(wl, "pytorch", "eager fp32")]["max_abs_err"] == 0.0
