@@ -103,6 +103,11 @@ SESSION_OPTIONS = ("spinning", "spin_between_runs")
 ARTIFACT_FACTS = ("precision", "model", "graph_sha256", "int8_format")  # filled in by the runner from the artifact
 
 
+def unknown_options(runner: str, names: set[str]) -> XDeployError:
+    """The one-line error for options a GPU runner does not take (user-facing: the artifact facts are not)."""
+    return XDeployError(f"unknown {runner} option(s) {sorted(names)}; expected {', '.join(OPTIONS + SESSION_OPTIONS)}")
+
+
 def provider_list(runner: str, graph: Graph, axes: Mapping[str, Axis], variant: str = "", device_id: int = 0,
                   **opts: Any) -> list[Provider]:
     """The `providers=` list for onnxruntime.InferenceSession (pure: imports no onnxruntime)."""
@@ -116,8 +121,7 @@ def provider_list(runner: str, graph: Graph, axes: Mapping[str, Axis], variant: 
                            "inputs and outputs; use prepare() for the steady-state call instead")
     unknown = set(opts) - set(OPTIONS) - set(ARTIFACT_FACTS)
     if unknown:
-        raise XDeployError(f"unknown {runner} option(s) {sorted(unknown)}; expected "
-                           f"{', '.join(OPTIONS + SESSION_OPTIONS)}")
+        raise unknown_options(runner, unknown)
     return ep.build(graph, axes, variant, device_id, **opts)
 
 
@@ -190,8 +194,7 @@ class _OrtGpuRunner(OrtRunner):
         extra = {k: v for k, v in options.items() if k not in ("opt_level", "device", *SESSION_OPTIONS)}
         unknown = set(extra) & set(ARTIFACT_FACTS)
         if unknown:
-            raise XDeployError(f"unknown {cls.name} option(s) {sorted(unknown)}; expected "
-                               f"{', '.join(OPTIONS + SESSION_OPTIONS)}")
+            raise unknown_options(cls.name, unknown)
         return extra
 
     def _load(self) -> None:

@@ -3,8 +3,8 @@
     python studies/gpu_check.py --preflight        # prints one line naming what is missing, exit 2; silent if ready
     python -m xdeploy.studies.gpu_check --out reports/gpu   # in the GPU env (make gpu-env): the whole check
 
-The whole check runs the `gpu`-marked tests, then `xdeploy run --smoke` with the GPU runners on the default
-(tiny/small) presets and on the base presets (--full), sampling the GPU's memory with nvidia-smi, then times
+The whole check runs the `gpu`-marked tests, then `xdeploy run` with the GPU runners on the default
+(tiny/small) presets (--smoke) and on the base presets (--full), sampling the GPU's memory with nvidia-smi, then times
 the GPU runners interleaved on BERT-base (studies/runner_compare, batch 1 and 8, seq 128), and writes
 reports/gpu/verification.md (+ .json): what ran, parity, latency and device memory per runner. A GPU runner this
 environment cannot open (no tensorrt package, say) is left out and named with what it lacks; with no NVIDIA
