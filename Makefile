@@ -112,8 +112,8 @@ gpu-check: gpu-env
 # transformers<4.58, so it gets its own env, fully pinned in requirements-peers.txt (same torch, onnxruntime
 # and openvino as .venv);
 # xdeploy is installed on top with --no-deps. `make peers` writes reports/peers/ (records + rendered table);
-# PEERS_ARGS=--quick for the tiny version, e.g. PEERS_ARGS="--workloads bert-base-b1,minilm-sentences"; --static-int8
-# adds xdeploy's static Q/DQ int8 row (minutes of export per base preset).
+# PEERS_ARGS=--quick for the tiny version, e.g. PEERS_ARGS="--workloads bert-base-b1,minilm-sentences"; the sentence
+# workload always has xdeploy's static Q/DQ int8 row, --static-int8 adds it to the others (minutes of export each).
 # Then the generation peers (studies/peers_generate.py: GPT-2 small and the trained tiny GPT, KV-cache decoding
 # against transformers, optimum-intel, CTranslate2, onnxruntime-genai and openvino-genai) into
 # $(PEERS_OUT)/generate/; PEERS_GEN_ARGS passes its options (e.g. --quick, --static-int8). PEERS_OUT defaults to this

@@ -14,7 +14,9 @@ the same PyTorch reference (the Hugging Face model in eager fp32, or sentence-tr
   pytorch         the Hugging Face module, eager fp32 (the reference and the speed-up baseline)
   xdeploy         the checkpoint imported by xdeploy's checkpoint import, exported (fp32 with its OpenVINO IR,
                   int8-dynamic) and run by the `ort` runner, and by the `ov` runner (on the IR, as `xdeploy run`
-                  does) with an explicit f32 hint and `ov:bf16`; `--ov-onnx-graph` adds both on the ONNX graph
+                  does) with an explicit f32 hint and `ov:bf16`; `--ov-onnx-graph` adds both on the ONNX graph;
+                  sentence workloads (and, with `--static-int8`, every workload) add `ov int8 static`: the static
+                  Q/DQ int8 export with the sensitivity search, on `ov:bf16` where the CPU has bf16, else `ov:f32`
   optimum-onnx    ORTModel export (plain), ORTOptimizer O2, ORTQuantizer dynamic int8 (avx512_vnni config)
   optimum-intel   OVModel export, compiled with INFERENCE_PRECISION_HINT f32 and bf16 (explicit: without a hint
                   OpenVINO computes in bf16 on AMX machines)
@@ -74,11 +76,13 @@ XDEPLOY = (("xdeploy", "ort fp32", "onnxruntime", "fp32"), ("xdeploy", "ort int8
 # artifact exported with --no-openvino-ir; what the IR gains, docs/benchmarks.md)
 XDEPLOY_ONNX_GRAPH = (("xdeploy", "ov f32 ONNX graph", "openvino", "fp32"),
                       ("xdeploy", "ov bf16 ONNX graph", "openvino", "bf16"))
-# --static-int8: xdeploy's static Q/DQ `int8` export (calibrated, with the sensitivity search: what `xdeploy export
-# --precision int8` ships) on OpenVINO, its float parts in bf16 where the CPU has bf16 (`xdeploy run`'s fastest
-# int8 route on AMX); opt-in because the search's export takes minutes at the base presets
+# xdeploy's static Q/DQ `int8` export (calibrated, with the sensitivity search: what `xdeploy export --precision
+# int8` ships) on OpenVINO, its float parts in bf16 where the CPU has bf16 (`xdeploy run`'s fastest int8 route on
+# AMX). Every sentence workload has it (MiniLM's export takes seconds, and it is the row that answers
+# sentence-transformers' openvino qint8, also a calibrated static int8 on OpenVINO); --static-int8 adds it to the
+# other workloads, opt-in there because the search's export takes minutes at the base presets
 XDEPLOY_STATIC = (("xdeploy", "ov int8 static", "openvino", "int8"),)
-# per xdeploy config: which artifact it runs and the runner options. The int8 row is xdeploy's int8-dynamic, the
+# per xdeploy config: which artifact it runs and the runner options. The `ort` int8 row is xdeploy's int8-dynamic, the
 # same method as Optimum's dynamic int8 (the static Q/DQ `int8` needs the sensitivity search to keep MiniLM's
 # accuracy and onnxruntime runs its symmetric activations slowly: docs/export.md). The ov rows run what
 # `xdeploy run` runs: the OpenVINO IR the fp32 artifact carries (export/openvino_ir.py; the runner's "auto").
@@ -221,14 +225,14 @@ class System:
     close: Callable[[], None] = lambda: None
 
 
-def _runner_spec(runtime: str, precision: str) -> str:
+def _runner_spec(runtime: str, precision: str, fp: dict[str, Any] | None = None) -> str:
     """xdeploy's runner for a row: ORT runs what the artifact holds; OpenVINO gets an explicit hint (int8: the
-    float parts in bf16 where the CPU computes bf16 natively, else f32)."""
+    float parts in bf16 where the CPU computes bf16 natively, else f32). `fp`: the machine (default this one)."""
     from xdeploy.core.fingerprint import bf16_native, fingerprint
 
     if runtime == "onnxruntime":
         return "ort"
-    bf16 = precision == "bf16" or (precision == "int8" and bf16_native(fingerprint()))
+    bf16 = precision == "bf16" or (precision == "int8" and bf16_native(fp if fp is not None else fingerprint()))
     return "ov:bf16" if bf16 else "ov:f32"
 
 
@@ -439,6 +443,11 @@ def xdeploy_rows(onnx_graph: bool = False, static_int8: bool = False) -> tuple[t
     return XDEPLOY + (XDEPLOY_ONNX_GRAPH if onnx_graph else ()) + (XDEPLOY_STATIC if static_int8 else ())
 
 
+def workload_rows(w: Workload, xrows: Sequence[tuple[str, str, str, str]]) -> tuple[tuple[str, str, str, str], ...]:
+    """xdeploy's rows for workload `w`: `xrows`, plus the static int8 row on every sentence workload."""
+    return tuple(dict.fromkeys((*xrows, *(XDEPLOY_STATIC if w.task == "sentences" else ()))))
+
+
 def _xdeploy_artifacts(w: Workload, ckpt: Path, root: Path, rows: Sequence[tuple[str, str, str, str]] = XDEPLOY
                        ) -> dict[str, Path]:
     """xdeploy's route: checkpoint import + export at each precision the `rows` run (fp32 with its OpenVINO IR,
@@ -538,7 +547,7 @@ def _systems(w: Workload, ckpt: Path, root: Path, threads: int, wanted: Sequence
     from xdeploy.models.spec import make_feeds
 
     systems: list[System] = []
-    rows = rows_here(xrows, fingerprint())
+    rows = rows_here(workload_rows(w, xrows), fingerprint())
     arts = _xdeploy_artifacts(w, ckpt, root, rows) if "xdeploy" in wanted else {}
     art32 = load_artifact(arts["fp32"]) if arts else None
     if w.task == "sentences":
@@ -719,7 +728,8 @@ def run(out: Path, *, quick: bool = False, workloads: Sequence[str] | None = Non
     """Run the study and write <out>/records.jsonl and the rendered report <out>/summary.md.
     `prepare_only`: write the checkpoints and every system's export into `work` and stop (no timing; e.g. under
     load, before timing on a quiet machine); `onnx_graph`: also time the `ov` rows on the ONNX graph; `static_int8`:
-    also time xdeploy's static Q/DQ int8 export on OpenVINO (XDEPLOY_STATIC);
+    also time xdeploy's static Q/DQ int8 export on OpenVINO (XDEPLOY_STATIC) in the workloads other than
+    sentences (`workload_rows`: a sentence workload always has it);
     `replicas`: independently loaded instances per system (run_workload says why)."""
     from xdeploy.bench.interleave import resolve_threads
     from xdeploy.bench.suite import apply_thread_env
@@ -755,7 +765,7 @@ def run(out: Path, *, quick: bool = False, workloads: Sequence[str] | None = Non
             log(f"{w.name}: exporting into {work}")
             ckpt = make_checkpoint(w, work)
             if "xdeploy" in systems:
-                _xdeploy_artifacts(w, ckpt, work, xrows)
+                _xdeploy_artifacts(w, ckpt, work, workload_rows(w, xrows))
             if set(systems) & {"optimum-onnx", "optimum-intel"}:
                 _optimum_dirs(w, ckpt, work)
             if w.task == "sentences" and set(systems) & {"sentence-transformers", "fastembed"}:
@@ -791,7 +801,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--ov-onnx-graph", action="store_true",
                     help="also time the ov rows on the artifact's ONNX graph (the route without its OpenVINO IR)")
     ap.add_argument("--static-int8", action="store_true",
-                    help="also time xdeploy's static Q/DQ int8 export on OpenVINO (minutes of export at base presets)")
+                    help="also time xdeploy's static Q/DQ int8 export on OpenVINO in the workloads other than "
+                         "sentences (every sentence workload has it; minutes of export at base presets)")
     ap.add_argument("--replicas", type=int, default=2,
                     help="instances of each system timed side by side (their A/A spread widens the tie band)")
     ap.add_argument("--prepare-only", action="store_true",

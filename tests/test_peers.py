@@ -102,6 +102,22 @@ def test_bf16_rows_only_where_the_cpu_computes_bf16(fp: dict, bf16: bool) -> Non
         assert "AVX-512 BF16" in note and "AMD: AMD EPYC (family 25); AVX2" in note, note
 
 
+def test_sentence_workloads_carry_the_static_int8_row() -> None:
+    """sentence-transformers' openvino qint8 (a calibrated static int8 on OpenVINO) is answered by xdeploy's own
+    static int8 on every sentence workload; elsewhere that row stays behind --static-int8 (minutes of export)."""
+    static = peers.XDEPLOY_STATIC[0]
+    for w in (*peers.FULL, *peers.QUICK):
+        for flag in (False, True):
+            rows = peers.workload_rows(w, peers.xdeploy_rows(static_int8=flag))
+            assert rows[:len(peers.XDEPLOY)] == peers.XDEPLOY
+            assert rows.count(static) == int(flag or w.task == "sentences")
+    # the row runs the static Q/DQ artifact, on OpenVINO: its float parts in f32 on the AVX2-only class, in bf16
+    # where the CPU computes bf16
+    assert peers.XDEPLOY_ROUTE[static[1]][0] == "int8"
+    assert [peers._runner_spec(static[2], static[3], fp) for fp in (ZEN3, ZEN5, XEON_AMX)] == \
+        ["ov:f32", "ov:bf16", "ov:bf16"]
+
+
 def test_bad_selection_is_one_clear_error(tmp_path: Path) -> None:
     with pytest.raises(XDeployError, match="must include pytorch"):
         peers.run(tmp_path, quick=True, systems=["xdeploy"], work=tmp_path)
@@ -150,13 +166,14 @@ def test_every_system_in_the_peers_env(tmp_path: Path) -> None:
     recs = [json.loads(line) for line in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
     rows = _by(recs, "workload", "system", "config")
     # every row this machine computes as labelled (no bf16 rows on the AVX2-only class: see the note); the
-    # sentence workload adds sentence-transformers' backends and fastembed
+    # sentence workload adds sentence-transformers' backends, fastembed and xdeploy's static int8 row
     assert ("no bf16 rows" in p.stderr) != bf16_native(fingerprint())
     for wl in workloads:
-        task = next(w.task for w in peers.QUICK if w.name == wl)
+        w = next(w for w in peers.QUICK if w.name == wl)
         expected = {(s, c) for s, c, _, _ in (peers.REFERENCE, *peers.rows_here(
-            (*peers.XDEPLOY, *peers.peer_rows(task)), fingerprint()))}
+            (*peers.workload_rows(w, peers.XDEPLOY), *peers.peer_rows(w.task)), fingerprint()))}
         assert {(s, c) for w, s, c in rows if w == wl} == expected
+        assert (("xdeploy", "ov int8 static") in expected) == (w.task == "sentences")
     for (wl, system, cfg), r in rows.items():
         # a peer's int8 accuracy is what it is (Optimum's and sentence-transformers' int8 MiniLM fall below the
         # floor): reported, not asserted; every other row holds its floor
