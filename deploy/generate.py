@@ -309,7 +309,7 @@ class _DecoderCached(_CachedSteps):
     def _prefill(self) -> tuple[np.ndarray, np.ndarray]:
         """The prompt's last-token logits (B, V) and KV (L, 2, B, nh, T, hs)."""
         g, f = self.gen, self.gen.feeds
-        if f.step_mask is None:  # a separate prefill graph: every position's logits and `present`
+        if g.prefill is not g.decode:  # a separate prefill graph: every position's logits and `present`
             out = g.prefill.infer({f.prompt_ids: self.ids, f.prompt_mask: self.mask})
             return out[f.logits][:, -1], out[f.present]  # left padding: the last column is real in every row
         dec = g.decode.graph
@@ -389,9 +389,14 @@ class Generator:
     """Opens the runners of one artifact once; `generate` can then be called repeatedly (benchmarks)."""
 
     def __init__(self, artifact: Artifact | str | Path, runner: str = "ort", *, use_cache: bool = True,
-                 threads: int = 0, verify: bool = True, **options: Any) -> None:
+                 threads: int = 0, verify: bool = True, prefill_graph: str | None = None, **options: Any) -> None:
         """`verify`: check the opened graphs against the artifact's golden probes on first open here (deploy/probes.py:
-        a failure refuses with one line, ProbeFailure); False runs unchecked and says so on stderr."""
+        a failure refuses with one line, ProbeFailure); False runs unchecked and says so on stderr.
+        `prefill_graph`: a decoder whose decode graph prefills (one weight copy) may prefill with its full graph
+        instead (`full_graph`, e.g. gpt's "model": every position's logits and `present`), a second runner with its
+        own weights. Why: an int8-dynamic artifact's decode graph has uint8 weights (exact on every x86 class,
+        onnxruntime's U8U8 kernel) and its full graph 7-bit int8 ones (U8S8: VNNI/AMX kernels where the CPU has
+        them), so on such a CPU the full graph computes the prompt faster (docs/benchmarks.md)."""
         self.artifact = artifact if isinstance(artifact, Artifact) else load_artifact(artifact)
         self.feeds = f = decoding_feeds(self.artifact)
         self.seq2seq = self.artifact.capabilities.role == "encoder-decoder"
@@ -399,6 +404,14 @@ class Generator:
         self.runner_spec, self.use_cache = runner, use_cache
         names = [g.name for g in self.artifact.spec.graphs]
         first = f.prefill_graph if use_cache else f.full_graph
+        if prefill_graph is not None and prefill_graph != first:
+            if not use_cache or self.artifact.capabilities.role != "decoder" or f.prefill_graph != f.decode_graph \
+                    or prefill_graph != f.full_graph or f.present is None:
+                raise XDeployError(f"prefill graph {prefill_graph!r}: expected {first!r} (this model's own) or, for a "
+                                   "decoder whose decode graph prefills, its full graph "
+                                   f"{f.full_graph!r} (its manifest declaring that graph's `present` output: "
+                                   "re-export an older artifact), with the KV cache on")
+            first = prefill_graph
         one = use_cache and first == f.decode_graph  # the decode graph prefills too: one runner, one weight copy
         need = [first] + ([f.decode_graph] if use_cache and not one else [])
         missing = [n for n in need if n not in names]
@@ -444,7 +457,7 @@ class Generator:
         t = max(len(r) for r in rows)
         f, spec = self.feeds, self.artifact.spec
         # axis names from the graphs: the prompt's length, the cache's slots, the target's length (enc-dec)
-        prompt_axis = _axis(spec.graph(f.prefill_graph if self.use_cache else f.full_graph), f.prompt_ids)
+        prompt_axis = _axis(self.prefill.graph, f.prompt_ids)
         cache_axis = _axis(spec.graph(f.decode_graph), f.cache_mask)
         if not self.seq2seq:
             # cache slots: the prompt + every fed-back token (the last new token is never fed back)

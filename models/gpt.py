@@ -199,9 +199,10 @@ FAMILY = ModelFamily(
     presets=PRESETS, build=GPT, spec=export_spec, flops=flops, dims=dims,
     capabilities=Capabilities(
         role="decoder", token_axis="seq", optimizer="gpt2",
-        # the prompt is prefilled by the decode graph itself (step_mask): one graph, one copy of the weights
+        # the prompt is prefilled by the decode graph itself (step_mask): one graph, one copy of the weights;
+        # `present`: graph "model"'s KV, for a caller that prefills with it (Generator's prefill_graph)
         decoding=DecoderFeeds(prompt_ids="input_ids", prompt_mask="attention_mask", step_ids="input_ids",
-                              prefill_graph="decode", step_mask="step_mask")),
+                              prefill_graph="decode", step_mask="step_mask", present="present")),
     quick_preset="tiny", full_preset="small",
     hf=HFImport(model_types=("gpt2",), config=config_from_hf, state_dict=state_dict_from_hf),
 )

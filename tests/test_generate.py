@@ -332,6 +332,27 @@ def test_the_decode_graph_prefills_the_prompt_with_one_runner(hf):
     np.testing.assert_allclose(logits[0], hf_logits, atol=1e-3)
 
 
+def test_prefill_with_the_full_graph_generates_the_same_tokens(hf):
+    """prefill_graph="model": the prompt runs through the full graph (a second runner, its own weights: at
+    int8-dynamic its 7-bit int8 weights, whose kernels VNNI/AMX CPUs run faster) and the decode graph steps on.
+    At fp32 both prefills compute the same thing, so every row, padded batches and beams included, generates
+    what the one-graph route generates; anything else is refused in one line before a runner opens."""
+    _, art = hf
+    gc = GenerationConfig(max_new_tokens=12, eos_token_id=-1)
+    beams = GenerationConfig(max_new_tokens=6, num_beams=2)
+    with Generator(art, "ort") as one, Generator(art, "ort", prefill_graph="model") as two:
+        assert len(one._runners()) == 1 and len(two._runners()) == 2
+        assert two.prefill.graph.name == "model" and two.decode.graph.name == "decode"
+        assert [list(t) for t in two.generate(PROMPTS, gc).tokens] == \
+            [list(t) for t in one.generate(PROMPTS, gc).tokens]
+        assert [list(t) for t in two.generate(PROMPTS, beams).tokens] == \
+            [list(t) for t in one.generate(PROMPTS, beams).tokens]
+    with Generator(art, "ort", prefill_graph="decode") as same:  # the model's own prefill graph: one runner
+        assert len(same._runners()) == 1
+    with pytest.raises(XDeployError, match="prefill graph 'nope': expected 'decode' .* full graph 'model'"):
+        Generator(art, "ort", prefill_graph="nope")
+
+
 def test_int8_dynamic_decode_keeps_8_bit_weights_and_the_greedy_path(tiny_export, tmp_path):
     """On the trained tiny GPT (real weights, d_model 64: few products to average rounding out), int8-dynamic's
     default gives the decode step uint8 8-bit weights (exact on every x86 class) and keeps the full-sequence
