@@ -172,7 +172,7 @@ def test_every_system_in_the_peers_env(tmp_path: Path) -> None:
         w = next(w for w in peers.QUICK if w.name == wl)
         expected = {(s, c) for s, c, _, _ in (peers.REFERENCE, *peers.rows_here(
             (*peers.workload_rows(w, peers.XDEPLOY), *peers.peer_rows(w.task)), fingerprint()))}
-        assert {(s, c) for w, s, c in rows if w == wl} == expected
+        assert {(s, c) for name, s, c in rows if name == wl} == expected
         assert (("xdeploy", "ov int8 static") in expected) == (w.task == "sentences")
     for (wl, system, cfg), r in rows.items():
         # a peer's int8 accuracy is what it is (Optimum's and sentence-transformers' int8 MiniLM fall below the
