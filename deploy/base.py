@@ -72,6 +72,19 @@ def validate_feeds(graph: Graph, axes: Mapping[str, Axis], feeds: Mapping[str, A
     return out
 
 
+class CachedStep(abc.ABC):
+    """A decode step whose engine keeps the KV cache (Runner.cached_step): `reset()` empties it, then each call
+    feeds only the new tokens. ids, positions (N, S) int64; mask (N, P + S) int64 over every position so far (1 =
+    real); beam (N,) int32: row r of this step continues cached row beam[r] (a prefill's B rows may become
+    B x beams). Returns the last token's logits (N, V), valid until the next call."""
+
+    @abc.abstractmethod
+    def reset(self) -> None: ...
+
+    @abc.abstractmethod
+    def __call__(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, beam: np.ndarray) -> np.ndarray: ...
+
+
 def cuda_gaps() -> list[str]:
     """[] when torch sees a CUDA device, else the line saying it does not: the device check of every GPU runner's
     `gaps` (torch is a core dependency, and a CUDA build in the GPU env, `make gpu-env`)."""
@@ -189,6 +202,16 @@ class Runner(abc.ABC):
         if unknown:
             raise XDeployError(f"unknown output(s) {unknown}; graph {self.graph.name!r} has {self.output_names}")
         return checked
+
+    @classmethod
+    def keeps_cache(cls, artifact: Artifact, graph: str) -> bool:
+        """Whether this runner can run decode graph `graph` of `artifact` with the KV cache inside the engine (opened
+        with option stateful=True; `cached_step` then drives it). The decoding loop asks, never a runner name."""
+        return False
+
+    def cached_step(self) -> CachedStep:
+        """The decoding loop's call when the engine keeps the KV cache (see `keeps_cache`)."""
+        raise XDeployError(f"runner {self.name!r} does not keep a KV cache in its engine; the decoding loop keeps it")
 
     def close(self) -> None:
         """Release sessions / device memory. Idempotent."""

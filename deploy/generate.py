@@ -45,13 +45,13 @@ from typing import Any
 
 import numpy as np
 
-from xdeploy.core.errors import XDeployError
+from xdeploy.core.errors import XDeployError, one_of
 from xdeploy.export.artifact import Artifact, load_artifact
 from xdeploy.models.spec import DecoderFeeds
 
 from .base import Runner
 from .probes import check_on_open
-from .registry import open_runner
+from .registry import open_runner, runner_class
 
 
 def decoding_feeds(artifact: Artifact) -> DecoderFeeds:
@@ -61,6 +61,9 @@ def decoding_feeds(artifact: Artifact) -> DecoderFeeds:
         raise XDeployError(f"model {artifact.model!r} does not generate text: it is an {caps.role} model "
                            "(generation needs a decoder or encoder-decoder model)")
     return caps.decoding
+
+
+KV_CACHES = ("auto", "engine", "loop")  # Generator(kv_cache=...): where the KV cache lives
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,7 @@ class Generation:
     time_to_first_token_s: float  # prefill (or encoder + first decode step) and the first token's selection
     step_s: tuple[float, ...]  # every later decode step, in order (context grows by one token per step)
     total_s: float
-    mode: str  # "cache" | "recompute"
+    mode: str  # "cache" (the loop's buffer) | "engine cache" (kept inside the engine) | "recompute"
     runner: str
 
     @property
@@ -337,6 +340,48 @@ class _DecoderCached(_CachedSteps):
         return logits[rep]
 
 
+class _EngineCached(_Steps):
+    """The KV cache kept inside the engine (Runner.cached_step: OpenVINO's stateful IR). The loop feeds only the new
+    tokens, their positions and the mask over every position so far; beam reordering is the engine's own gather
+    of its cached rows before the next step, and the prompt is prefilled once per prompt row, its cache copied
+    into each beam by that gather."""
+
+    def __init__(self, gen: Generator, ids: np.ndarray, mask: np.ndarray, beams: int, new: int) -> None:
+        self.run = gen.decode.cached_step()
+        self.ids, self.mask, self.beams, self.new = ids, mask, beams, new
+
+    def start(self) -> np.ndarray:
+        b, t = self.ids.shape
+        rep = np.repeat(np.arange(b), self.beams)  # beam copies of each prompt row: row r -> prompt r // k
+        n = len(rep)
+        self.run.reset()
+        # positions count only real tokens (as the full graph's positions_from_mask): left padding gets 0
+        pos = np.maximum(np.cumsum(self.mask, -1) - 1, 0).astype(np.int64)
+        logits = self.run(self.ids, pos, self.mask, np.arange(b, dtype=np.int32))[rep]
+        self.seen = np.zeros((n, t + self.new - 1), np.int64)  # mask over every position so far, cached or new
+        self.seen[:, :t] = self.mask[rep]
+        self.filled = t
+        self.tok = np.zeros((n, 1), np.int64)
+        self.pos = self.mask.sum(-1)[rep][:, None].astype(np.int64)  # next position = real prompt tokens
+        self.rows = np.arange(n, dtype=np.int32)
+        self.beam = rep.astype(np.int32)  # the first step gathers each prompt row's cache into its beams
+        return logits
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        self.tok[:, 0] = tokens
+        self.seen[:, self.filled] = 1
+        self.filled += 1
+        logits = self.run(self.tok, self.pos, np.ascontiguousarray(self.seen[:, :self.filled]), self.beam)
+        self.beam = self.rows
+        self.pos += 1
+        return logits
+
+    def reorder(self, rows: np.ndarray) -> None:
+        self.beam = self.beam[rows]  # composes with a gather not yet applied (the first step's)
+        self.seen[:] = self.seen[rows]
+        self.pos[:] = self.pos[rows]
+
+
 class _Seq2SeqCached(_CachedSteps):
     def start(self) -> np.ndarray:
         g, k, f = self.gen, self.beams, self.gen.feeds
@@ -389,14 +434,19 @@ class Generator:
     """Opens the runners of one artifact once; `generate` can then be called repeatedly (benchmarks)."""
 
     def __init__(self, artifact: Artifact | str | Path, runner: str = "ort", *, use_cache: bool = True,
-                 threads: int = 0, verify: bool = True, prefill_graph: str | None = None, **options: Any) -> None:
+                 threads: int = 0, verify: bool = True, prefill_graph: str | None = None, kv_cache: str = "auto",
+                 **options: Any) -> None:
         """`verify`: check the opened graphs against the artifact's golden probes on first open here (deploy/probes.py:
         a failure refuses with one line, ProbeFailure); False runs unchecked and says so on stderr.
         `prefill_graph`: a decoder whose decode graph prefills (one weight copy) may prefill with its full graph
         instead (`full_graph`, e.g. gpt's "model": every position's logits and `present`), a second runner with its
         own weights. Why: an int8-dynamic artifact's decode graph has uint8 weights (exact on every x86 class,
         onnxruntime's U8U8 kernel) and its full graph 7-bit int8 ones (U8S8: VNNI/AMX kernels where the CPU has
-        them), so on such a CPU the full graph computes the prompt faster (docs/benchmarks.md)."""
+        them), so on such a CPU the full graph computes the prompt faster (docs/benchmarks.md).
+        `kv_cache`: where the KV cache lives with use_cache. "engine": inside the runner's engine (a runner whose
+        `keeps_cache` says it can: `ov` on an fp32 artifact exported with an OpenVINO IR, whose stateful step
+        prefills and decodes with one copy of the weights); "loop": a buffer owned here, bound into the decode
+        graph; "auto" (default): the engine where the runner can keep it and no other prefill graph is asked."""
         self.artifact = artifact if isinstance(artifact, Artifact) else load_artifact(artifact)
         self.feeds = f = decoding_feeds(self.artifact)
         self.seq2seq = self.artifact.capabilities.role == "encoder-decoder"
@@ -413,6 +463,17 @@ class Generator:
                                    "re-export an older artifact), with the KV cache on")
             first = prefill_graph
         one = use_cache and first == f.decode_graph  # the decode graph prefills too: one runner, one weight copy
+        if kv_cache not in KV_CACHES:
+            raise one_of("KV cache", kv_cache, KV_CACHES)
+        self.engine_cache = kv_cache != "loop" and one and self.artifact.capabilities.role == "decoder" \
+            and runner_class(runner).keeps_cache(self.artifact, f.decode_graph)
+        if kv_cache == "engine" and not self.engine_cache:
+            raise XDeployError(f"runner {runner!r} cannot keep the KV cache in its engine for {self.artifact.path}: "
+                               "expected runner ov on a decoder's fp32 artifact exported with --openvino-ir (its "
+                               "stateful decode step), the cache on and the decode graph prefilling; or keep it in the "
+                               "loop (kv_cache='loop', --kv-cache loop)")
+        if self.engine_cache:
+            options = options | {"stateful": True}
         need = [first] + ([f.decode_graph] if use_cache and not one else [])
         missing = [n for n in need if n not in names]
         if missing:
@@ -486,7 +547,8 @@ class Generator:
                              getattr(self.cfg, "pad_token_id", 0))
         eos = self.cfg.eos_token_id if gc.eos_token_id is None else gc.eos_token_id
         eos = None if eos is not None and eos < 0 else eos
-        engine_cls = _Recompute if not self.use_cache else (_Seq2SeqCached if seq2seq else _DecoderCached)
+        engine_cls = _Recompute if not self.use_cache else _EngineCached if self.engine_cache else (
+            _Seq2SeqCached if seq2seq else _DecoderCached)
         engine = engine_cls(self, ids, mask, gc.num_beams, gc.max_new_tokens)
         t0 = time.perf_counter()
         if gc.num_beams > 1:
@@ -497,7 +559,8 @@ class Generator:
         total = time.perf_counter() - t0
         return Generation(tokens=tokens, stop=stop, scores=scores, prompt_lengths=tuple(len(r) for r in rows),
                           time_to_first_token_s=float(ttft), step_s=tuple(float(x) for x in steps), total_s=total,
-                          mode="cache" if self.use_cache else "recompute", runner=self.runner_spec)
+                          mode=("engine cache" if self.engine_cache else "cache") if self.use_cache else "recompute",
+                          runner=self.runner_spec)
 
 
 def _greedy_or_sample(engine: _Steps, b: int, gc: GenerationConfig, eos: int | None, t0: float

@@ -11,6 +11,16 @@ An fp32 artifact exported with `--openvino-ir` carries openvino/<graph>.xml conv
 -> f32, "bf16" -> bf16). Weights stay as stored in the ONNX file (fp32, fp16 or int8 Q/DQ); the hint is the
 precision the CPU plugin computes in. Dynamic axes stay dynamic: the ONNX frontend keeps them and each call
 may use any shape inside the exported range.
+
+    open_runner("ov", art, "decode", stateful=True)          # the KV cache kept inside the engine
+    open_runner("ov", art, "decode", stateful=True, kv_precision="u8")   # ... stored as u8 (OpenVINO's default)
+
+Option `stateful` compiles, in place of a decode graph, the stateful IR an fp32 artifact with an IR carries for
+it (export/openvino_ir.py `stateful_ir`): the cache lives in the infer request, and the CPU plugin fuses each
+layer's ReadValue -> Concat -> SDPA -> Assign into one attention node that appends in place, so a step reads and
+writes no cache through the caller. The decoding loop drives it through `cached_step()` (deploy/generate.py);
+`infer` still takes the decode graph's feeds and returns its outputs (the given cache is loaded into the state
+and the step's K/V read back from it), so golden probes and parity check the stateful IR as the decode graph.
 """
 
 from __future__ import annotations
@@ -25,11 +35,12 @@ import numpy as np
 from xdeploy.core.deps import import_quietly, installed
 from xdeploy.core.errors import XDeployError, one_of
 
-from .base import Runner, RunnerInfo, validate_feeds
+from .base import CachedStep, Runner, RunnerInfo, validate_feeds
 from .sessions import OV_PRECISION_HINTS, onnx_file, ov_compile, ov_config
 
 _OV_TO_NAME = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
 GRAPH_FORMATS = ("auto", "onnx", "ir")  # auto: the artifact's OpenVINO IR when it carries one
+KV_PRECISIONS = ("f32", "bf16", "f16", "u8")  # stateful=True: the cache's element type (default: the compute's)
 
 
 class OvRunner(Runner):
@@ -44,6 +55,10 @@ class OvRunner(Runner):
     def gaps(cls, variant: str = "") -> list[str]:
         return [] if installed("openvino") else ["the openvino package is not installed (pip install "
                                                  "'xdeploy[openvino]')"]
+
+    @classmethod
+    def keeps_cache(cls, artifact: Any, graph: str) -> bool:
+        return artifact.openvino_stateful(graph) is not None and not cls.gaps()
 
     @classmethod
     def probe(cls, model: Any, names: list[str], variant: str = "", *, providers: Sequence[Any] = (),
@@ -69,10 +84,10 @@ class OvRunner(Runner):
         except ImportError:
             raise XDeployError("runner 'ov' needs the openvino package: pip install 'xdeploy[openvino]'") from None
         self._ov = ov
-        unknown = set(self.options) - {"hint", "cache_dir", "device", "format", "pinning"}
+        unknown = set(self.options) - {"hint", "cache_dir", "device", "format", "pinning", "stateful", "kv_precision"}
         if unknown:
             raise XDeployError(f"unknown ov option(s) {sorted(unknown)}; expected hint, cache_dir, device, format, "
-                               "pinning")
+                               "pinning, stateful, kv_precision")
         fmt = self.options.get("format", "auto")
         if fmt not in GRAPH_FORMATS:
             raise one_of("ov graph format", fmt, GRAPH_FORMATS)
@@ -81,6 +96,10 @@ class OvRunner(Runner):
         self.device = str(self.options.get("device", "CPU"))
         # The artifact's OpenVINO IR (converted from the reference module: fewer layout ops once compiled,
         # export/openvino_ir.py) when it has one, else the ONNX graph; format="onnx" / "ir" forces one.
+        self._local = threading.local()
+        if self.options.get("stateful", False):
+            self._load_stateful(config, fmt)
+            return
         ir = self.artifact.openvino_ir(self.graph.name)
         if fmt == "ir" and ir is None:
             raise XDeployError(f"artifact {self.artifact.path} carries no OpenVINO IR for graph {self.graph.name!r}; "
@@ -92,9 +111,8 @@ class OvRunner(Runner):
         # are removed first, so the plugin prunes the branches that only fed them.
         self.compiled = ov_compile(self._pruned(path) if len(self.output_names) < len(self.graph.outputs)
                                    else path, config, self.device, what=str(path))
-        # One infer request per thread: an OpenVINO request is not re-entrant ("Infer Request is busy"),
-        # while the compiled model is thread-safe and shares its weights between requests.
-        self._local = threading.local()
+        # One infer request per thread (`_local`): an OpenVINO request is not re-entrant ("Infer Request is
+        # busy"), while the compiled model is thread-safe and shares its weights between requests.
         # A port can carry several tensor names (an fp16 graph's keep-io Cast adds one); index them all.
         self._in_ports = {n: p for p in self.compiled.inputs for n in p.get_names()}
         self._out_ports = {n: p for p in self.compiled.outputs for n in p.get_names()}
@@ -102,6 +120,64 @@ class OvRunner(Runner):
                   [n for n in self.output_names if n not in self._out_ports]
         if missing:
             raise XDeployError(f"{path} does not match its manifest: OpenVINO finds no tensor(s) {missing}")
+
+    def _load_stateful(self, config: dict[str, Any], fmt: str) -> None:
+        """Compile the stateful IR that replaces this decode graph, and check it is the engine the loop feeds:
+        inputs = the step's ids and positions, the mask, the beam index; one state per cache input."""
+        rec = self.artifact.openvino_stateful(self.graph.name)
+        f = self.artifact.capabilities.decoding
+        if rec is None or f is None or fmt == "onnx":
+            raise XDeployError(f"artifact {self.artifact.path} carries no stateful OpenVINO IR for graph "
+                               f"{self.graph.name!r} (ov option stateful=True): re-export it (fp32) with --openvino-ir")
+        path = self.artifact.path / rec["xml"]
+        self.graph_format = "stateful"
+        # The cache is stored in the compute precision unless asked otherwise: the CPU plugin's own default is u8
+        # (a quantized cache in OpenVINO 2026.4), which would make ov "f32" something other than f32
+        kv = self.options.get("kv_precision", config["INFERENCE_PRECISION_HINT"])
+        if kv not in KV_PRECISIONS:
+            raise one_of("ov kv_precision", kv, KV_PRECISIONS)
+        self.compiled = ov_compile(path, config | {"KV_CACHE_PRECISION": kv}, self.device, what=str(path))
+        self._in_ports = {n: p for p in self.compiled.inputs for n in p.get_names()}
+        self._out_ports = {n: p for p in self.compiled.outputs for n in p.get_names()}
+        self._names = (f.step_ids, f.positions, rec["mask"], rec["beam"])
+        self._logits, self._feeds = f.logits, f
+        cache = _cache_inputs(self.graph, f)
+        states = {s.name for s in self.compiled.create_infer_request().query_state()}
+        if set(self._in_ports) != set(self._names) or f.logits not in self._out_ports \
+                or len(rec["variables"]) != len(cache) or not set(rec["variables"]) <= states:
+            raise XDeployError(f"{path} does not match its manifest: expected inputs {list(self._names)}, output "
+                               f"{f.logits!r} and {len(cache)} states {rec['variables'][:1]}...; found inputs "
+                               f"{sorted(self._in_ports)} and {len(states)} states")
+        self._variables = dict(zip(cache, rec["variables"]))
+
+    def cached_step(self) -> CachedStep:
+        if self.graph_format != "stateful":
+            raise XDeployError("runner 'ov' keeps the KV cache in the engine only when opened with stateful=True")
+        return _OvCachedStep(self.compiled.create_infer_request(), self._names, self._out_ports[self._logits])
+
+    def _run_stateful(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The decode graph's call on the stateful IR (probes, parity): the given cache becomes the state, the
+        step runs, and its K/V are read back from the grown state."""
+        f, req = self._feeds, self._request()
+        by_name = {s.name: s for s in req.query_state()}
+        for name, var in self._variables.items():
+            by_name[var].state = self._ov.Tensor(feeds[name])
+        ids = feeds[f.step_ids]
+        n, s = ids.shape
+        step_mask = feeds[f.step_mask] if f.step_mask else np.ones((n, s), np.int64)
+        mask = np.concatenate([feeds[f.cache_mask], step_mask], 1).astype(np.int64)
+        res = req.infer({self._names[0]: ids, self._names[1]: feeds[f.positions], self._names[2]: mask,
+                         self._names[3]: np.arange(n, dtype=np.int32)})
+        grown = [np.array(by_name[var].state.data)[:, :, -s:] for var in self._variables.values()]  # (N, nh, S, hs)
+        new_kv = np.stack(grown).reshape(len(grown) // 2, 2, *grown[0].shape)  # (L, 2, N, nh, S, hs)
+        out = {f.logits: np.array(res[self._out_ports[f.logits]], copy=True), f.new_kv: new_kv}
+        return {k: out[k] for k in self.output_names}
+
+    def _request(self) -> Any:
+        req = getattr(self._local, "request", None)
+        if req is None:
+            req = self._local.request = self.compiled.create_infer_request()
+        return req
 
     def _pruned(self, path: Path) -> Any:
         """The graph read from `path` with only the results named in `output_names`."""
@@ -118,10 +194,9 @@ class OvRunner(Runner):
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         # share_inputs: OpenVINO reads the (validated, contiguous) arrays in place; outputs are copied out
         # because the request reuses its output memory on the next call.
-        req = getattr(self._local, "request", None)
-        if req is None:
-            req = self._local.request = self.compiled.create_infer_request()
-        res = req.infer(feeds, share_inputs=True)
+        if self.graph_format == "stateful":
+            return self._run_stateful(feeds)
+        res = self._request().infer(feeds, share_inputs=True)
         return {n: np.array(res[self._out_ports[n]], copy=True) for n in self.output_names}
 
     def _request_on(self, arrays: Mapping[str, np.ndarray]) -> Any:
@@ -133,7 +208,10 @@ class OvRunner(Runner):
         return req
 
     def prepare(self, feeds: Mapping[str, np.ndarray]) -> Callable[[], Any]:
-        """Inputs set once as tensors sharing the arrays' memory; each call only runs the model."""
+        """Inputs set once as tensors sharing the arrays' memory; each call only runs the model. (Stateful: the
+        decode graph's call, the state loaded from the feeds every time.)"""
+        if self.graph_format == "stateful":
+            return super().prepare(feeds)
         req = self._request_on(validate_feeds(self.graph, self.artifact.spec.axes, feeds))
         return lambda: req.infer(None, share_outputs=True)
 
@@ -141,6 +219,8 @@ class OvRunner(Runner):
         """Truly zero-copy: input and output ov.Tensors wrap the caller's numpy buffers (shared_memory=True),
         so each call reads the current input contents and the CPU plugin writes results straight into the
         output arrays. Output arrays must have the exact shape the inputs imply (dims from the manifest)."""
+        if self.graph_format == "stateful":
+            return super().bind(inputs, outputs)
         checked = self.check_bound(inputs, outputs)  # outputs: among those this runner computes (outputs=)
         sizes = _axis_sizes(self.graph, checked)
         declared = {t.name: t for t in self.graph.outputs}
@@ -187,3 +267,26 @@ def _axis_sizes(graph: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, int]:
             if isinstance(d, str):
                 sizes[d] = int(n)
     return sizes
+
+
+def _cache_inputs(graph: Any, f: Any) -> list[str]:
+    """The decode graph's per-layer cache inputs, in order (models/spec.py DecoderFeeds)."""
+    names = [t.name for t in graph.inputs]
+    return [n for n in f.cache_names(len(names)) if n in names]
+
+
+class _OvCachedStep(CachedStep):
+    """One infer request of the stateful IR: its states are the cache (see CachedStep)."""
+
+    def __init__(self, request: Any, names: Sequence[str], logits: Any) -> None:
+        self.req, self.names, self.logits = request, tuple(names), logits
+
+    def reset(self) -> None:
+        self.req.reset_state()
+
+    def __call__(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, beam: np.ndarray) -> np.ndarray:
+        # share_inputs: OpenVINO reads the arrays in place (shapes change every step, so no bound tensors);
+        # share_outputs: the logits are a view of the request's memory, read before the next call
+        res = self.req.infer(dict(zip(self.names, (ids, positions, mask, beam))), share_inputs=True,
+                             share_outputs=True)
+        return res[self.logits][:, -1]

@@ -122,9 +122,27 @@ class Artifact:
         rec = (self.manifest.get("openvino") or {}).get("graphs", {}).get(self.graph(graph).name)
         return self.path / rec["xml"] if rec else None
 
+    def openvino_stateful(self, graph: str) -> Mapping[str, Any] | None:
+        """The stateful IR that replaces `graph` in a decoding loop (export/openvino_ir.py `stateful_ir`: the KV
+        cache kept in the engine) as its manifest record (xml, mask, beam, variables), checked at load; None when
+        the artifact carries none for that graph."""
+        rec = (self.manifest.get("openvino") or {}).get("stateful")
+        return rec if rec and rec["replaces"] == self.graph(graph).name else None
+
     @property
     def tolerance(self) -> Tolerance:
         return self.spec.tolerances[self.precision]
+
+
+def _ir_files(root: Path, g: Mapping[str, Any], files: Mapping[str, str], mpath: Path) -> None:
+    """An IR record's xml and bin: inside the artifact, listed in files, the bin beside its xml."""
+    for key, suffix in (("xml", ".xml"), ("bin", ".bin")):
+        rel = g.get(key)
+        _inside(root, rel, mpath)
+        _need(rel.endswith(suffix) and rel in files, mpath,
+              f"openvino {key} {rel!r} must be a {suffix} file listed in files")
+    _need(g["bin"] == g["xml"].removesuffix(".xml") + ".bin", mpath,
+          "openvino bin must sit beside its xml (OpenVINO reads <name>.bin next to <name>.xml)")
 
 
 def _tensor_json(t: TensorSpec) -> dict[str, Any]:
@@ -301,13 +319,15 @@ def parse_manifest(root: Path, m: Any, mpath: Path, *, verify: bool = True) -> A
               f"an OpenVINO IR of {ov_ir.get('weights', 'fp32')} weights in a {m['precision']} artifact")
         for name, g in ov_ir["graphs"].items():
             _need(name in m["graphs"] and isinstance(g, dict), mpath, f"openvino graph {name!r} is not a graph")
-            for key, suffix in (("xml", ".xml"), ("bin", ".bin")):
-                rel = g.get(key)
-                _inside(root, rel, mpath)
-                _need(rel.endswith(suffix) and rel in files, mpath,
-                      f"openvino {key} {rel!r} must be a {suffix} file listed in files")
-            _need(g["bin"] == g["xml"].removesuffix(".xml") + ".bin", mpath,
-                  "openvino bin must sit beside its xml (OpenVINO reads <name>.bin next to <name>.xml)")
+            _ir_files(root, g, files, mpath)
+        st = ov_ir.get("stateful")
+        if st is not None:  # export/openvino_ir.py stateful_ir: the decode step with its KV cache in the engine
+            _need(isinstance(st, dict) and st.get("replaces") in m["graphs"]
+                  and all(isinstance(st.get(k), str) and st[k] for k in ("mask", "beam", "method"))
+                  and isinstance(st.get("variables"), list) and st["variables"]
+                  and all(isinstance(v, str) for v in st["variables"]), mpath,
+                  "openvino stateful must name the graph it replaces, its mask and beam inputs and its variables")
+            _ir_files(root, st, files, mpath)
 
     if verify:
         for rel, digest in files.items():

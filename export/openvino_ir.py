@@ -19,6 +19,12 @@ shipped only when a measured check (verify/sensitivity.py `check_int8_ir`) finds
 otherwise the section says why and the `ov` runner compiles the Q/DQ ONNX graph. fp16 and int8-dynamic
 artifacts carry no IR (their weights differ from the IR's and no quantizer makes theirs).
 
+A decoder that declares an engine-cache step (models/spec.py EngineCache: gpt's `step`) also gets
+openvino/<decode graph>.stateful.xml: that step converted the same way and made stateful (`stateful_ir`), so
+the CPU plugin keeps the KV cache inside the infer request and appends to it in place (its ReadValue -> Concat
+-> ScaledDotProductAttention -> Assign fusion). The `ov` runner compiles it for the decoding loop
+(deploy/ov_runner.py `stateful`); it replaces the decode graph there, which probes and parity check through it.
+
 The manifest section "openvino" records, per graph, the xml/bin files (their sha256 are in `files`, checked at
 load like the ONNX graphs) and the converter's version; an int8 section also the quantizer, its settings, the
 calibration data's record and the check (or, per graph, why the IR was left out: "skipped").
@@ -38,7 +44,7 @@ import numpy as np
 
 from xdeploy.core.deps import import_quietly, installed
 from xdeploy.core.errors import XDeployError
-from xdeploy.models.spec import ExportSpec, Graph, make_feeds
+from xdeploy.models.spec import EngineCache, ExportSpec, Graph, make_feeds
 
 if TYPE_CHECKING:  # torch is imported where a module is converted: `available()` stays cheap
     from torch import nn
@@ -130,6 +136,47 @@ def convert_graph_ir(module: nn.Module, graph: Graph, sizes: Mapping[str, int]) 
     return ir
 
 
+def stateful_ir(ir: Any, ec: EngineCache, layers: int) -> tuple[Any, list[str]]:
+    """The converted engine-cache step `ir` with its cache inside, as optimum-intel builds its decoders: a new
+    input `ec.beam` (N,) int32 gathers the cached rows before the step (beam search reorders them; a prefill's B
+    rows become B x beams), every past input becomes a ReadValue of a variable and its present output an Assign
+    (OpenVINO's MakeStateful), and each variable starts as a zero-length cache of the step's batch. Returns the
+    model and the variable ids, layer-major (the decode graph's cache order)."""
+    ov = import_quietly("openvino")
+    from openvino import opset13
+    from openvino._offline_transformations import apply_make_stateful_transformation
+
+    pairs = ec.state_pairs(layers)
+    beam = opset13.parameter(ov.PartialShape([-1]), ov.Type.i32, name=ec.beam)
+    beam.output(0).get_tensor().set_names({ec.beam})
+    ir.add_parameters([beam])
+    for past, _ in pairs:
+        port = ir.input(past)
+        users = list(port.get_target_inputs())
+        picked = opset13.gather(port, beam, opset13.constant(0))  # (N, nh, P, hs): row r continues beam_idx[r]
+        for u in users:
+            u.replace_source_output(picked.output(0))
+    apply_make_stateful_transformation(ir, dict(pairs))
+    # the initial value: (batch of the ids, nh, 0, hs) zeros, so a reset request starts every row empty
+    spec = {t.name: t for t in ec.graph.inputs}
+    ids = ec.graph.inputs[0]
+    batch = opset13.gather(opset13.shape_of(ir.input(ids.name), output_type="i64"), opset13.constant([0]),
+                           opset13.constant(0))
+    variables = []
+    by_var = {op.get_variable_id(): op for op in ir.get_ops() if op.get_type_name() == "ReadValue"}
+    for past, present in pairs:
+        var = next((v for v in by_var if v.startswith(past) and v.endswith(present)), None)
+        if var is None:
+            raise XDeployError(f"OpenVINO made no state of {past!r} -> {present!r}; found {sorted(by_var)[:2]}")
+        dims = [batch if d == ids.dims[0] else opset13.constant(np.array([0 if d == ec.past_axis else d], np.int64))
+                for d in spec[past].dims]
+        zeros = opset13.broadcast(opset13.constant(0.0, ov.Type.f32), opset13.concat(dims, 0))
+        by_var[var].set_arguments([zeros])
+        variables.append(var)
+    ir.validate_nodes_and_infer_types()
+    return ir, variables
+
+
 def write_ir(writer: Any, spec: ExportSpec, graph_module: Callable[[Graph], nn.Module],
              sizes: Mapping[str, int]) -> None:
     """Every graph of `spec` as openvino/<graph>.xml + .bin through the artifact writer, and the manifest
@@ -147,5 +194,18 @@ def write_ir(writer: Any, spec: ExportSpec, graph_module: Callable[[Graph], nn.M
         xml = f"{FOLDER}/{graph.name}.xml"
         ov.save_model(ir, str(writer.path(xml)), compress_to_fp16=False)
         graphs[graph.name] = {"xml": xml, "bin": xml.removesuffix(".xml") + ".bin"}
-    writer.add_section(SECTION, {"graphs": graphs, "source": "openvino.convert_model(reference module)",
-                                 "weights": "fp32"}, versions=["openvino"])
+    section: dict[str, Any] = {"graphs": graphs, "source": "openvino.convert_model(reference module)",
+                               "weights": "fp32"}
+    ec = spec.engine_cache
+    if ec is not None:
+        layers = sum(t.name.startswith(f"{ec.past}.") for t in ec.graph.inputs) // 2
+        # P cached positions beside the step's S: the example sizes must differ (else convert_model may fold them)
+        step = ec.graph.inputs[0].dims[1]  # the ids' token axis
+        ex = dict(sizes) | {ec.past_axis: 3, ec.total_axis: sizes[step] + 3}
+        ir, variables = stateful_ir(convert_graph_ir(graph_module(ec.graph), ec.graph, ex), ec, layers)
+        xml = f"{FOLDER}/{ec.replaces}.stateful.xml"
+        ov.save_model(ir, str(writer.path(xml)), compress_to_fp16=False)
+        section["stateful"] = {"replaces": ec.replaces, "method": ec.graph.method, "xml": xml,
+                               "bin": xml.removesuffix(".xml") + ".bin", "mask": ec.mask, "beam": ec.beam,
+                               "variables": variables}
+    writer.add_section(SECTION, section, versions=["openvino"])

@@ -77,6 +77,7 @@ class MultiHeadAttention(nn.Module):
         kv: tuple[torch.Tensor, torch.Tensor] | None = None,
         past: tuple[torch.Tensor, torch.Tensor] | None = None,
         past_bias: torch.Tensor | None = None,
+        append: bool = False,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """
         x:    (B, T, C) queries; also the keys/values unless `kv` is given.
@@ -85,7 +86,11 @@ class MultiHeadAttention(nn.Module):
         past: cached (k, v), 2 x (B, nh, P, hs), of earlier positions. They are attended *beside* the new
               keys rather than concatenated to them, so the cache can be a preallocated max-length buffer
               that is never copied; `past_bias` (B, 1, 1|T, P) masks its padded and unused slots.
-        Returns y (B, T, C) and the (k, v) computed here, 2 x (B, nh, T, hs), for the caller to cache.
+        append: the new keys are concatenated to `past` instead, and `bias` masks all P + T of them. This is the
+              form an engine that keeps the cache itself recognizes (OpenVINO's CPU plugin fuses ReadValue ->
+              Concat -> SDPA -> Assign into one attention node that appends in place: deploy/ov_runner.py).
+        Returns y (B, T, C) and the (k, v) computed here, 2 x (B, nh, T, hs), for the caller to cache; with
+        `append`, the grown cache 2 x (B, nh, P + T, hs).
         """
         b, t, c = x.shape
         if self.fused_qkv and kv is None:
@@ -95,7 +100,9 @@ class MultiHeadAttention(nn.Module):
         else:
             q = self._heads(self.query(x))  # (B, nh, T, hs)
             k, v = self.project_kv(x) if kv is None else kv
-        if past is None:
+        if past is not None and append:
+            k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)  # 2 x (B, nh, P + T, hs)
+        if past is None or append:
             y = self._attend(q, k, v, bias)
         else:
             y = self._attend_two(q, past, past_bias, (k, v), bias)

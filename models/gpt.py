@@ -7,6 +7,9 @@ Generation runs `decode` for both phases: the prompt is one step of S = T tokens
 later token a step of 1. One graph means one compiled copy of the weights in every engine (ONNX Runtime and
 OpenVINO hold a copy per session / compiled model), and the prefill computes the LM head for one position,
 not T (for GPT-2 small at T = 32, 2.5 of its 8 GFLOP).
+
+A third form, `step`, is converted for OpenVINO only (ExportSpec.engine_cache): the same step with the cache
+concatenated and returned whole, which OpenVINO turns into a stateful model whose cache never leaves the engine.
 """
 
 from __future__ import annotations
@@ -27,12 +30,14 @@ from .spec import (
     Capabilities,
     DecoderFeeds,
     Dims,
+    EngineCache,
     ExportSpec,
     Graph,
     HFImport,
     ModelFamily,
     TensorSpec,
     cache_inputs,
+    cache_names,
     layer_flops,
 )
 
@@ -114,6 +119,21 @@ class GPT(nn.Module):
         # left padding: the last column is a real token in every row, and only its logits pick the next token
         return self._logits(x[:, -1:]), stack_kv(kvs)
 
+    def step(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
+             *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """`decode` for an engine that holds the cache (EngineCache): S new tokens after P cached positions.
+        input_ids, position_ids (B, S); attention_mask (B, P + S) = 1 on every real position, cached or new; past:
+        2 x L tensors (B, nh, P, hs), layer 0's key, layer 0's value, ... Returns the last token's logits (B, 1, V)
+        and per layer the cache grown by the step, 2 x L tensors (B, nh, P + S, hs)."""
+        s, total = input_ids.shape[1], attention_mask.shape[1]
+        x = self.wte(input_ids) + self.wpe(position_ids)
+        bias = causal_bias(s, total, x.device, x.dtype) + padding_bias(attention_mask, x.dtype)  # (B, 1, S, P + S)
+        present: list[torch.Tensor] = []
+        for i, layer in enumerate(self.layers):
+            x, kv = layer(x, bias, past=(past[2 * i], past[2 * i + 1]), append=True)
+            present.extend(kv)
+        return (self._logits(x[:, -1:]), *present)
+
 
 def dims(cfg: GPTConfig) -> Dims:
     # every layer caches keys and values of width d (n_heads x head size)
@@ -141,6 +161,16 @@ def export_spec(cfg: GPTConfig) -> ExportSpec:
                            TensorSpec("new_kv", "float32", kv("step"))),
                   decode_step=True),
         ),
+        engine_cache=EngineCache(Graph(
+            "step", "step",
+            inputs=(TensorSpec("input_ids", "int64", ("batch", "step"), "ids", cfg.vocab_size),
+                    TensorSpec("position_ids", "int64", ("batch", "step"), "positions"),
+                    TensorSpec("attention_mask", "int64", ("batch", "total"), "mask"),
+                    *cache_inputs(cfg.n_layers, cfg.n_heads, hs, axis="past", name="past")),
+            outputs=(TensorSpec("logits", "float32", ("batch", 1, cfg.vocab_size)),
+                     *(TensorSpec(n, "float32", ("batch", cfg.n_heads, "total", hs))
+                       for n in cache_names("present", cfg.n_layers))),
+            decode_step=True)),
         # opt sizes are capped by max_positions: imported checkpoints may have n_positions < 256. A step is 1
         # token while decoding (TensorRT's opt) and the whole prompt at prefill (max).
         axes={"batch": Axis(1, 1, 16), "seq": Axis(1, min(128, cfg.max_positions), cfg.max_positions),

@@ -47,13 +47,14 @@ class Layer(nn.Module):
         return x + f(ln(x)) if self.norm_first else ln(x + f(x))
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None, *, past: KV | None = None,
-                past_bias: torch.Tensor | None = None, memory_kv: KV | None = None,
+                past_bias: torch.Tensor | None = None, append: bool = False, memory_kv: KV | None = None,
                 memory_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, KV]:
-        """x (B, T, C) -> (B, T, C) and this layer's new self-attention (k, v), 2 x (B, nh, T, hs)."""
+        """x (B, T, C) -> (B, T, C) and this layer's new self-attention (k, v), 2 x (B, nh, T, hs) (with
+        `append`: `past` grown by them, MultiHeadAttention.forward)."""
         new_kv: list[KV] = []
 
         def self_attn(h: torch.Tensor) -> torch.Tensor:
-            y, kv = self.attn(h, bias, past=past, past_bias=past_bias)
+            y, kv = self.attn(h, bias, past=past, past_bias=past_bias, append=append)
             new_kv.append(kv)
             return y
 

@@ -75,10 +75,36 @@ DEFAULT_TOLERANCES: Mapping[str, Tolerance] = {
 
 
 @dataclass(frozen=True)
+class EngineCache:
+    """A decoder's step in the form an engine that keeps the KV cache itself runs (an OpenVINO stateful model:
+    export/openvino_ir.py, deploy/ov_runner.py). `graph` takes the step's ids and positions, `mask` (B, P + S)
+    over the cached and the new positions, and per layer `{past}.<i>.key` / `.value` (B, nh, P, hs); it returns
+    the last token's logits and per layer `{present}.<i>.key` / `.value` (B, nh, P + S, hs), the cache grown by
+    the step, which the engine stores in place of the past. It computes what graph `replaces` computes, the
+    cache concatenated instead of attended beside (models/attention.py `append`). Only an OpenVINO IR of it is
+    written: an ONNX graph would be another copy of the weights that no runtime here reads. `past_axis` and
+    `total_axis` (P and P + S) are not artifact axes: the engine sizes them itself."""
+
+    graph: Graph
+    replaces: str = "decode"
+    mask: str = "attention_mask"
+    past: str = "past"
+    present: str = "present"
+    beam: str = "beam_idx"  # the engine's input (N,) int32 that picks each row's cache before a step (beam search)
+    past_axis: str = "past"
+    total_axis: str = "total"
+
+    def state_pairs(self, layers: int) -> tuple[tuple[str, str], ...]:
+        """(past input, present output) per cached tensor, layer-major as `cache_names`."""
+        return tuple(zip(cache_names(self.past, layers), cache_names(self.present, layers)))
+
+
+@dataclass(frozen=True)
 class ExportSpec:
     graphs: tuple[Graph, ...]
     axes: Mapping[str, Axis]
     tolerances: Mapping[str, Tolerance] = field(default_factory=lambda: dict(DEFAULT_TOLERANCES))
+    engine_cache: EngineCache | None = None  # a decoder's step for engines that hold the cache (OpenVINO IR only)
 
     def graph(self, name: str) -> Graph:
         for g in self.graphs:

@@ -17,7 +17,8 @@ Every system loads the same local safetensors directory (with a byte-level GPT-2
 
   transformers   GPT2LMHeadModel.generate(do_sample=False), eager fp32: the reference and the `× HF` baseline
   xdeploy        deploy/generate.py Generator on the checkpoint's export (export/cache.py cached_artifact):
-                 `ort` fp32, `ov` f32 (the artifact's OpenVINO IR), `ort` int8-dynamic (also with the prompt
+                 `ort` fp32, `ov` f32 (the artifact's stateful OpenVINO IR: the KV cache kept in the engine,
+                 Generator's kv_cache="auto"), `ort` int8-dynamic (also with the prompt
                  prefilled by graph `model`: Generator's prefill_graph), `ov` bf16 where the CPU has bf16;
                  `--static-int8` adds the static Q/DQ `int8` export (opt-in: slow to export at GPT-2 small)
   optimum-intel  OVModelForCausalLM(export=True, stateful: the KV cache stays inside the engine) f32, bf16 where
@@ -35,6 +36,10 @@ Every system loads the same local safetensors directory (with a byte-level GPT-2
                  tokenizer converted by openvino_tokenizers, fed token ids (TokenizedInputs),
                  GenerationConfig(max_new_tokens, ignore_eos=True, greedy), its prefix cache off (the rounds repeat
                  one prompt: every row computes it every time)
+
+Every OpenVINO row (xdeploy's, optimum-intel's, openvino-genai's) stores its KV cache in its compute precision
+(KV_CACHE_PRECISION f32, bf16 on the bf16 rows): OpenVINO 2026.4's CPU default is a u8 cache (measured), a quantized
+cache that no other row has.
 
 Thread budget, the same for every row (stated in the output; default 2): torch.set_num_threads, xdeploy's
 threads, OpenVINO INFERENCE_NUM_THREADS (NUM_STREAMS 1), CTranslate2 intra_threads (inter_threads 1),
@@ -97,8 +102,10 @@ OV_GENAI: tuple[Row, ...] = (("openvino-genai", "LLMPipeline f32", "openvino", "
                              ("openvino-genai", "LLMPipeline bf16", "openvino", "bf16"))
 SYSTEMS = ("transformers", "xdeploy", "optimum-intel", "ctranslate2", "onnxruntime-genai", "openvino-genai")
 # xdeploy config -> (artifact precision, runner, runner options)
-XDEPLOY_ROUTE = {"ort fp32": ("fp32", "ort", {}), "ov f32": ("fp32", "ov:f32", {"format": "ir"}),
-                 "ov bf16": ("fp32", "ov:bf16", {"format": "ir"}), "ort int8 dynamic": ("int8-dynamic", "ort", {}),
+# the ov rows keep the KV cache in the engine (the artifact's stateful IR; refused in one line if it has none)
+XDEPLOY_ROUTE = {"ort fp32": ("fp32", "ort", {}), "ov f32": ("fp32", "ov:f32", {"format": "ir", "kv_cache": "engine"}),
+                 "ov bf16": ("fp32", "ov:bf16", {"format": "ir", "kv_cache": "engine"}),
+                 "ort int8 dynamic": ("int8-dynamic", "ort", {}),
                  # the prompt through graph `model` (7-bit int8 weights: VNNI/AMX kernels) instead of the decode
                  # graph (uint8 weights, U8U8): a faster first token there, a second copy of the weights
                  "ort int8 dynamic, model-graph prefill": ("int8-dynamic", "ort", {"prefill_graph": "model"}),
@@ -338,6 +345,12 @@ def _open_xdeploy(ctx: Context, row: Row, stack: contextlib.ExitStack) -> Callab
     return call
 
 
+def _kv_cache(precision: str) -> dict[str, str]:
+    """An OpenVINO row's KV cache in its compute precision (bf16 on the bf16 row, else f32), as xdeploy's `ov`
+    rows store theirs: OpenVINO 2026.4's CPU default is a u8 cache, which no other row quantizes."""
+    return {"KV_CACHE_PRECISION": "bf16" if precision == "bf16" else "f32"}
+
+
 def _optimum_intel_dir(ctx: Context, precision: str) -> Path:
     from optimum.intel import OVModelForCausalLM, OVWeightQuantizationConfig
 
@@ -359,10 +372,16 @@ def _open_optimum_intel(ctx: Context, row: Row, stack: contextlib.ExitStack) -> 
 
     torch.set_num_threads(ctx.threads)
     d = _optimum_intel_dir(ctx, row[3])
-    m = OVModelForCausalLM.from_pretrained(str(d), ov_config=_ov_options(row[3], ctx.threads), compile=True)
+    m = OVModelForCausalLM.from_pretrained(str(d), ov_config=_ov_options(row[3], ctx.threads) | _kv_cache(row[3]),
+                                           compile=True)
     if not m.stateful:
         raise XDeployError(f"optimum-intel's {d.name} is not stateful; expected the KV cache inside the engine")
-    _check_ov(m.request.get_compiled_model(), row[3], ctx.threads, f"optimum-intel compiled {d.name}")
+    compiled = m.request.get_compiled_model()
+    _check_ov(compiled, row[3], ctx.threads, f"optimum-intel compiled {d.name}")
+    kv = compiled.get_property("KV_CACHE_PRECISION").to_string()
+    if kv != _kv_cache(row[3])["KV_CACHE_PRECISION"]:
+        raise XDeployError(f"optimum-intel compiled {d.name} with a {kv} KV cache; expected "
+                           f"{_kv_cache(row[3])['KV_CACHE_PRECISION']}")
     return _hf_generate(m, ctx, torch)
 
 
@@ -502,7 +521,7 @@ def _open_ov_genai(ctx: Context, row: Row, stack: contextlib.ExitStack) -> Calla
     # elsewhere), f32 is asked for
     hint = "bf16" if row[3] == "bf16" else "f32"
     pipe = og.LLMPipeline(str(d), "CPU", INFERENCE_PRECISION_HINT=hint, INFERENCE_NUM_THREADS=ctx.threads,
-                          NUM_STREAMS=1, scheduler_config=sched)
+                          NUM_STREAMS=1, scheduler_config=sched, **_kv_cache(row[3]))
     gc = og.GenerationConfig()
     gc.max_new_tokens, gc.ignore_eos, gc.do_sample = ctx.w.new_tokens, True, False
     ids = np.asarray([ctx.prompt], dtype=np.int64)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from xdeploy.commands import THREADS_HELP, add_json_option, write_json
 from xdeploy.core.errors import XDeployError
+from xdeploy.deploy.generate import KV_CACHES
 
 if TYPE_CHECKING:
     from xdeploy.export.artifact import Artifact
@@ -39,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-graph", metavar="GRAPH",
                    help="prefill with this graph (gpt: model) instead of the decode graph: a second copy of the "
                         "weights; faster first token for int8-dynamic on VNNI/AMX CPUs")
+    p.add_argument("--kv-cache", choices=KV_CACHES, default="auto",
+                   help="where the KV cache lives: engine (inside OpenVINO: runner ov on an fp32 artifact with its "
+                        "IR), loop (a buffer bound into the decode graph), auto (default: the engine where it can)")
     p.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
     p.add_argument("--no-verify", action="store_true",
                    help="run the artifact without checking its golden probes on this machine (says so on stderr)")
@@ -124,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     check_spec(args.runner)
     rows, tokenizer = _prompts(args, art)
     with Generator(art, args.runner, use_cache=not args.no_cache, threads=args.threads,
-                   verify=not args.no_verify, prefill_graph=args.prefill_graph) as g:
+                   verify=not args.no_verify, prefill_graph=args.prefill_graph, kv_cache=args.kv_cache) as g:
         out = g.generate(rows, gc)
     mode = f"beam search k={gc.num_beams}" if gc.num_beams > 1 else ("sampling" if gc.do_sample else "greedy")
     print(f"{art.model} ({art.precision}) on {args.runner}, {mode}, {out.mode}: {out.new_tokens} new tokens "

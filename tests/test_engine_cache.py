@@ -1,0 +1,106 @@
+"""The KV cache kept inside the engine (models/spec.py EngineCache, export/openvino_ir.py `stateful_ir`,
+deploy/ov_runner.py `stateful`, deploy/generate.py `kv_cache`): gpt's `step` converted to a stateful OpenVINO IR
+computes what the decode graph computes, and generating with it gives the loop-owned cache's tokens."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from xdeploy.core.errors import XDeployError
+from xdeploy.deploy.generate import GenerationConfig, Generator
+from xdeploy.deploy.registry import open_runner
+from xdeploy.export.artifact import load_artifact
+from xdeploy.export.onnx_export import export
+from xdeploy.models.spec import make_feeds
+
+pytest.importorskip("openvino")
+# left padding, ragged rows: what batched generation meets
+PROMPTS = [[72, 101, 108, 108, 111, 44, 32], [84, 104], [69, 120, 112, 111]]
+
+
+@pytest.fixture(scope="module")
+def stateful_art(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return export("gpt", preset="tiny", out=tmp_path_factory.mktemp("stateful") / "a", openvino_ir=True)
+
+
+def test_the_stateful_ir_is_recorded_and_checked_at_load(stateful_art: Path, tmp_path: Path) -> None:
+    art = load_artifact(stateful_art)
+    rec = art.openvino_stateful("decode")
+    assert rec is not None and art.openvino_stateful("model") is None
+    assert rec["xml"] in art.manifest["files"] and rec["bin"] in art.manifest["files"]
+    assert len(rec["variables"]) == 2 * art.config.n_layers
+    for field, bad in (("variables", "past.0.key"), ("replaces", "nope"), ("xml", "../x.xml")):
+        d = tmp_path / field
+        shutil.copytree(stateful_art, d)
+        m = json.loads((d / "manifest.json").read_text())
+        m["openvino"]["stateful"][field] = bad
+        (d / "manifest.json").write_text(json.dumps(m))
+        with pytest.raises(XDeployError, match="invalid manifest"):
+            load_artifact(d)
+
+
+def test_the_stateful_runner_computes_the_decode_graph(stateful_art: Path) -> None:
+    """Through `infer` the stateful IR takes the decode graph's feeds (a cache with masked slots, a padded row)
+    and returns its outputs: the logits and the step's K/V, read back from the grown state, equal the reference
+    module's `decode` at fp32; the golden probes therefore check it where it opens."""
+    art = load_artifact(stateful_art)
+    graph = art.graph("decode")
+    feeds = make_feeds(graph, {"batch": 3, "step": 2, "cache": 6}, seed=5)
+    with open_runner("torch", art, "decode") as ref_runner:  # the reference module, the artifact's weights
+        ref = ref_runner.infer(feeds)
+    with open_runner("ov", art, "decode", stateful=True, threads=1) as r:
+        assert r.graph_format == "stateful"
+        got = r.infer(feeds)
+    for name in ("logits", "new_kv"):
+        assert got[name].shape == ref[name].shape
+        np.testing.assert_allclose(got[name], ref[name], atol=1e-4, rtol=1e-3, err_msg=name)
+
+
+@pytest.mark.parametrize("gc", [GenerationConfig(max_new_tokens=16, eos_token_id=-1),
+                                GenerationConfig(max_new_tokens=8, num_beams=3, eos_token_id=-1),
+                                GenerationConfig(max_new_tokens=12, do_sample=True, top_k=20, seed=7, eos_token_id=-1)],
+                         ids=["greedy", "beams", "sampling"])
+def test_the_engine_cache_generates_the_loop_caches_tokens(stateful_art: Path, gc: GenerationConfig) -> None:
+    """At fp32 the engine-held cache (the default where the runner can hold it) and the loop's buffer give the same
+    tokens, padded rows, beams (the engine's gather expands each prompt row into its beams, then reorders them)
+    and sampling included; beam scores agree to float rounding."""
+    with Generator(stateful_art, "ov", threads=1) as eng, Generator(stateful_art, "ov", threads=1,
+                                                                    kv_cache="loop") as loop:
+        assert eng.engine_cache and not loop.engine_cache
+        assert eng.decode.graph_format == "stateful" and len(eng._runners()) == 1
+        a, b = eng.generate(PROMPTS, gc), loop.generate(PROMPTS, gc)
+    assert a.tokens == b.tokens
+    if gc.num_beams > 1:
+        np.testing.assert_allclose(a.scores, b.scores, atol=1e-4)
+
+
+def test_the_cache_is_stored_in_the_compute_precision(stateful_art: Path) -> None:
+    """OpenVINO's CPU default is a u8 cache; xdeploy stores it in the compute precision unless told otherwise."""
+    art = load_artifact(stateful_art)
+    with open_runner("ov", art, "decode", stateful=True, threads=1) as r:
+        assert str(r.compiled.get_property("KV_CACHE_PRECISION")) == str(r._ov.Type.f32)
+    with open_runner("ov", art, "decode", stateful=True, threads=1, kv_precision="u8") as r:
+        assert str(r.compiled.get_property("KV_CACHE_PRECISION")) == str(r._ov.Type.u8)
+    with pytest.raises(XDeployError, match="ov kv_precision 'int4'; expected one of: bf16, f16, f32, u8"):
+        open_runner("ov", art, "decode", stateful=True, kv_precision="int4")
+
+
+def test_where_the_cache_lives_is_refused_in_one_line_when_it_cannot(stateful_art: Path, tiny_export) -> None:  # noqa: ANN001
+    with pytest.raises(XDeployError, match="runner 'ort' cannot keep the KV cache in its engine"):
+        Generator(stateful_art, "ort", kv_cache="engine")
+    plain = tiny_export("gpt")  # no OpenVINO IR: no stateful step
+    with pytest.raises(XDeployError, match="runner 'ov' cannot keep the KV cache in its engine"):
+        Generator(plain, "ov", kv_cache="engine")
+    with pytest.raises(XDeployError, match="carries no stateful OpenVINO IR for graph 'decode'"):
+        open_runner("ov", plain, "decode", stateful=True)
+    with pytest.raises(XDeployError, match="KV cache 'gpu'"):
+        Generator(stateful_art, "ov", kv_cache="gpu")
+    with Generator(plain, "ov") as g:  # auto: the loop's cache where the engine cannot hold it
+        assert not g.engine_cache
+    with Generator(stateful_art, "ov", prefill_graph="model") as g:  # another prefill graph: the loop's cache
+        assert not g.engine_cache and len(g._runners()) == 2
