@@ -118,14 +118,16 @@ def weight_bytes(module: nn.Module) -> int:
 
 
 def export_space(module: nn.Module, n_graphs: int, out: str | Path, *, precision: str, optimize: bool,
-                 openvino_ir: bool) -> dict[Path, int]:
+                 openvino_ir: bool, n_ir: int | None = None) -> dict[Path, int]:
     """What an export writes, for core/fsutil.require_space, from the module's weight bytes W (an upper bound for
     each graph: a graph holds at most the weights, at fp32): the artifact beside `out` (its temporary sibling:
-    reference safetensors + each graph + each OpenVINO IR, W each), and the temporary directory (a conversion or
-    optimization holds its graph about three times there: saved, pre-processed, converted)."""
+    reference safetensors + each graph + each OpenVINO IR, W each; `n_ir` IRs, default one per graph), and the
+    temporary directory (a conversion or optimization holds its graph about three times there: saved,
+    pre-processed, converted)."""
     w = weight_bytes(module)
     converts = precision != "fp32" or optimize
-    return {Path(out).absolute().parent: w * (1 + n_graphs * (2 if openvino_ir else 1)),
+    irs = (n_graphs if n_ir is None else n_ir) if openvino_ir else 0
+    return {Path(out).absolute().parent: w * (1 + n_graphs + irs),
             Path(tempfile.gettempdir()): 3 * w if converts else 0}
 
 
@@ -349,8 +351,10 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
     src = resolve_source(model, preset=preset, checkpoint=checkpoint, attn_impl=attn_impl, seed=seed,
                          config_overrides=config_overrides)
     spec = src.family.spec(src.config)
+    # the IRs: one per graph, and a decoder's stateful step (export/openvino_ir.py)
     require_space(export_space(src.module, len(spec.graphs), out, precision=precision, optimize=optimize,
-                               openvino_ir=openvino_ir), f"exporting {model} ({precision})")
+                               openvino_ir=openvino_ir, n_ir=len(spec.graphs) + (spec.engine_cache is not None)),
+                  f"exporting {model} ({precision})")
     tok_dir = next((f.parent for f in src.tokenizer_files if f.name == "tokenizer.json"), None)
     precision_options = prec.with_calibration(precision_options, precision, spec, tok_dir)
     graphs, axes, tols = spec_to_json(spec, {g.name: f"{g.name}.onnx" for g in spec.graphs})
