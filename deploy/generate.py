@@ -252,6 +252,12 @@ def _cache_layout(graph: Any, f: DecoderFeeds) -> _CacheLayout:
     return _CacheLayout(names, f.cache, layers, dims[1], dims[3], np.dtype(by_name[names[0]].dtype))
 
 
+def _prompt_positions(mask: np.ndarray) -> np.ndarray:
+    """(B, T) int64 positions of a left-padded prompt: they count only real tokens (as the full graph's
+    positions_from_mask), so left padding gets 0."""
+    return np.maximum(np.cumsum(mask, -1) - 1, 0).astype(np.int64)
+
+
 def _axis(graph: Any, name: str) -> str:
     """The dynamic axis along dim 1 of input `name` (a (batch, tokens) ids or mask input)."""
     t = next((t for t in graph.inputs if t.name == name), None)
@@ -317,8 +323,7 @@ class _DecoderCached(_CachedSteps):
             return out[f.logits][:, -1], out[f.present]  # left padding: the last column is real in every row
         dec = g.decode.graph
         b = self.ids.shape[0]
-        # positions count only real tokens (as the full graph's positions_from_mask): left padding gets 0
-        pos = np.maximum(np.cumsum(self.mask, -1) - 1, 0).astype(_dtype(dec, f.positions))
+        pos = _prompt_positions(self.mask).astype(_dtype(dec, f.positions))
         # an empty cache: one masked slot (a zero-length axis is not portable across engines)
         out = g.decode.infer({f.step_ids: self.ids, f.positions: pos, f.step_mask: self.mask,
                               f.cache_mask: np.zeros((b, 1), _dtype(dec, f.cache_mask))}
@@ -355,9 +360,7 @@ class _EngineCached(_Steps):
         rep = np.repeat(np.arange(b), self.beams)  # beam copies of each prompt row: row r -> prompt r // k
         n = len(rep)
         self.run.reset()
-        # positions count only real tokens (as the full graph's positions_from_mask): left padding gets 0
-        pos = np.maximum(np.cumsum(self.mask, -1) - 1, 0).astype(np.int64)
-        logits = self.run(self.ids, pos, self.mask, np.arange(b, dtype=np.int32))[rep]
+        logits = self.run(self.ids, _prompt_positions(self.mask), self.mask, np.arange(b, dtype=np.int32))[rep]
         self.seen = np.zeros((n, t + self.new - 1), np.int64)  # mask over every position so far, cached or new
         self.seen[:, :t] = self.mask[rep]
         self.filled = t
@@ -463,6 +466,11 @@ class Generator:
                                    "re-export an older artifact), with the KV cache on")
             first = prefill_graph
         one = use_cache and first == f.decode_graph  # the decode graph prefills too: one runner, one weight copy
+        need = [first] + ([f.decode_graph] if use_cache and not one else [])
+        missing = [n for n in need if n not in names]
+        if missing:
+            raise XDeployError(f"artifact {self.artifact.path} lacks graph(s) {missing} needed for "
+                               f"{'KV-cache' if use_cache else 'recompute'} generation; re-export it")
         if kv_cache not in KV_CACHES:
             raise one_of("KV cache", kv_cache, KV_CACHES)
         self.engine_cache = kv_cache != "loop" and one and self.artifact.capabilities.role == "decoder" \
@@ -474,11 +482,6 @@ class Generator:
                                "loop (kv_cache='loop', --kv-cache loop)")
         if self.engine_cache:
             options = options | {"stateful": True}
-        need = [first] + ([f.decode_graph] if use_cache and not one else [])
-        missing = [n for n in need if n not in names]
-        if missing:
-            raise XDeployError(f"artifact {self.artifact.path} lacks graph(s) {missing} needed for "
-                               f"{'KV-cache' if use_cache else 'recompute'} generation; re-export it")
         self.prefill: Runner = open_runner(runner, self.artifact, first, threads=threads, **options)
         self.decode: Runner | None = None
         try:

@@ -94,12 +94,14 @@ class OvRunner(Runner):
         config = ov_config(self.variant, hint=self.options.get("hint", "latency"), threads=self.threads,
                            cache_dir=self.options.get("cache_dir"), pinning=self.options.get("pinning"))
         self.device = str(self.options.get("device", "CPU"))
-        # The artifact's OpenVINO IR (converted from the reference module: fewer layout ops once compiled,
-        # export/openvino_ir.py) when it has one, else the ONNX graph; format="onnx" / "ir" forces one.
+        # One infer request per thread (`_local`): an OpenVINO request is not re-entrant ("Infer Request is
+        # busy"), while the compiled model is thread-safe and shares its weights between requests.
         self._local = threading.local()
         if self.options.get("stateful", False):
             self._load_stateful(config, fmt)
             return
+        # The artifact's OpenVINO IR (converted from the reference module: fewer layout ops once compiled,
+        # export/openvino_ir.py) when it has one, else the ONNX graph; format="onnx" / "ir" forces one.
         ir = self.artifact.openvino_ir(self.graph.name)
         if fmt == "ir" and ir is None:
             raise XDeployError(f"artifact {self.artifact.path} carries no OpenVINO IR for graph {self.graph.name!r}; "
@@ -111,8 +113,6 @@ class OvRunner(Runner):
         # are removed first, so the plugin prunes the branches that only fed them.
         self.compiled = ov_compile(self._pruned(path) if len(self.output_names) < len(self.graph.outputs)
                                    else path, config, self.device, what=str(path))
-        # One infer request per thread (`_local`): an OpenVINO request is not re-entrant ("Infer Request is
-        # busy"), while the compiled model is thread-safe and shares its weights between requests.
         # A port can carry several tensor names (an fp16 graph's keep-io Cast adds one); index them all.
         self._in_ports = {n: p for p in self.compiled.inputs for n in p.get_names()}
         self._out_ports = {n: p for p in self.compiled.outputs for n in p.get_names()}
@@ -140,11 +140,14 @@ class OvRunner(Runner):
         self._in_ports = {n: p for p in self.compiled.inputs for n in p.get_names()}
         self._out_ports = {n: p for p in self.compiled.outputs for n in p.get_names()}
         self._names = (f.step_ids, f.positions, rec["mask"], rec["beam"])
-        self._logits, self._feeds = f.logits, f
-        cache = _cache_inputs(self.graph, f)
+        self._feeds = f
+        # the decode graph's cache inputs, layer-major (DecoderFeeds.cache_names), one state each
+        given = [t.name for t in self.graph.inputs if t.name.startswith(f"{f.cache}.")]
+        cache = list(f.cache_names(len(given) // 2))
         states = {s.name for s in self.compiled.create_infer_request().query_state()}
         if set(self._in_ports) != set(self._names) or f.logits not in self._out_ports \
-                or len(rec["variables"]) != len(cache) or not set(rec["variables"]) <= states:
+                or sorted(given) != sorted(cache) or len(rec["variables"]) != len(cache) \
+                or not set(rec["variables"]) <= states:
             raise XDeployError(f"{path} does not match its manifest: expected inputs {list(self._names)}, output "
                                f"{f.logits!r} and {len(cache)} states {rec['variables'][:1]}...; found inputs "
                                f"{sorted(self._in_ports)} and {len(states)} states")
@@ -153,7 +156,7 @@ class OvRunner(Runner):
     def cached_step(self) -> CachedStep:
         if self.graph_format != "stateful":
             raise XDeployError("runner 'ov' keeps the KV cache in the engine only when opened with stateful=True")
-        return _OvCachedStep(self.compiled.create_infer_request(), self._names, self._out_ports[self._logits])
+        return _OvCachedStep(self.compiled.create_infer_request(), self._names, self._out_ports[self._feeds.logits])
 
     def _run_stateful(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The decode graph's call on the stateful IR (probes, parity): the given cache becomes the state, the
@@ -268,11 +271,6 @@ def _axis_sizes(graph: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, int]:
                 sizes[d] = int(n)
     return sizes
 
-
-def _cache_inputs(graph: Any, f: Any) -> list[str]:
-    """The decode graph's per-layer cache inputs, in order (models/spec.py DecoderFeeds)."""
-    names = [t.name for t in graph.inputs]
-    return [n for n in f.cache_names(len(names)) if n in names]
 
 
 class _OvCachedStep(CachedStep):

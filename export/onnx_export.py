@@ -118,16 +118,15 @@ def weight_bytes(module: nn.Module) -> int:
 
 
 def export_space(module: nn.Module, n_graphs: int, out: str | Path, *, precision: str, optimize: bool,
-                 openvino_ir: bool, n_ir: int | None = None) -> dict[Path, int]:
+                 n_ir: int) -> dict[Path, int]:
     """What an export writes, for core/fsutil.require_space, from the module's weight bytes W (an upper bound for
     each graph: a graph holds at most the weights, at fp32): the artifact beside `out` (its temporary sibling:
-    reference safetensors + each graph + each OpenVINO IR, W each; `n_ir` IRs, default one per graph), and the
+    reference safetensors + each graph + each of the `n_ir` OpenVINO IRs, W each), and the
     temporary directory (a conversion or optimization holds its graph about three times there: saved,
     pre-processed, converted)."""
     w = weight_bytes(module)
     converts = precision != "fp32" or optimize
-    irs = (n_graphs if n_ir is None else n_ir) if openvino_ir else 0
-    return {Path(out).absolute().parent: w * (1 + n_graphs + irs),
+    return {Path(out).absolute().parent: w * (1 + n_graphs + n_ir),
             Path(tempfile.gettempdir()): 3 * w if converts else 0}
 
 
@@ -353,7 +352,7 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
     spec = src.family.spec(src.config)
     # the IRs: one per graph, and a decoder's stateful step (export/openvino_ir.py)
     require_space(export_space(src.module, len(spec.graphs), out, precision=precision, optimize=optimize,
-                               openvino_ir=openvino_ir, n_ir=len(spec.graphs) + (spec.engine_cache is not None)),
+                               n_ir=len(spec.graphs) + (spec.engine_cache is not None) if openvino_ir else 0),
                   f"exporting {model} ({precision})")
     tok_dir = next((f.parent for f in src.tokenizer_files if f.name == "tokenizer.json"), None)
     precision_options = prec.with_calibration(precision_options, precision, spec, tok_dir)

@@ -136,7 +136,7 @@ def convert_graph_ir(module: nn.Module, graph: Graph, sizes: Mapping[str, int]) 
     return ir
 
 
-def stateful_ir(ir: Any, ec: EngineCache, layers: int) -> tuple[Any, list[str]]:
+def stateful_ir(ir: Any, ec: EngineCache) -> tuple[Any, list[str]]:
     """The converted engine-cache step `ir` with its cache inside, as optimum-intel builds its decoders: a new
     input `ec.beam` (N,) int32 gathers the cached rows before the step (beam search reorders them; a prefill's B
     rows become B x beams), every past input becomes a ReadValue of a variable and its present output an Assign
@@ -146,7 +146,7 @@ def stateful_ir(ir: Any, ec: EngineCache, layers: int) -> tuple[Any, list[str]]:
     from openvino import opset13
     from openvino._offline_transformations import apply_make_stateful_transformation
 
-    pairs = ec.state_pairs(layers)
+    pairs = ec.state_pairs()
     beam = opset13.parameter(ov.PartialShape([-1]), ov.Type.i32, name=ec.beam)
     beam.output(0).get_tensor().set_names({ec.beam})
     ir.add_parameters([beam])
@@ -198,11 +198,10 @@ def write_ir(writer: Any, spec: ExportSpec, graph_module: Callable[[Graph], nn.M
                                "weights": "fp32"}
     ec = spec.engine_cache
     if ec is not None:
-        layers = sum(t.name.startswith(f"{ec.past}.") for t in ec.graph.inputs) // 2
         # P cached positions beside the step's S: the example sizes must differ (else convert_model may fold them)
         step = ec.graph.inputs[0].dims[1]  # the ids' token axis
         ex = dict(sizes) | {ec.past_axis: 3, ec.total_axis: sizes[step] + 3}
-        ir, variables = stateful_ir(convert_graph_ir(graph_module(ec.graph), ec.graph, ex), ec, layers)
+        ir, variables = stateful_ir(convert_graph_ir(graph_module(ec.graph), ec.graph, ex), ec)
         xml = f"{FOLDER}/{ec.replaces}.stateful.xml"
         ov.save_model(ir, str(writer.path(xml)), compress_to_fp16=False)
         section["stateful"] = {"replaces": ec.replaces, "method": ec.graph.method, "xml": xml,

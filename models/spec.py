@@ -94,8 +94,9 @@ class EngineCache:
     past_axis: str = "past"
     total_axis: str = "total"
 
-    def state_pairs(self, layers: int) -> tuple[tuple[str, str], ...]:
+    def state_pairs(self) -> tuple[tuple[str, str], ...]:
         """(past input, present output) per cached tensor, layer-major as `cache_names`."""
+        layers = sum(t.name.startswith(f"{self.past}.") for t in self.graph.inputs) // 2
         return tuple(zip(cache_names(self.past, layers), cache_names(self.present, layers)))
 
 
