@@ -15,7 +15,7 @@ import pytest
 from cpp_build import CPP, build_cpp
 from tiny_text import MINILM, minilm_artifact
 
-from xdeploy.deploy.embedder import Embedder
+from xdeploy.deploy.embedder import Embedder, plan_batches
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +55,34 @@ def test_cpp_matches_python_embedder(binary, minilm):
         assert got.shape == ref.shape == (len(SENTENCES), 384)
         assert np.abs(got - ref).max() <= 1e-5, np.abs(got - ref).max()
         assert "mean pooling, L2-normalized) on cpu" in r.stderr
+
+
+def test_cpp_plans_the_same_batches_as_python(binary, minilm):
+    """xdeploy::plan_batches cuts every length list exactly as deploy/embedder.py's plan_batches (one cost model in
+    two languages), and `--batching fixed` gives the same vectors as the default cost plan."""
+    check = binary.with_name("xdeploy-embed-check")
+    rng = np.random.default_rng(1)
+    for trial in range(40):
+        n = int(rng.integers(0, 300))
+        bs, d, pad = int(rng.integers(1, 65)), int(rng.choice([32, 384, 768])), int(rng.choice([1, 1, 8]))
+        lengths = sorted(rng.integers(1, 513, n).tolist() if trial % 2 else rng.choice([5, 9, 12, 200], n).tolist())
+        for mode in ("cost", "fixed"):
+            r = subprocess.run([str(check), "--plan", str(bs), str(d), str(pad), "512", mode],
+                               input=" ".join(map(str, lengths)), capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+            got = [tuple(map(int, line.split())) for line in r.stdout.splitlines()]
+            assert got == plan_batches(lengths, bs, d=d, pad_to=pad, smax=512, batching=mode), (trial, mode)
+    with Embedder(minilm) as emb:
+        ids = emb.tokenize(SENTENCES)[0]
+    out = {}
+    for mode in ("cost", "fixed"):
+        r = run_cpp(binary, minilm, ids, "--batching", mode)
+        assert r.returncode == 0, r.stderr
+        out[mode] = np.array([[float(x) for x in line.split()] for line in r.stdout.splitlines()], np.float32)
+    assert np.abs(out["cost"] - out["fixed"]).max() <= 2e-5
+    r = run_cpp(binary, minilm, ids, "--batching", "greedy")
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        'xdeploy-embed: error: batching "greedy" is not supported; expected cost or fixed'], r.stderr
 
 
 def test_cpp_cls_pooling_without_pooling_record(binary, tiny_export):

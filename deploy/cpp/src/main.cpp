@@ -1,7 +1,7 @@
 // xdeploy-embed: sentences (--text) or token ids on stdin -> embeddings on stdout, through xdeploy::Embedder.
 //
 //   xdeploy-embed ARTIFACT --text [--print-ids] [--provider auto|cpu|cuda|tensorrt] [--threads N] [--batch N]
-//   xdeploy-embed ARTIFACT [--provider ...] [--threads N] [--batch N] [--pad-to N] [--no-verify]   (token ids)
+//   xdeploy-embed ARTIFACT [--provider ...] [--threads N] [--batch N] [--pad-to N] [--batching cost|fixed] [--no-verify]   (token ids)
 //   xdeploy-embed --providers            (print the library's version and execution providers)
 //
 // stdin with --text: one sentence per line, UTF-8 (a final newline ends the last line; a trailing "\r" is
@@ -83,7 +83,7 @@ int run(int argc, char** argv) {
   if (args.empty() || args[0] == "-h" || args[0] == "--help") {
     std::cerr << "usage: xdeploy-embed ARTIFACT --text [--print-ids] [options] < sentences.txt > vectors.txt\n"
                  "       xdeploy-embed ARTIFACT [--provider auto|cpu|cuda|tensorrt] [--threads N] [--batch N] "
-                 "[--pad-to N] [--no-verify] < ids.txt > vectors.txt\n       xdeploy-embed --providers\n";
+                 "[--pad-to N] [--batching cost|fixed] [--no-verify] < ids.txt > vectors.txt\n       xdeploy-embed --providers\n";
     return args.empty() ? 2 : 0;
   }
   if (args[0] == "--providers") {
@@ -117,9 +117,10 @@ int run(int argc, char** argv) {
     else if (a == "--threads") opt.threads = to_int(a, v);
     else if (a == "--batch") opt.batch_size = to_int(a, v);
     else if (a == "--pad-to") opt.pad_to = to_int(a, v);
+    else if (a == "--batching") opt.batching = v;
     else if (a == "--time") time_reps = to_int(a, v);
     else throw xdeploy::Error("unknown option \"" + a + "\"; expected --text, --print-ids, --provider, --threads, "
-                              "--batch, --pad-to, --no-verify");
+                              "--batch, --pad-to, --batching, --no-verify");
   }
   if (print_ids && !text) throw xdeploy::Error("--print-ids needs --text");
   xdeploy::Embedder emb(artifact, opt);

@@ -1,5 +1,7 @@
 // API checks of xdeploy::Embedder that the CLI cannot reach (run by tests/test_cpp.py):
 //   xdeploy-embed-check ARTIFACT      (an artifact with tokenizer/tokenizer.json)
+//   xdeploy-embed-check --plan BATCH D PAD_TO SMAX cost|fixed < lengths   (ascending; prints "start stop length"
+//                                     per batch of plan_batches, compared with the Python planner's)
 // empty lists give empty results (text and ids), invalid UTF-8 throws InvalidUtf8 naming the input and byte,
 // a 1 MB line gives one unit vector, and tokenize() reports it as truncated. Prints "ok" or the first failure.
 #include <cmath>
@@ -20,6 +22,19 @@ void check(bool cond, const std::string& what) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 7 && std::string(argv[1]) == "--plan") {
+    std::vector<int64_t> lengths;
+    for (int64_t x; std::cin >> x;) lengths.push_back(x);
+    try {
+      for (const auto& b : xdeploy::plan_batches(lengths, std::stoi(argv[2]), std::stoi(argv[3]), std::stoi(argv[4]),
+                                                 std::stoll(argv[5]), argv[6]))
+        std::cout << b.start << " " << b.stop << " " << b.length << "\n";
+    } catch (const std::exception& e) {
+      std::cerr << "error: " << e.what() << "\n";
+      return 2;
+    }
+    return 0;
+  }
   if (argc != 2) {
     std::cerr << "usage: xdeploy-embed-check ARTIFACT\n";
     return 2;

@@ -10,7 +10,7 @@
 // at whitespace before tokenizing exactly as the Python Embedder does.
 // Token ids may also come from the caller, special tokens included and truncated to max_length(). Pooling (mean / cls / max) and L2 normalization follow
 // the manifest's "pooling" record exactly like the Python Embedder; artifacts without one use CLS, unnormalized.
-// Batches are length-sorted and padded as in Python (same defaults), so both run the same shapes.
+// Batches are length-sorted, cut (plan_batches) and padded as in Python (same defaults), so both run the same shapes.
 //
 // Golden probes: at load the artifact's probes for graph "model" (probes/raw/*.bin: inputs and the PyTorch fp32
 // last_hidden_state, written by `xdeploy export`; deploy/probes.py is the Python side) are run and judged like
@@ -34,6 +34,7 @@ struct Options {
   int threads = 0;                // intra-op threads, 0 = ONNX Runtime's default (all cores)
   int batch_size = 32;            // sentences per model call (capped by the artifact's batch axis)
   int pad_to = 1;                 // pad each batch's length to a multiple of this (1: to its longest, as Python)
+  std::string batching = "cost";  // cost | fixed: how length-sorted inputs are cut into batches (plan_batches)
   std::string trt_cache_dir;      // TensorRT engine/timing cache root ("": $XDG_CACHE_HOME/xdeploy/ort-trt-cpp)
   bool verify = true;  // run the artifact's golden probes at load (a failure throws ProbeFailure)
 };
@@ -51,6 +52,18 @@ struct RuntimeInfo {
 };
 
 RuntimeInfo runtime_info();
+
+// One model call of a plan: inputs [start, stop) of the length-sorted order, padded to `length` tokens.
+struct Batch {
+  size_t start = 0, stop = 0;
+  int64_t length = 0;
+};
+
+// The Python Embedder's plan_batches (deploy/embedder.py), the same cut for the same input: `sorted_lengths`
+// ascending; "fixed" = batches of batch_size; "cost" = the cut minimizing the modelled cost (one call = 256
+// tokens, a token padded to L costs 1 + 2L/(3d)), at most batch_size rows a batch. Throws Error on a bad mode.
+std::vector<Batch> plan_batches(const std::vector<int64_t>& sorted_lengths, int batch_size, int d, int pad_to,
+                                int64_t smax, const std::string& batching = "cost");
 
 class Embedder {
  public:
