@@ -98,6 +98,9 @@ KINDS: dict[str, dict[str, tuple[str, bool]]] = {
         # sentence workloads: fraction of sentences whose nearest other sentence of the corpus (cosine) is the
         # reference's; null for the other workloads
         "nn_agreement": (_NUM, True),
+        # sentence workloads: NDCG@10 on the generated retrieval set (studies/peers._retrieval_quality) and its
+        # ratio to the pytorch row's (sentence-transformers' quality measure); null for the other workloads
+        "ndcg10": (_NUM, True), "st_quality": (_NUM, True),
         # xdeploy rows: paired speed-up over the fastest peer row (any system but pytorch and xdeploy) of the same
         # precision {peer, median, low, high, stable}; null for other systems or without a peer of that precision
         # + instance_spread (the rows' larger A/A deviation) and verdict: "ahead" | "behind" | "tie" (the
@@ -181,7 +184,7 @@ IDENTITY: dict[str, tuple[str, ...]] = {
 }
 # Fields added after version 1 was written: older records may lack them (read as null); new ones must have them.
 ADDED: dict[str, frozenset[str]] = {"latency": frozenset({"stability"}), "decode": frozenset({"threads", "stability"}),
-                                    "peers": frozenset({"replicas", "nn_agreement"})}
+                                    "peers": frozenset({"replicas", "nn_agreement", "ndcg10", "st_quality"})}
 
 # A latency record's configuration: the same work, whichever runner and precision did it (speed-ups compare these).
 CONFIG: tuple[str, ...] = ("model", "preset", "graph", "batch", "seq")

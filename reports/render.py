@@ -456,7 +456,9 @@ def _peers_section(peers: list[Mapping[str, Any]]) -> list[str]:
     out = ["## Peers: xdeploy vs Optimum, sentence-transformers and fastembed", "",
            "Every system of a workload timed in the same interleaved rounds (same threads); accuracy against the "
            "same PyTorch reference (min cosine per row; for sentences, `nn agreement`: the share of sentences "
-           "whose nearest other sentence is the reference's). `× pytorch` = paired speed-up over eager PyTorch; "
+           "whose nearest other sentence is the reference's, and `ST quality`: NDCG@10 on a generated retrieval "
+           "set relative to PyTorch's, the quality measure of sentence-transformers' efficiency benchmark). "
+           "`× pytorch` = paired speed-up over eager PyTorch; "
            "`vs fastest peer` = an xdeploy row's paired speed-up over the fastest peer row of the same "
            "precision (>1: xdeploy faster), 95% interval in brackets; *unstable* rows are not results. With "
            "several instances per system (`--replicas`), a row's rounds are its instances' mean and a speed-up "
@@ -479,10 +481,11 @@ def _peers_section(peers: list[Mapping[str, Any]]) -> list[str]:
             rows.append((r["precision"], r["system"], r["config"], speed + ("" if st["stable"] else " *unstable*"),
                          f"{st['rel_iqr']:.0%}", speedup_of(st) if st.get("speedup") else f"1{TIMES} (reference)",
                          fmt_num(r["max_abs_err"]), fmt_num(r["min_cosine"], ".6f"),
-                         fmt_num(r.get("nn_agreement"), ".1%"),
+                         fmt_num(r.get("nn_agreement"), ".1%"), fmt_num(r.get("st_quality"), ".2%"),
                          "ok" if r["accuracy_ok"] else "**below floor**", _vs_peer_cell(r)))
         out += [markdown_table(("precision", "system", "config", "p50 / rate", "round IQR", f"{TIMES} pytorch",
-                                "max abs err", "min cosine", "nn agreement", "accuracy", "vs fastest peer"), rows), ""]
+                                "max abs err", "min cosine", "nn agreement", "ST quality", "accuracy",
+                                "vs fastest peer"), rows), ""]
     return out
 
 

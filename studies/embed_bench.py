@@ -30,6 +30,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,13 +156,31 @@ def make_sentences(n: int, seed: int = 0) -> list[str]:
 
 def make_queries(corpus: list[str], n: int, seed: int = 1) -> list[str]:
     """Perturbed copies of n corpus sentences (some words dropped, case changed): retrieval queries."""
+    return [q for q, _ in retrieval_set(corpus, n, seed)]
+
+
+def retrieval_set(corpus: list[str], n: int, seed: int = 1, drop: float = 0.25) -> list[tuple[str, int]]:
+    """n (query, index of its one relevant corpus sentence) pairs: each query is that sentence lowercased with
+    a share `drop` of its words dropped at random (at least one word kept)."""
     rng = random.Random(seed)
     out = []
     for i in rng.sample(range(len(corpus)), n):
         words = corpus[i].split()
-        keep = [w for w in words if rng.random() > 0.25] or words[:1]
-        out.append(" ".join(keep).lower())
+        keep = [w for w in words if rng.random() > drop] or words[:1]
+        out.append((" ".join(keep).lower(), i))
     return out
+
+
+def ndcg_at_10(corpus_vecs: np.ndarray, query_vecs: np.ndarray, relevant: Sequence[int]) -> float:
+    """NDCG@10 of cosine retrieval as sentence-transformers' InformationRetrievalEvaluator computes it, with one
+    relevant corpus sentence per query: 1 / log2(1 + rank) when it ranks in the first 10, else 0; the mean over
+    queries. corpus_vecs [n, d], query_vecs [q, d], relevant: q corpus indices."""
+    c = corpus_vecs / np.linalg.norm(corpus_vecs, axis=1, keepdims=True)
+    q = query_vecs / np.linalg.norm(query_vecs, axis=1, keepdims=True)
+    sim = q.astype(np.float64) @ c.T.astype(np.float64)  # [q, n]
+    rel = sim[np.arange(len(q)), np.asarray(relevant)]
+    rank = 1 + (sim > rel[:, None]).sum(axis=1)  # 1 = first; a tie ranks the relevant sentence first
+    return float(np.mean(np.where(rank <= 10, 1.0 / np.log2(1.0 + rank), 0.0)))
 
 
 @dataclass(frozen=True)

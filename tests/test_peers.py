@@ -53,7 +53,7 @@ def test_pytorch_and_xdeploy_rows_records_and_table(tmp_path: Path) -> None:
             assert r["precision"] == prec and r["rate"] > 0 and r["latency_s"]["p50"] > 0
             assert r["accuracy_ok"], (wl, cfg, r["min_cosine"])
             assert r["vs_peer"] is None  # no peer row in this run
-            assert r["nn_agreement"] is None  # a sentence workload's measure
+            assert r["nn_agreement"] is None and r["st_quality"] is None  # sentence workloads' measures
         # the static int8 row runs the calibrated Q/DQ export (its manifest says so), on OpenVINO
         static = rows[(wl, "xdeploy", "ov int8 static")]
         assert static["runtime"] == "openvino" and static["precision"] == "int8"
@@ -131,7 +131,8 @@ def test_peers_record_contract() -> None:
                 config="ort fp32", runtime="onnxruntime", precision="fp32", threads=1,
                 latency_s={k: 1e-3 for k in ("p50", "p90", "p99", "mean", "std", "min", "max")}, rate=1e3,
                 rate_unit="items/s", max_abs_err=0.0, min_cosine=1.0, accuracy_ok=True, vs_peer=None,
-                stability={"stable": True}, versions={}, replicas=None, nn_agreement=None)
+                stability={"stable": True}, versions={}, replicas=None, nn_agreement=None, ndcg10=None,
+                st_quality=None)
     make_record("peers", fp, **good)
     with pytest.raises(XDeployError, match="min_cosine"):
         make_record("peers", fp, **(good | {"min_cosine": float("nan")}))
@@ -139,6 +140,44 @@ def test_peers_record_contract() -> None:
         make_record("peers", fp, **(good | {"speedup": 2.0}))
     with pytest.raises(XDeployError, match="nn_agreement"):  # a field added since: new records must have it
         make_record("peers", fp, **{k: v for k, v in good.items() if k != "nn_agreement"})
+
+
+def test_ndcg_at_10() -> None:
+    from xdeploy.studies.embed_bench import make_queries, make_sentences, ndcg_at_10, retrieval_set
+
+    corpus = np.eye(12)  # 12 orthogonal sentences; each query scores sentence 0 highest, then 1, 2, ...
+    queries = np.tile(np.linspace(1.0, 0.0, 12), (3, 1))
+    # the relevant sentence ranks 1st, 3rd and 12th: 1, 1/log2(4) = 0.5 and 0 (past the first 10)
+    assert ndcg_at_10(corpus, queries, [0, 2, 11]) == pytest.approx((1 + 0.5 + 0) / 3)
+    assert ndcg_at_10(corpus * 5, queries * 0.1, [0, 2, 11]) == pytest.approx(0.5)  # cosine: scale-free
+    sentences = make_sentences(40)
+    pairs = retrieval_set(sentences, 10, drop=0.6)
+    assert [q for q, _ in retrieval_set(sentences, 10)] == make_queries(sentences, 10)  # one sampler
+    for q, i in pairs:  # each query keeps words of its relevant sentence only
+        assert set(q.split()) <= set(sentences[i].lower().split()) and q
+
+
+def test_retrieval_quality_of_real_embedders(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The ST-quality column on the real MiniLM: xdeploy's fp32 Embedder retrieves like sentence-transformers'
+    torch encode (quality 1 within float noise), and a system that returns shuffled vectors loses quality."""
+    from sentence_transformers import SentenceTransformer
+    from tiny_text import MINILM, minilm_artifact
+
+    from xdeploy.deploy.embedder import Embedder
+
+    w = peers.Workload("minilm-sentences", "bert", "sentences", 8, None, sentences=64)
+    st = SentenceTransformer(str(MINILM), device="cpu")
+    ref = peers.System(*peers.REFERENCE, call=lambda: None, output=lambda: None,
+                       encode=lambda t: peers._st_encode(st, t, w.batch))
+    with Embedder(minilm_artifact(tmp_path_factory)) as e:
+        ours = peers.System("xdeploy", "ort fp32", "onnxruntime", "fp32", call=lambda: None, output=lambda: None,
+                            encode=e.embed)
+        rng = np.random.default_rng(0)
+        bad = peers.System("x", "shuffled", "onnxruntime", "fp32", call=lambda: None, output=lambda: None,
+                           encode=lambda t: e.embed(t)[rng.permutation(len(t))])
+        q = peers._retrieval_quality(w, [ref, ours, bad])
+    assert 0.3 < q[ref] <= 1 and abs(q[ours] / q[ref] - 1) < 1e-3, q
+    assert q[bad] < 0.5 * q[ref]
 
 
 def test_nearest_neighbour_agreement() -> None:
@@ -182,7 +221,12 @@ def test_every_system_in_the_peers_env(tmp_path: Path) -> None:
         nn = r["nn_agreement"]
         assert (nn is None) == (wl != "minilm-sentences") and (nn is None or 0 <= nn <= 1), (wl, system, cfg, nn)
         if system == "pytorch" and nn is not None:
-            assert nn == 1.0
+            assert nn == 1.0 and r["st_quality"] == 1.0
+        q = r["st_quality"]  # NDCG@10 relative to pytorch's: every sentence row has one
+        assert (q is None) == (wl != "minilm-sentences")
+        if q is not None:
+            ref_ndcg = rows[(wl, *peers.REFERENCE[:2])]["ndcg10"]
+            assert 0 < r["ndcg10"] <= 1 and q == pytest.approx(r["ndcg10"] / ref_ndcg)
         if system == "xdeploy":  # every xdeploy precision has a peer of the same precision
             peer = rows[(wl, *r["vs_peer"]["peer"].split(" ", 1))]
             assert peer["precision"] == r["precision"] and peer["system"] not in ("xdeploy", "pytorch")
