@@ -508,24 +508,20 @@ def _pooled(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return v / np.clip(np.linalg.norm(v, axis=1, keepdims=True), 1e-12, None)
 
 
-def _sentence_call(forward: Callable[[dict[str, Any]], np.ndarray], tokenizer: Any, sentences: Sequence[str],
-                   batch: int, max_length: int) -> Callable[[], np.ndarray]:
+def _sentence_encode(forward: Callable[[dict[str, Any]], np.ndarray], tokenizer: Any, sentences: Sequence[str],
+                     batch: int, max_length: int) -> np.ndarray:
     """sentence-transformers' encode loop over any forward: length-sorted batches, padding to the longest."""
     order = np.argsort([-len(s) for s in sentences], kind="stable")
-
-    def run() -> np.ndarray:
-        parts = []
-        for i in range(0, len(sentences), batch):
-            idx = order[i:i + batch]
-            enc = tokenizer([sentences[j] for j in idx], padding=True, truncation=True, max_length=max_length,
-                            return_tensors="pt")
-            parts.append((idx, _pooled(forward(dict(enc)), enc["attention_mask"].numpy())))
-        out = np.empty((len(sentences), parts[0][1].shape[1]), np.float32)
-        for idx, v in parts:
-            out[idx] = v
-        return out
-
-    return run
+    parts = []
+    for i in range(0, len(sentences), batch):
+        idx = order[i:i + batch]
+        enc = tokenizer([sentences[j] for j in idx], padding=True, truncation=True, max_length=max_length,
+                        return_tensors="pt")
+        parts.append((idx, _pooled(forward(dict(enc)), enc["attention_mask"].numpy())))
+    out = np.empty((len(sentences), parts[0][1].shape[1]), np.float32)
+    for idx, v in parts:
+        out[idx] = v
+    return out
 
 
 def _optimum_systems(w: Workload, ckpt: Path, root: Path, threads: int, wanted: Sequence[str],
@@ -584,10 +580,13 @@ def _systems(w: Workload, ckpt: Path, root: Path, threads: int, wanted: Sequence
                 fn = partial(e.embed, sentences)
                 systems.append(System("xdeploy", cfg, runtime, prec, call=fn, output=fn, close=e.close,
                                       encode=e.embed))
-        systems += _optimum_systems(w, ckpt, root, threads, wanted, lambda m: _sentence_call(
-            partial(_output, m, "last_hidden_state"), tok, sentences, w.batch, max_length),
-            lambda m: lambda texts: _sentence_call(partial(_output, m, "last_hidden_state"), tok, texts, w.batch,
-                                                   max_length)())
+
+        def optimum_encode(m: Any) -> Callable[[Sequence[str]], np.ndarray]:
+            return partial(_sentence_encode, partial(_output, m, "last_hidden_state"), tok, batch=w.batch,
+                           max_length=max_length)
+
+        systems += _optimum_systems(w, ckpt, root, threads, wanted, lambda m: partial(optimum_encode(m), sentences),
+                                    optimum_encode)
         systems += _sentence_peers(w, ckpt, root, threads, wanted, sentences)
         log(f"{w.name}: {len(systems)} systems ready")
         return [s for s in systems if s.system in wanted]
