@@ -648,15 +648,15 @@ def run_workload(w: Workload, *, root: Path, threads: int, wanted: Sequence[str]
             sets.append(_systems(w, ckpt, root, threads, wanted, log, xrows))
             systems += sets[-1]
         ref = systems[0].output()
-        acc = {}
+        acc, outs = {}, {}
         for s in sets[0]:
-            out = s.output()
+            out = outs[s] = s.output()
             if out.shape != ref.shape:
                 raise XDeployError(f"{w.name}: {s.system} {s.config} gives shape {out.shape}; the reference "
                                    f"{ref.shape}")
             acc[s] = (float(np.abs(out.astype(np.float64) - ref).max()), _row_cosines(ref, out),
                       _nn_agreement(ref, out) if w.task == "sentences" else None)
-        ndcg = _retrieval_quality(w, sets[0]) if w.task == "sentences" else {}
+        ndcg = _retrieval_quality(w, sets[0], outs) if w.task == "sentences" else {}
         names = {f"{s.system} {s.config}": s for s in sets[0]}
         # instance k > 1 of a row is timed as "<row> #k"
         calls = {n + (f" #{k + 1}" if k else ""): s.call for k, set_ in enumerate(sets)
@@ -718,17 +718,21 @@ def run_workload(w: Workload, *, root: Path, threads: int, wanted: Sequence[str]
     return records
 
 
-def _retrieval_quality(w: Workload, systems: Sequence[System]) -> dict[System, float]:
+def _retrieval_quality(w: Workload, systems: Sequence[System], corpus_vecs: dict[System, np.ndarray] | None = None
+                       ) -> dict[System, float]:
     """Each sentence system's NDCG@10 on the generated retrieval set (embed_bench.retrieval_set: RETRIEVAL_QUERIES
     queries, a share RETRIEVAL_DROP of the words of one corpus sentence each, against the workload's sentences),
     computed as sentence-transformers' InformationRetrievalEvaluator does; a row's quality in the sense of
-    sentence-transformers' efficiency benchmark is its NDCG@10 over the reference's (systems[0])."""
+    sentence-transformers' efficiency benchmark is its NDCG@10 over the reference's (systems[0]).
+    `corpus_vecs`: a system's vectors of the workload's sentences where already computed (its timed output)."""
     from xdeploy.studies.embed_bench import make_sentences, ndcg_at_10, retrieval_set
 
     corpus = make_sentences(w.sentences)
     pairs = retrieval_set(corpus, min(RETRIEVAL_QUERIES, len(corpus)), drop=RETRIEVAL_DROP)
     queries, relevant = [q for q, _ in pairs], [i for _, i in pairs]
-    return {s: ndcg_at_10(s.encode(corpus), s.encode(queries), relevant) for s in systems if s.encode}
+    known = corpus_vecs or {}
+    return {s: ndcg_at_10(known[s] if s in known else s.encode(corpus), s.encode(queries), relevant)
+            for s in systems if s.encode}
 
 
 def _lat(stats: Any) -> dict[str, float]:

@@ -31,6 +31,11 @@ const char* const kHidden = "last_hidden_state";
 // that both pick the same cuts)
 constexpr int64_t kCallTokens = 256;
 
+void check_batching(const std::string& mode) {
+  if (mode != "cost" && mode != "fixed")
+    throw Error("batching \"" + mode + "\" is not supported; expected cost or fixed");
+}
+
 // The C++ wrapper reads OrtGetApiBase()->GetApi(ORT_API_VERSION); a library older than the headers returns
 // nullptr there, so it is initialised by hand (ORT_API_MANUAL_INIT) and refused with a clear message.
 void init_api() {
@@ -568,8 +573,7 @@ struct Embedder::Impl {
 
 std::vector<Batch> plan_batches(const std::vector<int64_t>& sorted_lengths, int batch_size, int d, int pad_to,
                                 int64_t smax, const std::string& batching) {
-  if (batching != "cost" && batching != "fixed")
-    throw Error("batching \"" + batching + "\" is not supported; expected cost or fixed");
+  check_batching(batching);
   if (batch_size < 1 || pad_to < 1 || d < 1) throw Error("plan_batches needs batch_size, pad_to and d >= 1");
   const size_t n = sorted_lengths.size(), bs = static_cast<size_t>(batch_size);
   std::vector<int64_t> padded(n);
@@ -602,8 +606,7 @@ Embedder::Embedder(const std::string& artifact_dir, const Options& options) : im
   impl_->opt = options;
   if (options.batch_size < 1) throw Error("batch size must be >= 1");
   if (options.pad_to < 1) throw Error("pad_to must be >= 1");
-  if (options.batching != "cost" && options.batching != "fixed")
-    throw Error("batching \"" + options.batching + "\" is not supported; expected cost or fixed");
+  check_batching(options.batching);  // at construction, not at the first embed
   if (options.threads < 0) throw Error("threads must be >= 0");
   impl_->read_manifest();
   impl_->open_session();
