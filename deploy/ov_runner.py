@@ -10,7 +10,8 @@ An fp32 artifact exported with `--openvino-ir` carries openvino/<graph>.xml conv
 "onnx", "ir". Compile options come from sessions.py (`ov_config`). Variants set INFERENCE_PRECISION_HINT ("" and "f32"
 -> f32, "bf16" -> bf16). Weights stay as stored in the ONNX file (fp32, fp16 or int8 Q/DQ); the hint is the
 precision the CPU plugin computes in. Dynamic axes stay dynamic: the ONNX frontend keeps them and each call
-may use any shape inside the exported range.
+may use any shape inside the exported range. An ONNX graph of xdeploy's own export is compiled without the
+NaN guard OpenVINO's frontend puts after each attention (`drop_nan_guards`; `nan_guards_dropped` counts them).
 
     open_runner("ov", art, "decode", stateful=True)          # the KV cache kept inside the engine
     open_runner("ov", art, "decode", stateful=True, kv_precision="u8")   # ... stored as u8 (OpenVINO's default)
@@ -45,6 +46,7 @@ KV_PRECISIONS = ("f32", "bf16", "f16", "u8")  # stateful=True: the cache's eleme
 
 class OvRunner(Runner):
     name = "ov"
+    nan_guards_dropped = 0  # NaN guards after attention removed from the compiled graph (drop_nan_guards)
     variants = tuple(OV_PRECISION_HINTS)
     reads_openvino_ir = True
     # the hints other than the default's (f32) compute in their own precision: ov:bf16 -> "bf16"
@@ -110,9 +112,16 @@ class OvRunner(Runner):
         self.graph_format = "ir" if path == ir else "onnx"
         # Compiling from the path (not a read_model result) lets the cache skip reading the ONNX file
         # entirely when a blob for this model + config exists; with an `outputs` subset the unused results
-        # are removed first, so the plugin prunes the branches that only fed them.
-        self.compiled = ov_compile(self._pruned(path) if len(self.output_names) < len(self.graph.outputs)
-                                   else path, config, self.device, what=str(path))
+        # are removed first, so the plugin prunes the branches that only fed them. An ONNX graph of our own
+        # export is read first to drop the frontend's NaN guards after attention (`drop_nan_guards`).
+        model: Any = path
+        pruned = len(self.output_names) < len(self.graph.outputs)
+        if pruned or (self.graph_format == "onnx" and self.artifact.foreign is None):
+            model = self._pruned(path)
+            self.nan_guards_dropped = drop_nan_guards(model) if self.artifact.foreign is None else 0
+            if not (pruned or self.nan_guards_dropped):
+                model = path  # nothing changed: keep the path route (and its cache skip)
+        self.compiled = ov_compile(model, config, self.device, what=str(path))
         # A port can carry several tensor names (an fp16 graph's keep-io Cast adds one); index them all.
         self._in_ports = {n: p for p in self.compiled.inputs for n in p.get_names()}
         self._out_ports = {n: p for p in self.compiled.outputs for n in p.get_names()}
@@ -260,6 +269,40 @@ class OvRunner(Runner):
         # the infer requests live in per-thread slots of `_local`: a fresh one drops every thread's request
         self._local = threading.local()
         self.__dict__.pop("compiled", None)
+
+
+def drop_nan_guards(model: Any) -> int:
+    """Remove OpenVINO's NaN guard after attention from `model` (an ov.Model, edited in place); return how many.
+
+    OpenVINO 2026's ONNX frontend follows each opset-23 `Attention` op with Select(IsNaN(y), 0, y): a softmax
+    row whose keys are all -inf is NaN, and the guard zeroes it. The CPU plugin runs IsNaN and Select as two
+    more nodes over every attention output: MiniLM's static int8 graph ran 1.03x [1.02-1.04] faster without
+    them on `ov:bf16` and 1.015x on `ov:f32`, with identical vectors (docs/benchmarks.md). xdeploy's models mask
+    with a finite bias (models/attention.py MASK_VALUE), so no row is all -inf and the guard could only fire on
+    a NaN that came from elsewhere -- which it would hide as zeros. Callers drop it only from graphs of
+    xdeploy's own export (`Artifact.foreign` is None): a foreign graph may mask with -inf and need it."""
+    dropped = 0
+    for op in model.get_ordered_ops():
+        if op.get_type_name() != "Select":
+            continue
+        cond, zero, y = (op.input_value(i) for i in range(3))
+        isnan = cond.get_node()
+        if isnan.get_type_name() != "IsNaN" or isnan.input_value(0) != y \
+                or y.get_node().get_type_name() != "ScaledDotProductAttention" or not _is_zero(zero.get_node()):
+            continue
+        for target in list(op.output(0).get_target_inputs()):
+            target.replace_source_output(y)
+        dropped += 1
+    if dropped:
+        model.validate_nodes_and_infer_types()
+    return dropped
+
+
+def _is_zero(node: Any) -> bool:
+    """A scalar-zero constant, possibly behind the frontend's ConvertLike to the attention's type."""
+    if node.get_type_name() == "ConvertLike":
+        node = node.input_value(0).get_node()
+    return node.get_type_name() == "Constant" and not np.any(node.get_data())
 
 
 def _axis_sizes(graph: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, int]:

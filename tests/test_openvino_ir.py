@@ -114,6 +114,47 @@ def test_the_ir_is_the_default_where_a_runner_reads_it() -> None:
     assert not openvino_ir_wanted(("ort",)) and not openvino_ir_wanted(("ort", "torch"))
 
 
+def test_the_nan_guard_after_attention_is_dropped_from_our_onnx_graphs_only(tiny_export, tmp_path: Path) -> None:
+    """OpenVINO's ONNX frontend follows each opset-23 Attention with Select(IsNaN(y), 0, y); the ov runner removes
+    it from graphs of our own export (finite masks: no row is all -inf), with outputs unchanged -- an empty
+    (fully padded) row included -- and keeps it in a foreign graph, which may mask with -inf."""
+    import onnx
+    import openvino as ov
+
+    from xdeploy.deploy.ov_runner import drop_nan_guards
+
+    src = tiny_export("bert")
+    art = load_artifact(src)
+    path = art.onnx_path("model")
+    n_attention = sum(n.op_type == "Attention" for n in onnx.load(path, load_external_data=False).graph.node)
+    assert n_attention == registry.get_config("bert", "tiny").n_layers
+    core = ov.Core()
+    plain = core.read_model(str(path))
+    assert sum(op.get_type_name() == "IsNaN" for op in plain.get_ops()) == n_attention  # the frontend's guards
+    sizes = {k: min(a.opt, 7) for k, a in art.spec.axes.items()}
+    feeds = make_feeds(art.spec.graphs[0], {**sizes, "batch": 3}, seed=5)
+    feeds["attention_mask"][-1] = 0  # a fully padded row
+    want = core.compile_model(plain, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})(feeds)
+    r = open_runner("ov:f32", art, threads=1, format="onnx")
+    assert r.graph_format == "onnx" and r.nan_guards_dropped == n_attention
+    kinds = [op.get_rt_info()["layerType"].astype(str) for op in r.compiled.get_runtime_model().get_ops()]
+    assert "IsNaN" not in kinds and "Select" not in kinds
+    got = r.infer(feeds)
+    for port in want:
+        name = next(iter(port.get_names()))
+        np.testing.assert_allclose(got[name], want[port], atol=1e-6, err_msg=name)
+        assert np.isfinite(got[name]).all()
+    r.close()
+    edited = core.read_model(str(path))
+    assert drop_nan_guards(edited) == n_attention and drop_nan_guards(edited) == 0  # idempotent
+    # the same graph as a foreign file keeps its guards
+    shutil.copytree(src, tmp_path / "f")
+    foreign = load_artifact(tmp_path / "f" / path.name)
+    assert foreign.foreign is not None
+    with open_runner("ov:f32", foreign, threads=1) as fr:
+        assert fr.nan_guards_dropped == 0
+
+
 # ------------------------------------------------------------------------ static int8: an NNCF-quantized IR ----
 
 def _ir_ops(xml: Path) -> dict[str, int]:
