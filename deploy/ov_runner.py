@@ -114,13 +114,13 @@ class OvRunner(Runner):
         # entirely when a blob for this model + config exists; with an `outputs` subset the unused results
         # are removed first, so the plugin prunes the branches that only fed them. An ONNX graph of our own
         # export is read first to drop the frontend's NaN guards after attention (`drop_nan_guards`).
-        model: Any = path
         pruned = len(self.output_names) < len(self.graph.outputs)
-        if pruned or (self.graph_format == "onnx" and self.artifact.foreign is None):
-            model = self._pruned(path)
-            self.nan_guards_dropped = drop_nan_guards(model) if self.artifact.foreign is None else 0
-            if not (pruned or self.nan_guards_dropped):
-                model = path  # nothing changed: keep the path route (and its cache skip)
+        ours = self.graph_format == "onnx" and self.artifact.foreign is None
+        model: Any = self._pruned(path) if pruned or ours else path
+        if ours:
+            self.nan_guards_dropped = drop_nan_guards(model)
+        if not (pruned or self.nan_guards_dropped):
+            model = path  # nothing changed: keep the path route (and its cache skip)
         self.compiled = ov_compile(model, config, self.device, what=str(path))
         # A port can carry several tensor names (an fp16 graph's keep-io Cast adds one); index them all.
         self._in_ports = {n: p for p in self.compiled.inputs for n in p.get_names()}
