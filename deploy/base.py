@@ -84,6 +84,12 @@ class CachedStep(abc.ABC):
     @abc.abstractmethod
     def __call__(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, beam: np.ndarray) -> np.ndarray: ...
 
+    @abc.abstractmethod
+    def hold(self, feeds: Mapping[str, np.ndarray]) -> None:
+        """After `reset`: the step's inputs fixed for the sequence (models/spec.py DecoderFeeds.held: an
+        encoder-decoder's memory and source mask, one row per cached row), read in place by every call until the
+        next `hold`; the caller keeps the arrays alive and unchanged meanwhile."""
+
 
 def cuda_gaps() -> list[str]:
     """[] when torch sees a CUDA device, else the line saying it does not: the device check of every GPU runner's

@@ -352,7 +352,7 @@ class _EngineCached(_Steps):
     into each beam by that gather."""
 
     def __init__(self, gen: Generator, ids: np.ndarray, mask: np.ndarray, beams: int, new: int) -> None:
-        self.run = gen.decode.cached_step()
+        self.gen, self.run = gen, gen.decode.cached_step()
         self.ids, self.mask, self.beams, self.new = ids, mask, beams, new
 
     def start(self) -> np.ndarray:
@@ -383,6 +383,31 @@ class _EngineCached(_Steps):
         self.beam = self.beam[rows]  # composes with a gather not yet applied (the first step's)
         self.seen[:] = self.seen[rows]
         self.pos[:] = self.pos[rows]
+
+
+class _Seq2SeqEngineCached(_EngineCached):
+    """An encoder-decoder's self-attention cache kept inside the engine: the encoder runs once per source row, the
+    engine holds its memory and the source mask (expanded to the beams) for the sequence, and the first step is
+    BOS at position 0 against an empty cache. Beams never leave their source row, so the held memory never
+    moves; the engine's gather reorders only the cache."""
+
+    def start(self) -> np.ndarray:
+        g, f = self.gen, self.gen.feeds
+        rep = np.repeat(np.arange(self.ids.shape[0]), self.beams)
+        n = len(rep)
+        mem = g.prefill.infer({f.prompt_ids: self.ids, f.prompt_mask: self.mask})[f.memory]
+        self.run.reset()
+        self.run.hold({f.memory: np.ascontiguousarray(mem[:, :, rep]),
+                       f.prompt_mask: np.ascontiguousarray(self.mask[rep])})
+        self.seen = np.ones((n, self.new), np.int64)  # the target has no padding: every position so far is real
+        self.filled = 1
+        self.tok = np.full((n, 1), g.cfg.bos_token_id, np.int64)
+        self.pos = np.zeros((n, 1), np.int64)
+        self.rows = np.arange(n, dtype=np.int32)
+        self.beam = self.rows
+        logits = self.run(self.tok, self.pos, self.seen[:, :1], self.beam)
+        self.pos += 1
+        return logits
 
 
 class _Seq2SeqCached(_CachedSteps):
@@ -448,7 +473,8 @@ class Generator:
         them), so on such a CPU the full graph computes the prompt faster (docs/benchmarks.md).
         `kv_cache`: where the KV cache lives with use_cache. "engine": inside the runner's engine (a runner whose
         `keeps_cache` says it can: `ov` on an fp32 artifact exported with an OpenVINO IR, whose stateful step
-        prefills and decodes with one copy of the weights); "loop": a buffer owned here, bound into the decode
+        prefills and decodes with one copy of the weights; an encoder-decoder's steps from BOS after its encoder,
+        the engine holding the memory); "loop": a buffer owned here, bound into the decode
         graph; "auto" (default): the engine where the runner can keep it and no other prefill graph is asked."""
         self.artifact = artifact if isinstance(artifact, Artifact) else load_artifact(artifact)
         self.feeds = f = decoding_feeds(self.artifact)
@@ -473,21 +499,23 @@ class Generator:
                                f"{'KV-cache' if use_cache else 'recompute'} generation; re-export it")
         if kv_cache not in KV_CACHES:
             raise one_of("KV cache", kv_cache, KV_CACHES)
-        self.engine_cache = kv_cache != "loop" and one and self.artifact.capabilities.role == "decoder" \
+        # a decoder's engine cache prefills with the stateful step itself (one runner); an encoder-decoder's runs
+        # the encoder first, then the stateful step from BOS
+        self.engine_cache = kv_cache != "loop" and (one or (use_cache and self.seq2seq)) \
             and runner_class(runner).keeps_cache(self.artifact, f.decode_graph)
         if kv_cache == "engine" and not self.engine_cache:
             raise XDeployError(f"runner {runner!r} cannot keep the KV cache in its engine for {self.artifact.path}: "
-                               "expected runner ov on a decoder's fp32 artifact exported with --openvino-ir (its "
-                               "stateful decode step), the cache on and the decode graph prefilling; or keep it in the "
-                               "loop (kv_cache='loop', --kv-cache loop)")
-        if self.engine_cache:
-            options = options | {"stateful": True}
-        self.prefill: Runner = open_runner(runner, self.artifact, first, threads=threads, **options)
+                               "expected runner ov on an fp32 artifact exported with --openvino-ir (its stateful "
+                               "decode step), the cache on and, for a decoder, the decode graph prefilling; or keep "
+                               "it in the loop (kv_cache='loop', --kv-cache loop)")
+        step_options = options | {"stateful": True} if self.engine_cache else options
+        self.prefill: Runner = open_runner(runner, self.artifact, first, threads=threads,
+                                           **(step_options if one else options))
         self.decode: Runner | None = None
         try:
             if use_cache:
                 self.decode = self.prefill if one else open_runner(runner, self.artifact, f.decode_graph,
-                                                                   threads=threads, **options)
+                                                                   threads=threads, **step_options)
                 self.cache_layout = _cache_layout(self.decode.graph, f)
             self.probes = check_on_open(self.artifact, self._runners(), verify=verify)
         except BaseException:
@@ -550,8 +578,12 @@ class Generator:
                              getattr(self.cfg, "pad_token_id", 0))
         eos = self.cfg.eos_token_id if gc.eos_token_id is None else gc.eos_token_id
         eos = None if eos is not None and eos < 0 else eos
-        engine_cls = _Recompute if not self.use_cache else _EngineCached if self.engine_cache else (
-            _Seq2SeqCached if seq2seq else _DecoderCached)
+        if not self.use_cache:
+            engine_cls: type[_Steps] = _Recompute
+        elif self.engine_cache:
+            engine_cls = _Seq2SeqEngineCached if seq2seq else _EngineCached
+        else:
+            engine_cls = _Seq2SeqCached if seq2seq else _DecoderCached
         engine = engine_cls(self, ids, mask, gc.num_beams, gc.max_new_tokens)
         t0 = time.perf_counter()
         if gc.num_beams > 1:

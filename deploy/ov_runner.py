@@ -149,23 +149,26 @@ class OvRunner(Runner):
         self._in_ports = {n: p for p in self.compiled.inputs for n in p.get_names()}
         self._out_ports = {n: p for p in self.compiled.outputs for n in p.get_names()}
         self._names = (f.step_ids, f.positions, rec["mask"], rec["beam"])
+        self._held = f.held()  # an encoder-decoder's memory and source mask: inputs of every step
         self._feeds = f
         # the decode graph's cache inputs, layer-major (DecoderFeeds.cache_names), one state each
         given = [t.name for t in self.graph.inputs if t.name.startswith(f"{f.cache}.")]
         cache = list(f.cache_names(len(given) // 2))
         states = {s.name for s in self.compiled.create_infer_request().query_state()}
-        if set(self._in_ports) != set(self._names) or f.logits not in self._out_ports \
+        if set(self._in_ports) != {*self._names, *self._held} or f.logits not in self._out_ports \
                 or sorted(given) != sorted(cache) or len(rec["variables"]) != len(cache) \
                 or not set(rec["variables"]) <= states:
-            raise XDeployError(f"{path} does not match its manifest: expected inputs {list(self._names)}, output "
-                               f"{f.logits!r} and {len(cache)} states {rec['variables'][:1]}...; found inputs "
-                               f"{sorted(self._in_ports)} and {len(states)} states")
+            raise XDeployError(f"{path} does not match its manifest: expected inputs "
+                               f"{[*self._names, *self._held]}, output {f.logits!r} and {len(cache)} states "
+                               f"{rec['variables'][:1]}...; found inputs {sorted(self._in_ports)} and {len(states)} "
+                               "states")
         self._variables = dict(zip(cache, rec["variables"]))
 
     def cached_step(self) -> CachedStep:
         if self.graph_format != "stateful":
             raise XDeployError("runner 'ov' keeps the KV cache in the engine only when opened with stateful=True")
-        return _OvCachedStep(self.compiled.create_infer_request(), self._names, self._out_ports[self._feeds.logits])
+        return _OvCachedStep(self.compiled.create_infer_request(), self._names, self._out_ports[self._feeds.logits],
+                             self._ov)
 
     def _run_stateful(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The decode graph's call on the stateful IR (probes, parity): the given cache becomes the state, the
@@ -179,7 +182,7 @@ class OvRunner(Runner):
         step_mask = feeds[f.step_mask] if f.step_mask else np.ones((n, s), np.int64)
         mask = np.concatenate([feeds[f.cache_mask], step_mask], 1).astype(np.int64)
         res = req.infer({self._names[0]: ids, self._names[1]: feeds[f.positions], self._names[2]: mask,
-                         self._names[3]: np.arange(n, dtype=np.int32)})
+                         self._names[3]: np.arange(n, dtype=np.int32)} | {k: feeds[k] for k in self._held})
         grown = [np.array(by_name[var].state.data)[:, :, -s:] for var in self._variables.values()]  # (N, nh, S, hs)
         new_kv = np.stack(grown).reshape(len(grown) // 2, 2, *grown[0].shape)  # (L, 2, N, nh, S, hs)
         out = {f.logits: np.array(res[self._out_ports[f.logits]], copy=True), f.new_kv: new_kv}
@@ -319,11 +322,18 @@ def _axis_sizes(graph: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, int]:
 class _OvCachedStep(CachedStep):
     """One infer request of the stateful IR: its states are the cache (see CachedStep)."""
 
-    def __init__(self, request: Any, names: Sequence[str], logits: Any) -> None:
-        self.req, self.names, self.logits = request, tuple(names), logits
+    def __init__(self, request: Any, names: Sequence[str], logits: Any, ov: Any) -> None:
+        self.req, self.names, self.logits, self._ov = request, tuple(names), logits, ov
+        self._held: dict[str, np.ndarray] = {}
 
     def reset(self) -> None:
         self.req.reset_state()
+
+    def hold(self, feeds: Mapping[str, np.ndarray]) -> None:
+        # set once as tensors over the arrays' memory: no step copies them (the memory is (L, 2, N, nh, S, hs))
+        self._held = {k: np.ascontiguousarray(a) for k, a in feeds.items()}
+        for name, a in self._held.items():
+            self.req.set_tensor(name, self._ov.Tensor(a, shared_memory=True))
 
     def __call__(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, beam: np.ndarray) -> np.ndarray:
         # share_inputs: OpenVINO reads the arrays in place (shapes change every step, so no bound tensors);

@@ -199,8 +199,8 @@ def write_ir(writer: Any, spec: ExportSpec, graph_module: Callable[[Graph], nn.M
     ec = spec.engine_cache
     if ec is not None:
         # P cached positions beside the step's S: the example sizes must differ (else convert_model may fold them)
-        step = ec.graph.inputs[0].dims[1]  # the ids' token axis
-        ex = dict(sizes) | {ec.past_axis: 3, ec.total_axis: sizes[step] + 3}
+        step = ec.graph.inputs[0].dims[1]  # the ids' token axis (an encoder-decoder's step: one token)
+        ex = dict(sizes) | {ec.past_axis: 3, ec.total_axis: (step if isinstance(step, int) else sizes[step]) + 3}
         ir, variables = stateful_ir(convert_graph_ir(graph_module(ec.graph), ec.graph, ex), ec)
         xml = f"{FOLDER}/{ec.replaces}.stateful.xml"
         ov.save_model(ir, str(writer.path(xml)), compress_to_fp16=False)

@@ -175,6 +175,11 @@ class DecoderFeeds:
         """The decode graph's cache inputs, layer-major: layer 0's key, layer 0's value, layer 1's key, ..."""
         return cache_names(self.cache, layers)
 
+    def held(self) -> tuple[str, ...]:
+        """Decode inputs fixed for a whole sequence (an encoder-decoder's memory and source mask): an engine
+        that keeps the cache holds them once per sequence (deploy/base.py CachedStep.hold)."""
+        return (self.memory, self.prompt_mask) if self.memory else ()
+
 
 def cache_names(prefix: str, layers: int) -> tuple[str, ...]:
     return tuple(f"{prefix}.{i}.{kv}" for i in range(layers) for kv in ("key", "value"))

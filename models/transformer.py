@@ -3,6 +3,10 @@ one embedding shared by source, target and the generator (pre-softmax) layer, em
 
 Graphs: `model` (teacher-forced forward), `encoder` (source -> every decoder layer's cross-attention K/V,
 computed once per sequence), `decode` (one target token against a preallocated self-attention cache).
+
+A fourth form, `step`, is converted for OpenVINO only (ExportSpec.engine_cache, as gpt's): `decode` with the
+self-attention cache concatenated and returned whole, which OpenVINO turns into a stateful model whose cache never
+leaves the engine; the encoder's memory and the source mask stay inputs, held by the engine for a sequence.
 """
 
 from __future__ import annotations
@@ -21,11 +25,13 @@ from .spec import (
     Capabilities,
     DecoderFeeds,
     Dims,
+    EngineCache,
     ExportSpec,
     Graph,
     ModelFamily,
     TensorSpec,
     cache_inputs,
+    cache_names,
     layer_flops,
 )
 
@@ -115,6 +121,24 @@ class Transformer(nn.Module):
             kvs.append(kv)
         return self._generator(x), stack_kv(kvs)
 
+    def step(self, tgt_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
+             memory: torch.Tensor, src_mask: torch.Tensor, *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """`decode` for an engine that holds the self-attention cache (EngineCache): S new target tokens after P
+        cached ones. tgt_ids, position_ids (B, S); attention_mask (B, P + S) = 1 on every real target position;
+        memory, src_mask as `decode`; past: 2 x L tensors (B, nh, P, hs), layer 0's key, layer 0's value, ...
+        Returns the last token's logits (B, 1, V) and per layer the cache grown by the step, 2 x L tensors
+        (B, nh, P + S, hs)."""
+        s, total = tgt_ids.shape[1], attention_mask.shape[1]
+        x = self._embed(tgt_ids, position_ids)
+        bias = causal_bias(s, total, x.device, x.dtype) + padding_bias(attention_mask, x.dtype)  # (B, 1, S, P + S)
+        src_bias = padding_bias(src_mask, x.dtype)
+        present: list[torch.Tensor] = []
+        for i, layer in enumerate(self.decoder):
+            x, kv = layer(x, bias, past=(past[2 * i], past[2 * i + 1]), append=True,
+                          memory_kv=(memory[i, 0], memory[i, 1]), memory_bias=src_bias)
+            present.extend(kv)
+        return (self._generator(x[:, -1:]), *present)
+
 
 def dims(cfg: TransformerConfig) -> Dims:
     # decoding caches the decoder's self-attention keys and values (the encoder's memory is computed once)
@@ -128,6 +152,7 @@ def export_spec(cfg: TransformerConfig) -> ExportSpec:
     kv = lambda t: (cfg.n_decoder_layers, 2, "batch", cfg.n_heads, t, hs)  # noqa: E731
     src = (TensorSpec("src_ids", "int64", ("batch", "src_seq"), "ids", v),
            TensorSpec("src_mask", "int64", ("batch", "src_seq"), "mask"))
+    memory = TensorSpec("memory", "float32", kv("src_seq"))
     return ExportSpec(
         graphs=(
             Graph("model", "forward",
@@ -140,13 +165,23 @@ def export_spec(cfg: TransformerConfig) -> ExportSpec:
                   inputs=(TensorSpec("tgt_ids", "int64", ("batch", 1), "ids", v),
                           TensorSpec("position_ids", "int64", ("batch", 1), "positions"),
                           TensorSpec("cache_mask", "int64", ("batch", "cache"), "mask"),
-                          TensorSpec("memory", "float32", kv("src_seq")),
-                          TensorSpec("src_mask", "int64", ("batch", "src_seq"), "mask"),
+                          memory, src[1],
                           *cache_inputs(cfg.n_decoder_layers, cfg.n_heads, hs)),
                   outputs=(TensorSpec("logits", "float32", ("batch", 1, v)),
                            TensorSpec("new_kv", "float32", kv(1))),
                   decode_step=True),
         ),
+        engine_cache=EngineCache(Graph(
+            "step", "step",
+            inputs=(TensorSpec("tgt_ids", "int64", ("batch", 1), "ids", v),
+                    TensorSpec("position_ids", "int64", ("batch", 1), "positions"),
+                    TensorSpec("attention_mask", "int64", ("batch", "total"), "mask"),
+                    memory, src[1],
+                    *cache_inputs(cfg.n_decoder_layers, cfg.n_heads, hs, axis="past", name="past")),
+            outputs=(TensorSpec("logits", "float32", ("batch", 1, v)),
+                     *(TensorSpec(n, "float32", ("batch", cfg.n_heads, "total", hs))
+                       for n in cache_names("present", cfg.n_decoder_layers))),
+            decode_step=True)),
         axes={"batch": Axis(1, 1, 16), "src_seq": Axis(1, 128, cfg.max_positions),
               "seq": Axis(1, 128, cfg.max_positions), "cache": Axis(1, 256, cfg.max_positions)},
     )

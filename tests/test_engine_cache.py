@@ -1,6 +1,7 @@
 """The KV cache kept inside the engine (models/spec.py EngineCache, export/openvino_ir.py `stateful_ir`,
-deploy/ov_runner.py `stateful`, deploy/generate.py `kv_cache`): gpt's `step` converted to a stateful OpenVINO IR
-computes what the decode graph computes, and generating with it gives the loop-owned cache's tokens."""
+deploy/ov_runner.py `stateful`, deploy/generate.py `kv_cache`): gpt's and the transformer's `step` converted to a
+stateful OpenVINO IR computes what the decode graph computes, and generating with it gives the loop-owned cache's
+tokens."""
 
 from __future__ import annotations
 
@@ -23,9 +24,17 @@ pytest.importorskip("openvino")
 PROMPTS = [[72, 101, 108, 108, 111, 44, 32], [84, 104], [69, 120, 112, 111]]
 
 
+SOURCES = [[5, 6, 7, 8, 9, 10], [11, 12], [40, 41, 42, 43]]  # right padding, ragged rows (encoder-decoder)
+
+
 @pytest.fixture(scope="module")
 def stateful_art(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return export("gpt", preset="tiny", out=tmp_path_factory.mktemp("stateful") / "a", openvino_ir=True)
+
+
+@pytest.fixture(scope="module")
+def stateful_seq2seq(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return export("transformer", preset="tiny", out=tmp_path_factory.mktemp("stateful-s2s") / "a", openvino_ir=True)
 
 
 def test_the_stateful_ir_is_recorded_and_checked_at_load(stateful_art: Path, tmp_path: Path) -> None:
@@ -44,13 +53,15 @@ def test_the_stateful_ir_is_recorded_and_checked_at_load(stateful_art: Path, tmp
             load_artifact(d)
 
 
-def test_the_stateful_runner_computes_the_decode_graph(stateful_art: Path) -> None:
-    """Through `infer` the stateful IR takes the decode graph's feeds (a cache with masked slots, a padded row)
-    and returns its outputs: the logits and the step's K/V, read back from the grown state, equal the reference
-    module's `decode` at fp32; the golden probes therefore check it where it opens."""
-    art = load_artifact(stateful_art)
+@pytest.mark.parametrize("which", ["gpt", "transformer"])
+def test_the_stateful_runner_computes_the_decode_graph(which: str, request: pytest.FixtureRequest) -> None:
+    """Through `infer` the stateful IR takes the decode graph's feeds (a cache with masked slots, a padded row;
+    the transformer's memory and source mask besides) and returns its outputs: the logits and the step's K/V,
+    read back from the grown state, equal the reference module's `decode` at fp32; the golden probes therefore
+    check it where it opens."""
+    art = load_artifact(request.getfixturevalue("stateful_art" if which == "gpt" else "stateful_seq2seq"))
     graph = art.graph("decode")
-    feeds = make_feeds(graph, {"batch": 3, "step": 2, "cache": 6}, seed=5)
+    feeds = make_feeds(graph, {"batch": 3, "step": 2, "cache": 6, "src_seq": 5}, seed=5)
     with open_runner("torch", art, "decode") as ref_runner:  # the reference module, the artifact's weights
         ref = ref_runner.infer(feeds)
     with open_runner("ov", art, "decode", stateful=True, threads=1) as r:
@@ -77,6 +88,22 @@ def test_the_engine_cache_generates_the_loop_caches_tokens(stateful_art: Path, g
     assert a.tokens == b.tokens
     if gc.num_beams > 1:
         np.testing.assert_allclose(a.scores, b.scores, atol=1e-4)
+
+
+def test_the_encoder_decoders_engine_cache_generates_the_loop_caches_tokens(stateful_seq2seq: Path) -> None:
+    """The transformer's engine cache: the encoder once, then the stateful step from BOS with the memory and the
+    source mask held by the engine. Sampled at a high temperature (the tiny model's random weights make greedy
+    repeat one token), ragged sources: the same tokens as the loop's cache and as the torch reference."""
+    gc = GenerationConfig(max_new_tokens=16, do_sample=True, temperature=10.0, seed=7, eos_token_id=-1)
+    with Generator(stateful_seq2seq, "ov", threads=1) as eng, \
+            Generator(stateful_seq2seq, "ov", threads=1, kv_cache="loop") as loop, \
+            Generator(stateful_seq2seq, "torch", threads=1) as ref:
+        assert eng.engine_cache and not loop.engine_cache
+        assert eng.decode.graph_format == "stateful" and eng.prefill.graph_format != "stateful"
+        a = eng.generate(SOURCES, gc)
+        assert a.mode == "engine cache"
+        assert a.tokens == loop.generate(SOURCES, gc).tokens == ref.generate(SOURCES, gc).tokens
+    assert len({t for row in a.tokens for t in row}) > 10  # sampled, not one repeated token
 
 
 def test_the_cache_is_stored_in_the_compute_precision(stateful_art: Path) -> None:
