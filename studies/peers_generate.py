@@ -11,6 +11,16 @@ Workloads (batch 1, greedy, EOS off: every system produces exactly `new_tokens` 
                       (`hf_state_dict`: the inverse of models/gpt.py `state_dict_from_hf`), prompted with 32 bytes
                       of README text: greedy-token agreement on a decoder whose logits have real margins
                       (`--quick`: this workload only, 32 new tokens; the test)
+  transformer-base-decode  xdeploy's encoder-decoder `transformer` preset `base` (Vaswani et al.'s base: 6 + 6
+                      layers, d 512, 32k vocabulary) with its seeded random weights (what `xdeploy export
+                      transformer --preset base` exports), a 32-id source of seeded random ids, 128 target tokens
+                      from BOS; the peers load its exact conversion to a Hugging Face MarianMTModel directory
+                      (studies/peers_seq2seq.py: the same model, its channels permuted into Marian's positional
+                      layout). Rows: transformers (MarianMTModel.generate), xdeploy (the same four routes; the `ov`
+                      rows keep the self-attention cache in the engine), optimum-intel (OVModelForSeq2SeqLM,
+                      stateful decoder), CTranslate2 (a Translator filled from the checkpoint through its spec API);
+                      onnxruntime-genai and openvino-genai have no encoder-decoder text pipeline, and their rows
+                      carry the tool's own refusal
 
 Every system loads the same local safetensors directory (with a byte-level GPT-2 tokenizer written beside it:
 `write_tokenizer`, 256 byte tokens in byte order, no merges; the tiny model's own token = byte mapping):
@@ -128,12 +138,23 @@ def row_name(row: Row) -> str:
 @dataclass(frozen=True)
 class Workload:
     name: str
-    weights: str  # "random" (GPT-2 small, seed 0) | "trained" (xdeploy's gpt tiny)
+    weights: str  # "random" (GPT-2 small, seed 0; the preset's seeded weights) | "trained" (xdeploy's gpt tiny)
     prompt_len: int
     new_tokens: int
+    model: str = "gpt"  # the xdeploy model family (models/registry.py)
+    # an encoder-decoder workload: xdeploy exports this preset (seeded weights) and the peers load its Marian
+    # conversion (studies/peers_seq2seq.py); None: every system loads the workload's Hugging Face checkpoint
+    preset: str | None = None
+
+    @property
+    def seq2seq(self) -> bool:
+        from xdeploy.models.registry import get_family
+
+        return get_family(self.model).capabilities.role == "encoder-decoder"
 
 
-FULL = (Workload("gpt2-small-decode", "random", 32, 128), Workload("gpt-tiny-trained", "trained", 32, 128))
+FULL = (Workload("gpt2-small-decode", "random", 32, 128), Workload("gpt-tiny-trained", "trained", 32, 128),
+        Workload("transformer-base-decode", "random", 32, 128, model="transformer", preset="base"))
 QUICK = (Workload("gpt-tiny-trained", "trained", 32, 32),)
 
 
@@ -196,6 +217,11 @@ def make_checkpoint(w: Workload, root: Path) -> Path:
     import torch
     import transformers
 
+    if w.seq2seq:
+        from xdeploy.studies.peers_seq2seq import make_checkpoint as marian_checkpoint
+
+        return marian_checkpoint(w.model, str(w.preset), root)
+
     if w.weights == "random":
         cfg, key = transformers.GPT2Config(), "gpt2-small-seed0"
         state = None
@@ -232,6 +258,10 @@ def make_checkpoint(w: Workload, root: Path) -> Path:
 def prompt_ids(w: Workload, vocab_size: int) -> list[int]:
     if w.weights == "trained":
         return list(PROMPT_TEXT.encode()[:w.prompt_len])
+    if w.seq2seq:  # a source of ordinary ids: CTranslate2 reads pad/start/end ids as its special tokens
+        from xdeploy.studies.peers_seq2seq import SPECIAL_IDS
+
+        return np.random.default_rng(0).integers(SPECIAL_IDS, vocab_size - 1, size=w.prompt_len).tolist()
     return np.random.default_rng(0).integers(0, vocab_size - 1, size=w.prompt_len).tolist()  # as decode_bench
 
 
@@ -279,7 +309,8 @@ def _xdeploy_artifact(ctx: Context, precision: str) -> Path:
     from xdeploy.verify.sensitivity import refine
 
     if precision not in ctx.arts:
-        ctx.arts[precision] = cached_artifact("gpt", checkpoint=ctx.ckpt, precision=precision,
+        source = {"preset": ctx.w.preset} if ctx.w.preset else {"checkpoint": ctx.ckpt}
+        ctx.arts[precision] = cached_artifact(ctx.w.model, **source, precision=precision,
                                               root=ctx.work / "xdeploy", openvino_ir=precision == "fp32",
                                               log=ctx.log, refine=refine if precision == "int8" else None)
     return ctx.arts[precision]
@@ -289,6 +320,10 @@ def _open_transformers(ctx: Context, row: Row, stack: contextlib.ExitStack) -> C
     import torch
     import transformers
 
+    if ctx.w.seq2seq:
+        from xdeploy.studies import peers_seq2seq
+
+        return peers_seq2seq.open_transformers(ctx, _hf_generate)
     torch.set_num_threads(ctx.threads)
     model = transformers.GPT2LMHeadModel.from_pretrained(str(ctx.ckpt)).eval()
     return _hf_generate(model, ctx, torch)
@@ -330,6 +365,8 @@ def _open_xdeploy(ctx: Context, row: Row, stack: contextlib.ExitStack) -> Callab
 
     precision, runner, options = XDEPLOY_ROUTE[row[1]]
     art = _xdeploy_artifact(ctx, precision)
+    if options.get("kv_cache") == "engine" and not _engine_cache(ctx.w):
+        options = {k: v for k, v in options.items() if k != "kv_cache"}  # the loop's cache: all there is
     # opened as it is timed beside the others (deploy/base.py Runner.interleaved_options)
     g = stack.enter_context(Generator(art, runner, threads=ctx.threads, **options,
                                       **runner_class(runner).interleaved_options))
@@ -343,6 +380,15 @@ def _open_xdeploy(ctx: Context, row: Row, stack: contextlib.ExitStack) -> Callab
         return Trace(list(out.tokens[0]), times, total)
 
     return call
+
+
+def _engine_cache(w: Workload) -> bool:
+    """Does the workload's model declare a decode step whose cache an engine can keep (models/spec.py
+    EngineCache: GPT's stateful IR)? The encoder-decoder declares none: its `ov` rows run the loop's cache."""
+    from xdeploy.models.registry import get_config, get_family
+
+    fam = get_family(w.model)
+    return fam.spec(get_config(w.model, w.preset or next(iter(fam.presets)))).engine_cache is not None
 
 
 def _kv_cache(precision: str) -> dict[str, str]:
@@ -370,6 +416,11 @@ def _open_optimum_intel(ctx: Context, row: Row, stack: contextlib.ExitStack) -> 
 
     from xdeploy.studies.peers import _check_ov, _ov_options
 
+    if ctx.w.seq2seq:
+        from xdeploy.studies import peers_seq2seq
+
+        return peers_seq2seq.open_optimum_intel(ctx, row, _hf_generate,
+                                                _ov_options(row[3], ctx.threads) | _kv_cache(row[3]))
     torch.set_num_threads(ctx.threads)
     d = _optimum_intel_dir(ctx, row[3])
     m = OVModelForCausalLM.from_pretrained(str(d), ov_config=_ov_options(row[3], ctx.threads) | _kv_cache(row[3]),
@@ -398,6 +449,10 @@ def _ct2_dir(ctx: Context) -> Path:
 def _open_ctranslate2(ctx: Context, row: Row, stack: contextlib.ExitStack) -> Callable[[], Trace]:
     import ctranslate2
 
+    if ctx.w.seq2seq:
+        from xdeploy.studies import peers_seq2seq
+
+        return peers_seq2seq.open_ctranslate2(ctx, row, _Clock, Trace)
     d = _ct2_dir(ctx)
     compute = "int8" if row[3] == "int8" else "float32"
     g = ctranslate2.Generator(str(d), device="cpu", compute_type=compute, intra_threads=ctx.threads,
@@ -475,6 +530,10 @@ def _genai_config(ctx: Context, d: Path) -> None:
 def _open_ort_genai(ctx: Context, row: Row, stack: contextlib.ExitStack) -> Callable[[], Trace]:
     import onnxruntime_genai as og
 
+    if ctx.w.seq2seq:
+        from xdeploy.studies import peers_seq2seq
+
+        return peers_seq2seq.open_ort_genai(ctx)
     d, note = _ort_genai_dir(ctx)
     if note.startswith("builder refused"):
         _genai_config(ctx, d)
@@ -504,6 +563,12 @@ def _open_ov_genai(ctx: Context, row: Row, stack: contextlib.ExitStack) -> Calla
     import openvino as ov
     import openvino_genai as og
 
+    from xdeploy.studies.peers import _ov_options
+
+    if ctx.w.seq2seq:
+        from xdeploy.studies import peers_seq2seq
+
+        return peers_seq2seq.open_ov_genai(ctx, _ov_options(row[3], ctx.threads) | _kv_cache(row[3]))
     d = _optimum_intel_dir(ctx, "fp32")
     if not (d / "openvino_tokenizer.xml").exists():
         from openvino_tokenizers import convert_tokenizer
@@ -557,6 +622,18 @@ OPENERS = {"transformers": _open_transformers, "xdeploy": _open_xdeploy, "optimu
 def prepare(ctx: Context, row: Row) -> None:
     """Write what the row loads (exports, conversions) into the work folder, once; nothing is timed."""
     system = row[0]
+    if ctx.w.seq2seq and system != "xdeploy":
+        from xdeploy.studies import peers_seq2seq
+
+        if system == "optimum-intel":
+            peers_seq2seq.optimum_intel_dir(ctx, row[3])
+        elif system == "ctranslate2":
+            peers_seq2seq.ct2_dir(ctx)
+        elif system == "onnxruntime-genai":
+            peers_seq2seq.ort_genai_refusal(ctx)
+        elif system == "openvino-genai":
+            peers_seq2seq.optimum_intel_dir(ctx, "fp32")
+        return
     if system == "xdeploy":
         _xdeploy_artifact(ctx, XDEPLOY_ROUTE[row[1]][0])
     elif system == "optimum-intel":
@@ -581,7 +658,8 @@ def one_line(e: BaseException) -> str:
 def measure_memory(ctx: Context, row: Row, timeout: float = 600.0) -> tuple[float | None, str | None]:
     """(peak RSS in bytes of a child process that loads the row and generates once, or None; its error)."""
     spec = {"workload": ctx.w.name, "weights": ctx.w.weights, "prompt_len": ctx.w.prompt_len,
-            "new_tokens": ctx.w.new_tokens, "ckpt": str(ctx.ckpt), "work": str(ctx.work), "threads": ctx.threads,
+            "new_tokens": ctx.w.new_tokens, "model": ctx.w.model, "preset": ctx.w.preset, "ckpt": str(ctx.ckpt),
+            "work": str(ctx.work), "threads": ctx.threads,
             "row": list(row), "arts": {k: str(v) for k, v in ctx.arts.items()}}
     try:
         r = subprocess.run([sys.executable, "-m", "xdeploy.studies.peers_generate", "--memory-probe", json.dumps(spec)],
@@ -601,7 +679,8 @@ def _memory_probe(spec: dict[str, Any]) -> dict[str, Any]:
     """The child side of `measure_memory`: load one row, generate once, report the high-water RSS."""
     from xdeploy.bench.memory import peak_rss
 
-    w = Workload(spec["workload"], spec["weights"], spec["prompt_len"], spec["new_tokens"])
+    w = Workload(spec["workload"], spec["weights"], spec["prompt_len"], spec["new_tokens"], spec["model"],
+                 spec["preset"])
     ctx = _context(w, Path(spec["ckpt"]), Path(spec["work"]), spec["threads"])
     ctx.arts = {k: Path(v) for k, v in spec.get("arts", {}).items()}  # the parent's exports, not a new lookup
     row = tuple(spec["row"])
@@ -616,8 +695,9 @@ def _memory_probe(spec: dict[str, Any]) -> dict[str, Any]:
 def _context(w: Workload, ckpt: Path, work: Path, threads: int, log: Callable[[str], None] = lambda _m: None
              ) -> Context:
     cfg = json.loads((ckpt / "config.json").read_text(encoding="utf-8"))
+    positions = cfg.get("n_positions") or cfg["max_position_embeddings"]  # GPT-2's name, Marian's
     return Context(w, ckpt, work, prompt_ids(w, cfg["vocab_size"]), threads, cfg["vocab_size"], cfg["eos_token_id"],
-                   cfg["n_positions"], log)
+                   positions, log)
 
 
 # ------------------------------------------------------------------------------------------ metrics ----
@@ -686,7 +766,9 @@ def run_workload(w: Workload, *, work: Path, threads: int, rows: Sequence[Row], 
     ctx = _context(w, ckpt, work, threads, log)
     base = row_name(REFERENCE)
     errors: dict[str, str] = {}
-    by_name = {row_name(r): r for r in rows}
+    # a decoder-only route (the prompt through graph `model`) has no encoder-decoder counterpart
+    by_name = {row_name(r): r for r in rows
+               if not (w.seq2seq and r[0] == "xdeploy" and "prefill_graph" in XDEPLOY_ROUTE[r[1]][2])}
     for name, row in by_name.items():  # exports and conversions first: none of it is timed or probed
         try:
             prepare(ctx, row)
@@ -762,7 +844,7 @@ def run_workload(w: Workload, *, work: Path, threads: int, rows: Sequence[Row], 
     for name, row in by_name.items():
         system, config, runtime, precision = row
         peak, mem_err = mem.get(name, (None, None))
-        common = dict(workload=w.name, model="gpt", weights=w.weights, checkpoint=ckpt.name, batch=1,
+        common = dict(workload=w.name, model=w.model, weights=w.weights, checkpoint=ckpt.name, batch=1,
                       prompt_len=w.prompt_len, new_tokens=w.new_tokens, system=system, config=config, runtime=runtime,
                       precision=precision, threads=threads, peak_rss_bytes=peak, versions=versions)
         if name not in groups:
