@@ -301,7 +301,9 @@ def ort_genai_refusal(ctx: Any) -> str:
         lines = [ln.strip() for ln in (r.stderr + r.stdout).splitlines() if ln.strip()]
         text = (f"its model builder exits {r.returncode}: {lines[-1] if lines else 'no message'}"
                 if r.returncode else "its model builder accepted the checkpoint")
-        note.write_text(text, encoding="utf-8")
+        tmp = note.with_name(note.name + f".tmp{os.getpid()}")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(note)  # atomic: a crash leaves no half-written note
         with contextlib.suppress(OSError):
             import shutil
 
