@@ -10,7 +10,7 @@ Workloads (batch 1, greedy, EOS off: every system produces exactly `new_tokens` 
                       of this repository's Markdown) converted to a Hugging Face GPT2LMHeadModel directory
                       (`hf_state_dict`: the inverse of models/gpt.py `state_dict_from_hf`), prompted with 32 bytes
                       of README text: greedy-token agreement on a decoder whose logits have real margins
-                      (`--quick`: this workload only, 32 new tokens; the test)
+                      (`--quick`: this workload with 32 new tokens, and the tiny Transformer's 8 -> 16; the test)
   transformer-base-decode  xdeploy's encoder-decoder `transformer` preset `base` (Vaswani et al.'s base: 6 + 6
                       layers, d 512, 32k vocabulary) with its seeded random weights (what `xdeploy export
                       transformer --preset base` exports), a 32-id source of seeded random ids, 128 target tokens
@@ -155,7 +155,8 @@ class Workload:
 
 FULL = (Workload("gpt2-small-decode", "random", 32, 128), Workload("gpt-tiny-trained", "trained", 32, 128),
         Workload("transformer-base-decode", "random", 32, 128, model="transformer", preset="base"))
-QUICK = (Workload("gpt-tiny-trained", "trained", 32, 32),)
+QUICK = (Workload("gpt-tiny-trained", "trained", 32, 32),
+         Workload("transformer-tiny-decode", "random", 8, 16, model="transformer", preset="tiny"))
 
 
 # ------------------------------------------------------------------------------------------ checkpoints ----
@@ -996,7 +997,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("reports/peers/generate"))
     ap.add_argument("--work", type=Path, default=Path("artifacts/peers"), help="checkpoints and exports (reused)")
-    ap.add_argument("--quick", action="store_true", help="the trained tiny workload only, 32 new tokens (the test)")
+    ap.add_argument("--quick", action="store_true",
+                    help="the tiny workloads: the trained GPT (32 new tokens), the Transformer (16) (the test)")
     ap.add_argument("--workloads", default="", help="comma-separated subset of the workload names")
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--threads", type=int, default=2, help="threads per system (0: the cores free now)")
