@@ -448,25 +448,34 @@ def _ct2_dir(ctx: Context) -> Path:
 
 
 def _open_ctranslate2(ctx: Context, row: Row, stack: contextlib.ExitStack) -> Callable[[], Trace]:
-    import ctranslate2
+    if ctx.w.seq2seq:  # a Translator of the Marian checkpoint, fed the source; max_decoding_length: new tokens
+        from xdeploy.studies.peers_seq2seq import ct2_dir, ct2_tokens
 
-    if ctx.w.seq2seq:
-        from xdeploy.studies import peers_seq2seq
-
-        return peers_seq2seq.open_ctranslate2(ctx, row, _Clock, Trace)
+        tokens = ct2_tokens(ctx.vocab_size)
+        return _ct2_stream(ctx, row, "Translator", ct2_dir(ctx), [tokens[i] for i in ctx.prompt],
+                           max_decoding_length=ctx.w.new_tokens)
     d = _ct2_dir(ctx)
-    compute = "int8" if row[3] == "int8" else "float32"
-    g = ctranslate2.Generator(str(d), device="cpu", compute_type=compute, intra_threads=ctx.threads,
-                              inter_threads=1)
-    if not g.compute_type.startswith(compute):  # int8 loads as int8_float32: float32 where it is not a GEMM
-        raise XDeployError(f"ctranslate2 loaded {d.name} with compute type {g.compute_type}; expected {compute}")
     vocab = json.loads((d / "vocabulary.json").read_text(encoding="utf-8"))
     start = [vocab[i] for i in ctx.prompt]  # CTranslate2 takes token strings; its vocabulary is the tokenizer's
+    return _ct2_stream(ctx, row, "Generator", d, start, max_length=ctx.w.new_tokens)  # max_length: new tokens
+
+
+def _ct2_stream(ctx: Context, row: Row, kind: str, d: Path, start: list[str], **length: int
+                ) -> Callable[[], Trace]:
+    """A CTranslate2 `kind` ("Generator" or "Translator") on `d` in the row's compute type, streaming greedy
+    tokens from `start` (token strings) with no end token."""
+    import ctranslate2
+
+    compute = "int8" if row[3] == "int8" else "float32"
+    m = getattr(ctranslate2, kind)(str(d), device="cpu", compute_type=compute, intra_threads=ctx.threads,
+                                   inter_threads=1)
+    if not m.compute_type.startswith(compute):  # int8 loads as int8_float32: float32 where it is not a GEMM
+        raise XDeployError(f"ctranslate2 loaded {d.name} with compute type {m.compute_type}; expected {compute}")
 
     def call() -> Trace:
         c, toks = _Clock(), []
-        # end_token=[]: no end token (the default is the model's EOS); max_length counts new tokens only
-        for step in g.generate_tokens(start, max_length=ctx.w.new_tokens, sampling_topk=1, end_token=[]):
+        # end_token=[]: no end token (the default is the model's EOS)
+        for step in m.generate_tokens(start, sampling_topk=1, end_token=[], **length):
             toks.append(int(step.token_id))
             c.mark()
         return Trace(toks, c.times, time.perf_counter() - c.t0)

@@ -26,7 +26,6 @@ import contextlib
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -264,30 +263,6 @@ def seq2seq_converter(ckpt: Path) -> type:
             return spec
 
     return Seq2SeqConverter
-
-
-def open_ctranslate2(ctx: Any, row: tuple[str, str, str, str], clock: Callable[[], Any], trace: type) -> Any:
-    import ctranslate2
-
-    d = ct2_dir(ctx)
-    compute = "int8" if row[3] == "int8" else "float32"
-    t = ctranslate2.Translator(str(d), device="cpu", compute_type=compute, intra_threads=ctx.threads,
-                               inter_threads=1)
-    if not t.compute_type.startswith(compute):  # int8 loads as int8_float32: float32 where it is not a GEMM
-        raise XDeployError(f"ctranslate2 loaded {d.name} with compute type {t.compute_type}; expected {compute}")
-    tokens = ct2_tokens(ctx.vocab_size)
-    source = [tokens[i] for i in ctx.prompt]
-
-    def call() -> Any:
-        c, toks = clock(), []
-        # end_token=[]: no end token; max_decoding_length counts new tokens (the start token is not one)
-        for step in t.generate_tokens(source, max_decoding_length=ctx.w.new_tokens, sampling_topk=1,
-                                      end_token=[]):
-            toks.append(int(step.token_id))
-            c.mark()
-        return trace(toks, c.times, time.perf_counter() - c.t0)
-
-    return call
 
 
 def ort_genai_refusal(ctx: Any) -> str:
