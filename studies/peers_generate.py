@@ -366,8 +366,6 @@ def _open_xdeploy(ctx: Context, row: Row, stack: contextlib.ExitStack) -> Callab
 
     precision, runner, options = XDEPLOY_ROUTE[row[1]]
     art = _xdeploy_artifact(ctx, precision)
-    if options.get("kv_cache") == "engine" and not _engine_cache(ctx.w):
-        options = {k: v for k, v in options.items() if k != "kv_cache"}  # the loop's cache: all there is
     # opened as it is timed beside the others (deploy/base.py Runner.interleaved_options)
     g = stack.enter_context(Generator(art, runner, threads=ctx.threads, **options,
                                       **runner_class(runner).interleaved_options))
@@ -381,15 +379,6 @@ def _open_xdeploy(ctx: Context, row: Row, stack: contextlib.ExitStack) -> Callab
         return Trace(list(out.tokens[0]), times, total)
 
     return call
-
-
-def _engine_cache(w: Workload) -> bool:
-    """Does the workload's model declare a decode step whose cache an engine can keep (models/spec.py
-    EngineCache: GPT's stateful IR)? The encoder-decoder declares none: its `ov` rows run the loop's cache."""
-    from xdeploy.models.registry import get_config, get_family
-
-    fam = get_family(w.model)
-    return fam.spec(get_config(w.model, w.preset or next(iter(fam.presets)))).engine_cache is not None
 
 
 def _kv_cache(precision: str) -> dict[str, str]:
