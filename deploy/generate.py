@@ -392,13 +392,11 @@ class _Seq2SeqEngineCached(_EngineCached):
     moves; the engine's gather reorders only the cache."""
 
     def start(self) -> np.ndarray:
-        g, f = self.gen, self.gen.feeds
-        rep = np.repeat(np.arange(self.ids.shape[0]), self.beams)
-        n = len(rep)
-        mem = g.prefill.infer({f.prompt_ids: self.ids, f.prompt_mask: self.mask})[f.memory]
+        g = self.gen
+        held = _encode(g, self.ids, self.mask, self.beams)
+        n = len(held[g.feeds.prompt_mask])
         self.run.reset()
-        self.run.hold({f.memory: np.ascontiguousarray(mem[:, :, rep]),
-                       f.prompt_mask: np.ascontiguousarray(self.mask[rep])})
+        self.run.hold(held)
         self.seen = np.ones((n, self.new), np.int64)  # the target has no padding: every position so far is real
         self.filled = 1
         self.tok = np.full((n, 1), g.cfg.bos_token_id, np.int64)
@@ -412,14 +410,20 @@ class _Seq2SeqEngineCached(_EngineCached):
 
 class _Seq2SeqCached(_CachedSteps):
     def start(self) -> np.ndarray:
-        g, k, f = self.gen, self.beams, self.gen.feeds
-        mem = g.prefill.infer({f.prompt_ids: self.ids, f.prompt_mask: self.mask})[f.memory]
-        rep = np.repeat(np.arange(self.ids.shape[0]), k)
-        n = len(rep)
-        self.memory = np.ascontiguousarray(mem[:, :, rep])  # (L, 2, N, nh, S, hs), fixed for the sequence
-        self.src_mask = np.ascontiguousarray(self.mask[rep])
-        self._alloc(n, self.new, {f.memory: self.memory, f.prompt_mask: self.src_mask})
+        g = self.gen
+        self.held = _encode(g, self.ids, self.mask, self.beams)  # bound into every step: kept alive here
+        n = len(self.held[g.feeds.prompt_mask])
+        self._alloc(n, self.new, self.held)
         return self._run_step(np.full(n, g.cfg.bos_token_id, np.int64))  # position 0: BOS
+
+
+def _encode(gen: Generator, ids: np.ndarray, mask: np.ndarray, beams: int) -> dict[str, np.ndarray]:
+    """An encoder-decoder's decode inputs fixed for the sequence (DecoderFeeds.held): the encoder's memory
+    (L, 2, N, nh, S, hs) and the source mask, each source row repeated for its beams (N = B x beams)."""
+    f = gen.feeds
+    mem = gen.prefill.infer({f.prompt_ids: ids, f.prompt_mask: mask})[f.memory]
+    rep = np.repeat(np.arange(ids.shape[0]), beams)
+    return {f.memory: np.ascontiguousarray(mem[:, :, rep]), f.prompt_mask: np.ascontiguousarray(mask[rep])}
 
 
 
