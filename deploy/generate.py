@@ -374,7 +374,7 @@ class _EngineCached(_Steps):
         self.tok[:, 0] = tokens
         self.seen[:, self.filled] = 1
         self.filled += 1
-        logits = self.run(self.tok, self.pos, np.ascontiguousarray(self.seen[:, :self.filled]), self.beam)
+        logits = self.run(self.tok, self.pos, self.seen[:, :self.filled], self.beam)
         self.beam = self.rows
         self.pos += 1
         return logits

@@ -325,6 +325,7 @@ class _OvCachedStep(CachedStep):
     def __init__(self, request: Any, names: Sequence[str], logits: Any, ov: Any) -> None:
         self.req, self.names, self.logits, self._ov = request, tuple(names), logits, ov
         self._held: dict[str, np.ndarray] = {}
+        self._staged: dict[str, tuple[np.ndarray, Any]] = {}  # input -> (buffer, the tensor bound over it)
 
     def reset(self) -> None:
         self.req.reset_state()
@@ -335,9 +336,26 @@ class _OvCachedStep(CachedStep):
         for name, a in self._held.items():
             self.req.set_tensor(name, self._ov.Tensor(a, shared_memory=True))
 
+    def _stage(self, name: str, a: np.ndarray) -> None:
+        """Copy `a` into the buffer bound to input `name`, resizing the bound tensor within its capacity. A step
+        that binds new tensors instead (infer(dict, share_inputs=True)) made the CPU plugin re-bind every input on
+        every call: on a 64-wide GPT that was a quarter of the step (docs/generate.md, "Per-call overhead")."""
+        buf, t = self._staged.get(name, (None, None))
+        if buf is None or buf.dtype != a.dtype or buf.size < a.size:
+            buf = np.empty(max(a.size, 64, 0 if buf is None else 2 * buf.size), a.dtype)  # grows geometrically
+            t = self._ov.Tensor(buf.reshape(1, -1), shared_memory=True)
+            self._staged[name] = (buf, t)
+            rebind = True
+        else:
+            rebind = False
+        t.shape = list(a.shape)
+        np.copyto(buf[:a.size].reshape(a.shape), a)
+        if rebind:
+            self.req.set_tensor(name, t)
+
     def __call__(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, beam: np.ndarray) -> np.ndarray:
-        # share_inputs: OpenVINO reads the arrays in place (shapes change every step, so no bound tensors);
-        # share_outputs: the logits are a view of the request's memory, read before the next call
-        res = self.req.infer(dict(zip(self.names, (ids, positions, mask, beam))), share_inputs=True,
-                             share_outputs=True)
-        return res[self.logits][:, -1]
+        for name, a in zip(self.names, (ids, positions, mask, beam)):
+            self._stage(name, a)
+        self.req.infer()
+        # a view of the request's output memory, read before the next call
+        return self.req.get_tensor(self.logits).data[:, -1]

@@ -90,6 +90,36 @@ def test_the_engine_cache_generates_the_loop_caches_tokens(stateful_art: Path, g
         np.testing.assert_allclose(a.scores, b.scores, atol=1e-4)
 
 
+def test_the_step_binds_its_inputs_once_and_computes_what_a_fed_request_computes(stateful_art: Path) -> None:
+    """The stateful step copies each call's inputs into buffers bound to its request once (growing them when a
+    call outgrows them), instead of binding new tensors every call: the input memory stays put from call to call,
+    and every step's logits equal those of a second request fed the same inputs the plain way, across the
+    growth of the mask's buffer (3 rows x 7 -> 3 x 30 positions, past its first 64 elements)."""
+    with open_runner("ov", stateful_art, "decode", stateful=True, threads=1) as r:
+        step, plain = r.cached_step(), r.compiled.create_infer_request()
+        names = ("input_ids", "position_ids", "attention_mask", "beam_idx")
+        ids = np.array([[0] * (7 - len(p)) + p for p in PROMPTS], np.int64)
+        mask = (np.arange(7)[None] >= 7 - np.array([len(p) for p in PROMPTS])[:, None]).astype(np.int64)
+        pos = np.maximum(np.cumsum(mask, 1) - 1, 0)
+        step.reset()
+        plain.reset_state()
+        rows = np.array([0, 0, 1], np.int32)  # the first step gathers: row 1 becomes a copy of row 0
+        feeds = [ids, pos, mask, np.arange(3, dtype=np.int32)]
+        pointers = []
+        for i in range(24):
+            got = np.array(step(*feeds), copy=True)
+            want = plain.infer(dict(zip(names, feeds)))[r._out_ports["logits"]][:, -1]
+            np.testing.assert_allclose(got, want, atol=1e-5, err_msg=f"call {i}")
+            pointers.append([step.req.get_tensor(n).data.ctypes.data for n in names])
+            tok = got.argmax(-1)[:, None]
+            mask = np.concatenate([mask[rows] if i == 0 else mask, np.ones((3, 1), np.int64)], 1)
+            pos = (mask.sum(1, keepdims=True) - 1).astype(np.int64)
+            feeds = [tok, pos, mask, rows if i == 0 else np.arange(3, dtype=np.int32)]
+    assert mask.size > 64  # the mask's buffer grew (rebound) on the way
+    stable = sum(a == b for a, b in zip(pointers, pointers[1:]))
+    assert stable >= len(pointers) - 4  # rebound only when a buffer grew
+
+
 def test_the_encoder_decoders_engine_cache_generates_the_loop_caches_tokens(stateful_seq2seq: Path) -> None:
     """The transformer's engine cache: the encoder once, then the stateful step from BOS with the memory and the
     source mask held by the engine. Sampled at a high temperature (the tiny model's random weights make greedy
