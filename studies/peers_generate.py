@@ -68,13 +68,14 @@ fp32 reference (tokens equal before the first divergence, and that count's fract
 (each system loaded and run once in a child process of its own, not in the timing process).
 
 Timing is interleaved (bench/interleave.py `compare`, bench/groups.py `grouped_comparison`), one comparison per
-precision with the reference in each: every system is loaded once and each round runs every system once, in
-rotated order, at least 7 rounds; `× HF` is the median of the paired round ratios with its 95% interval, `vs
-fastest peer` the same for an xdeploy row over the fastest peer row of its precision (same rounds); a comparison
-whose rounds stay too dispersed is "unstable" (no figure). A system that fails to export, load or run is a row
-with its own one-line error; the study goes on. Records (kind "peers_generate", core/records.py) go to
-<out>/records.jsonl, the table (reports/render.py) to <out>/report/summary.md.
-"""
+precision with the reference in each: every system is loaded once and each round runs every system, in rotated
+order, at least 7 rounds; a system's round is the median of a block of its generations lasting at least
+`--min-block-s` (0.25 s: one generation of GPT-2 small, several of the tiny models); `× HF` is the median of the
+paired round ratios with its 95% interval, `vs fastest peer` the same for an xdeploy row over the fastest peer row
+of its precision (same rounds); a comparison whose rounds stay too dispersed is "unstable" (no figure). A system
+that fails to export, load or run is a row with its own one-line error; the study goes on. Records (kind
+"peers_generate", core/records.py) go to <out>/records.jsonl, the table (reports/render.py) to
+<out>/report/summary.md. """
 
 from __future__ import annotations
 
@@ -753,8 +754,8 @@ def roofline_bytes(arts: dict[str, Path], kv_tokens: int) -> dict[str, float]:
 # ------------------------------------------------------------------------------------------ one workload ----
 
 def run_workload(w: Workload, *, work: Path, threads: int, rows: Sequence[Row], min_rounds: int, max_seconds: float,
-                 attempts: int, bandwidth: tuple[float, str] | None, memory: bool, max_group: int | None,
-                 log: Callable[[str], None]) -> list[dict[str, Any]]:
+                 attempts: int, min_block_s: float, bandwidth: tuple[float, str] | None, memory: bool,
+                 max_group: int | None, log: Callable[[str], None]) -> list[dict[str, Any]]:
     """Prepare, probe memory, then time every row of `rows` interleaved; one record per row (errors included)."""
     from xdeploy.bench.groups import Group, grouped_comparison
     from xdeploy.bench.interleave import compare
@@ -812,7 +813,10 @@ def run_workload(w: Workload, *, work: Path, threads: int, rows: Sequence[Row], 
         for n in group_calls:
             traces[n].clear()
         log(f"{w.name}: timing {len(group_calls)} systems x {w.new_tokens} new tokens, interleaved rounds ...")
-        return compare(group_calls, baseline=baseline, attempts=attempts, warmup=1, min_block_s=0.0,
+        # a round is the median of a block of generations lasting >= min_block_s (pyperf's loops): one generation
+        # of GPT-2 small is seconds, one of the trained tiny GPT ~40 ms, where a single call per round left every
+        # round-time IQR at 26-65% on this host (docs/benchmarks.md)
+        return compare(group_calls, baseline=baseline, attempts=attempts, warmup=1, min_block_s=min_block_s,
                        min_rounds=min_rounds, max_rounds=max(min_rounds, 24), max_seconds=max_seconds, log=log)
 
     precision_now = [""]
@@ -936,7 +940,8 @@ def _versions() -> dict[str, str]:
 
 def run(out: Path, *, quick: bool = False, workloads: Sequence[str] | None = None, threads: int = 2,
         systems: Sequence[str] = SYSTEMS, static_int8: bool = False, min_rounds: int = 7,
-        max_seconds: float = 60.0, attempts: int = 2, memory: bool = True, max_group: int | None = None,
+        max_seconds: float = 60.0, min_block_s: float = 0.25, attempts: int = 2, memory: bool = True,
+        max_group: int | None = None,
         work: Path | None = None, log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
         bandwidth: tuple[float, str] | None = None) -> Path:
     """Run the study: <out>/records.jsonl and the rendered report <out>/report/ (summary.md). `bandwidth`:
@@ -952,6 +957,8 @@ def run(out: Path, *, quick: bool = False, workloads: Sequence[str] | None = Non
     if bad or REFERENCE[0] not in systems:
         raise XDeployError(f"systems must include {REFERENCE[0]} (the reference) and come from {', '.join(SYSTEMS)}; "
                            f"got {', '.join(systems)}")
+    if not min_block_s >= 0:
+        raise XDeployError(f"min_block_s must be >= 0 seconds; got {min_block_s}")
     if min_rounds < 7:
         raise XDeployError(f"min_rounds must be >= 7 (the paired intervals need them); got {min_rounds}")
     chosen = QUICK if quick else FULL
@@ -977,8 +984,8 @@ def run(out: Path, *, quick: bool = False, workloads: Sequence[str] | None = Non
     records: list[dict[str, Any]] = []
     for w in chosen:
         records += run_workload(w, work=work, threads=threads, rows=rows, min_rounds=min_rounds,
-                                max_seconds=max_seconds, attempts=attempts, bandwidth=bandwidth, memory=memory,
-                                max_group=max_group, log=log)
+                                min_block_s=min_block_s, max_seconds=max_seconds, attempts=attempts,
+                                bandwidth=bandwidth, memory=memory, max_group=max_group, log=log)
         write_records(out / "records.jsonl", records)  # after each workload: a crash keeps what was measured
     from xdeploy.reports.render import render_report
 
@@ -1004,6 +1011,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="add xdeploy's static int8 export (slow to export at GPT-2 small)")
     ap.add_argument("--min-rounds", type=int, default=7)
     ap.add_argument("--max-seconds", type=float, default=60.0, help="timed seconds per workload and attempt")
+    ap.add_argument("--min-block-s", type=float, default=0.25,
+                    help="a round times each system for at least this long (the median of its generations)")
     ap.add_argument("--attempts", type=int, default=2)
     ap.add_argument("--max-group", type=int, default=None, help="at most this many systems open beside the reference")
     ap.add_argument("--no-memory", action="store_true", help="skip the per-system peak-RSS child processes")
@@ -1015,7 +1024,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         out = run(a.out, quick=a.quick, workloads=[x for x in a.workloads.split(",") if x] or None,
                   threads=a.threads, systems=[x for x in a.systems.split(",") if x], static_int8=a.static_int8,
-                  min_rounds=a.min_rounds, max_seconds=a.max_seconds, attempts=a.attempts,
+                  min_rounds=a.min_rounds, max_seconds=a.max_seconds, min_block_s=a.min_block_s, attempts=a.attempts,
                   memory=not a.no_memory, max_group=a.max_group, work=a.work)
     except XDeployError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -26,7 +26,8 @@ from xdeploy.studies import peers_generate as pg
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS_PY = ROOT / ".venv-peers" / "bin" / "python"
-FAST = dict(min_rounds=7, max_seconds=0.5, attempts=1, threads=1)
+# one generation per round (min_block_s 0): the test checks the study's machinery, not its figures
+FAST = dict(min_rounds=7, max_seconds=0.5, attempts=1, threads=1, min_block_s=0.0)
 
 
 def _work(env: str) -> Path:
@@ -195,7 +196,8 @@ def test_every_system_in_the_peers_env(tmp_path: Path) -> None:
 
     work = _work("peers")
     cmd = [str(PEERS_PY), "-m", "xdeploy.studies.peers_generate", "--quick", "--out", str(tmp_path / "out"),
-           "--work", str(work), "--max-seconds", "0.5", "--attempts", "1", "--threads", "1", "--no-memory"]
+           "--work", str(work), "--max-seconds", "0.5", "--attempts", "1", "--threads", "1", "--no-memory",
+           "--min-block-s", "0"]
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     recs = [json.loads(line) for line in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
