@@ -60,6 +60,9 @@ SUBSTITUTIONS: list[tuple[str, str, str]] = [
     # (`xdeploy bench`'s defaults time each comparison 5 s, plus up to 30 s more while it is unstable)
     (r"\bxdeploy bench(?![\w-])(?!.*--max-seconds)", "xdeploy bench --max-seconds 0.5 --extra-seconds 0",
      "short timings"),
+    # a Python benchmark over several sequence lengths: the first only (each length is its own comparison, a child
+    # process and its memory children: ~7 s each here), as `--seq 128` becomes `--seq 16` above
+    (r"\bseqs=\[(\d+)(?:, *\d+)+\]", r"seqs=[\1]", "one sequence length (Python)"),
     (r"(?m)^(from xdeploy\.bench\.suite import .*\brun_bench\b.*)$",
      r"\1\nimport functools; run_bench = functools.partial(run_bench, max_seconds=0.5)", "short timings (Python)"),
 ]
@@ -189,6 +192,9 @@ def test_substitutions_are_visible_and_do_what_they_say():
                     'export("gpt", preset="tiny")\nxdeploy run --preset tiny --smoke --skip roofline --runners ort,ov '
                     '--precision fp32,int8\n')
     assert len(applied) == 6
+    assert substitute("run_bench('bert', batches=[1, 8], seqs=[32, 128])\n")[0] == \
+        "run_bench('bert', batches=[1, 8], seqs=[32])\n"
+    assert substitute("run_bench('bert', seqs=[64])\n")[0] == "run_bench('bert', seqs=[64])\n"  # one length: as given
     # a smoke run that names its phases, runners or precisions runs as written; a comment stays a comment
     assert substitute("xdeploy run --smoke --runners ort\n")[0] == "xdeploy run --preset tiny --smoke --runners ort\n"
     assert substitute("xdeploy run --smoke --models vit  # why\n")[0] == \
