@@ -173,6 +173,14 @@ def stateful_ir(ir: Any, ec: EngineCache) -> tuple[Any, list[str]]:
         zeros = opset13.broadcast(opset13.constant(0.0, ov.Type.f32), opset13.concat(dims, 0))
         by_var[var].set_arguments([zeros])
         variables.append(var)
+    # each input named as its tensor: convert_model names a parameter after the traced argument ("input.1" for
+    # position_ids), and OpenVINO's own rewrites find inputs by that name (paged_attention_transformation left
+    # the rank-2 position_ids beside the rank-1 one it adds; with the names it converts the step as it does
+    # optimum-intel's)
+    for param in ir.get_parameters():
+        names = param.output(0).get_names()
+        if len(names) == 1:
+            param.set_friendly_name(next(iter(names)))
     ir.validate_nodes_and_infer_types()
     return ir, variables
 

@@ -53,6 +53,26 @@ def test_the_stateful_ir_is_recorded_and_checked_at_load(stateful_art: Path, tmp
             load_artifact(d)
 
 
+def test_the_stateful_ir_converts_to_paged_attention(stateful_art: Path) -> None:
+    """Every input of the stateful IR is named as its tensor, so OpenVINO's PagedAttention rewrite (what
+    openvino-genai's default backend runs) replaces the step's inputs instead of adding a second position_ids
+    beside them: one rank-1 input_ids and position_ids, a key and a value cache per layer, the block table."""
+    import openvino as ov
+    from openvino._offline_transformations import paged_attention_transformation
+
+    art = load_artifact(stateful_art)
+    model = ov.Core().read_model(str(art.path / art.openvino_stateful("decode")["xml"]))
+    assert all(p.get_friendly_name() in p.output(0).get_names() for p in model.get_parameters())
+    paged_attention_transformation(model, False, False)
+    names = [i.get_any_name() for i in model.inputs]
+    assert len(names) == len(set(names))
+    assert {n: model.input(n).get_partial_shape().rank.get_length() for n in ("input_ids", "position_ids")} == \
+        {"input_ids": 1, "position_ids": 1}
+    layers = art.config.n_layers
+    assert {f"{k}_cache.{i}" for k in ("key", "value") for i in range(layers)} <= set(names)
+    assert {"past_lens", "block_indices", "block_indices_begins", "subsequence_begins"} <= set(names)
+
+
 @pytest.mark.parametrize("which", ["gpt", "transformer"])
 def test_the_stateful_runner_computes_the_decode_graph(which: str, request: pytest.FixtureRequest) -> None:
     """Through `infer` the stateful IR takes the decode graph's feeds (a cache with masked slots, a padded row;
