@@ -75,7 +75,8 @@ paired round ratios with its 95% interval, `vs fastest peer` the same for an xde
 of its precision (same rounds); a comparison whose rounds stay too dispersed is "unstable" (no figure). A system
 that fails to export, load or run is a row with its own one-line error; the study goes on. Records (kind
 "peers_generate", core/records.py) go to <out>/records.jsonl, the table (reports/render.py) to
-<out>/report/summary.md. """
+<out>/report/summary.md.
+"""
 
 from __future__ import annotations
 
