@@ -341,16 +341,14 @@ class _OvCachedStep(CachedStep):
         that binds new tensors instead (infer(dict, share_inputs=True)) made the CPU plugin re-bind every input on
         every call: on a 64-wide GPT that was a quarter of the step (docs/generate.md, "Per-call overhead")."""
         buf, t = self._staged.get(name, (None, None))
-        if buf is None or buf.dtype != a.dtype or buf.size < a.size:
+        bound = buf is not None and buf.dtype == a.dtype and buf.size >= a.size
+        if not bound:
             buf = np.empty(max(a.size, 64, 0 if buf is None else 2 * buf.size), a.dtype)  # grows geometrically
             t = self._ov.Tensor(buf.reshape(1, -1), shared_memory=True)
             self._staged[name] = (buf, t)
-            rebind = True
-        else:
-            rebind = False
         t.shape = list(a.shape)
         np.copyto(buf[:a.size].reshape(a.shape), a)
-        if rebind:
+        if not bound:
             self.req.set_tensor(name, t)
 
     def __call__(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, beam: np.ndarray) -> np.ndarray:
