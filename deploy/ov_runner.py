@@ -37,7 +37,7 @@ from xdeploy.core.deps import import_quietly, installed
 from xdeploy.core.errors import XDeployError, one_of
 
 from .base import CachedStep, Runner, RunnerInfo, validate_feeds
-from .sessions import OV_PRECISION_HINTS, onnx_file, ov_compile, ov_config
+from .sessions import OV_PRECISION_HINTS, BoundInputs, onnx_file, ov_compile, ov_config
 
 _OV_TO_NAME = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
 GRAPH_FORMATS = ("auto", "onnx", "ir")  # auto: the artifact's OpenVINO IR when it carries one
@@ -86,10 +86,14 @@ class OvRunner(Runner):
         except ImportError:
             raise XDeployError("runner 'ov' needs the openvino package: pip install 'xdeploy[openvino]'") from None
         self._ov = ov
-        unknown = set(self.options) - {"hint", "cache_dir", "device", "format", "pinning", "stateful", "kv_precision"}
+        unknown = set(self.options) - {"hint", "cache_dir", "device", "format", "pinning", "stateful", "kv_precision",
+                                       "paged"}
         if unknown:
             raise XDeployError(f"unknown ov option(s) {sorted(unknown)}; expected hint, cache_dir, device, format, "
-                               "pinning, stateful, kv_precision")
+                               "pinning, stateful, kv_precision, paged")
+        if self.options.get("paged", False) and not self.options.get("stateful", False):
+            raise XDeployError(f"ov option paged=True rewrites a decoder's stateful decode step: expected "
+                               f"stateful=True too (graph {self.graph.name!r})")
         fmt = self.options.get("format", "auto")
         if fmt not in GRAPH_FORMATS:
             raise one_of("ov graph format", fmt, GRAPH_FORMATS)
@@ -145,15 +149,18 @@ class OvRunner(Runner):
         kv = self.options.get("kv_precision", config["INFERENCE_PRECISION_HINT"])
         if kv not in KV_PRECISIONS:
             raise one_of("ov kv_precision", kv, KV_PRECISIONS)
-        self.compiled = ov_compile(path, config | {"KV_CACHE_PRECISION": kv}, self.device, what=str(path))
-        self._in_ports = {n: p for p in self.compiled.inputs for n in p.get_names()}
-        self._out_ports = {n: p for p in self.compiled.outputs for n in p.get_names()}
         self._names = (f.step_ids, f.positions, rec["mask"], rec["beam"])
         self._held = f.held()  # an encoder-decoder's memory and source mask: inputs of every step
         self._feeds = f
         # the decode graph's cache inputs, layer-major (DecoderFeeds.cache_names), one state each
         given = [t.name for t in self.graph.inputs if t.name.startswith(f"{f.cache}.")]
         cache = list(f.cache_names(len(given) // 2))
+        if self.options.get("paged", False):
+            self._load_paged(path, config | {"KV_CACHE_PRECISION": kv}, len(given) // 2)
+            return
+        self.compiled = ov_compile(path, config | {"KV_CACHE_PRECISION": kv}, self.device, what=str(path))
+        self._in_ports = {n: p for p in self.compiled.inputs for n in p.get_names()}
+        self._out_ports = {n: p for p in self.compiled.outputs for n in p.get_names()}
         states = {s.name for s in self.compiled.create_infer_request().query_state()}
         if set(self._in_ports) != {*self._names, *self._held} or f.logits not in self._out_ports \
                 or sorted(given) != sorted(cache) or len(rec["variables"]) != len(cache) \
@@ -164,7 +171,34 @@ class OvRunner(Runner):
                                "states")
         self._variables = dict(zip(cache, rec["variables"]))
 
+    def _load_paged(self, path: Path, config: dict[str, Any], layers: int) -> None:
+        """The stateful IR rewritten to PagedAttention (deploy/ov_paged.py): the cache in blocks the step owns."""
+        f = self._feeds
+        if self._held:
+            raise XDeployError(f"ov option paged=True: {self.artifact.path} is an encoder-decoder; the PagedAttention "
+                               "step is a decoder's (use the stateful step, paged=False)")
+        if self.options.get("kv_precision", config["INFERENCE_PRECISION_HINT"]) == "u8":
+            raise XDeployError("ov option paged=True stores the cache in the compute precision: expected "
+                               "kv_precision f32, bf16 or f16, not u8")
+        from .ov_paged import paged_model
+
+        model = paged_model(self._ov, str(path), f.step_ids, f.positions, layers, f.logits)
+        self.compiled = ov_compile(model, config, self.device, what=f"{path} (PagedAttention)")
+        self._in_ports = {n: p for p in self.compiled.inputs for n in p.get_names()}
+        self._out_ports = {n: p for p in self.compiled.outputs for n in p.get_names()}
+        if f.logits not in self._out_ports:
+            raise XDeployError(f"{path} does not match its manifest: the PagedAttention step has no output "
+                               f"{f.logits!r}")
+        self.graph_format = "paged"
+        self._layers = layers
+
     def cached_step(self) -> CachedStep:
+        if self.graph_format == "paged":
+            from .ov_paged import PagedStep
+
+            f = self._feeds
+            return PagedStep(self.compiled.create_infer_request(), self.compiled, f.step_ids, f.positions,
+                             self._out_ports[f.logits], self._layers, self._ov)
         if self.graph_format != "stateful":
             raise XDeployError("runner 'ov' keeps the KV cache in the engine only when opened with stateful=True")
         return _OvCachedStep(self.compiled.create_infer_request(), self._names, self._out_ports[self._feeds.logits],
@@ -173,7 +207,10 @@ class OvRunner(Runner):
     def _run_stateful(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The decode graph's call on the stateful IR (probes, parity): the given cache becomes the state, the
         step runs, and its K/V are read back from the grown state."""
-        f, req = self._feeds, self._request()
+        f = self._feeds
+        if self.graph_format == "paged":
+            return self._run_paged(feeds)
+        req = self._request()
         by_name = {s.name: s for s in req.query_state()}
         for name, var in self._variables.items():
             by_name[var].state = self._ov.Tensor(feeds[name])
@@ -186,6 +223,23 @@ class OvRunner(Runner):
         grown = [np.array(by_name[var].state.data)[:, :, -s:] for var in self._variables.values()]  # (N, nh, S, hs)
         new_kv = np.stack(grown).reshape(len(grown) // 2, 2, *grown[0].shape)  # (L, 2, N, nh, S, hs)
         out = {f.logits: np.array(res[self._out_ports[f.logits]], copy=True), f.new_kv: new_kv}
+        return {k: out[k] for k in self.output_names}
+
+    def _run_paged(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The decode graph's call on the PagedAttention step (probes, parity): deploy/ov_paged.py paged_decode."""
+        from .ov_paged import paged_decode
+
+        f = self._feeds
+        step = getattr(self._local, "paged", None)
+        if step is None:
+            step = self._local.paged = self.cached_step()
+        ids = feeds[f.step_ids]
+        step_mask = feeds[f.step_mask] if f.step_mask else np.ones(ids.shape, np.int64)
+        names = f.cache_names(self._layers)
+        logits, new = paged_decode(step, ids, feeds[f.positions], [feeds[n] for n in names], feeds[f.cache_mask],
+                                   step_mask)
+        new_kv = np.stack(new).reshape(self._layers, 2, *new[0].shape)  # (L, 2, N, nh, S, hs)
+        out = {f.logits: logits, f.new_kv: new_kv}
         return {k: out[k] for k in self.output_names}
 
     def _request(self) -> Any:
@@ -209,7 +263,7 @@ class OvRunner(Runner):
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         # share_inputs: OpenVINO reads the (validated, contiguous) arrays in place; outputs are copied out
         # because the request reuses its output memory on the next call.
-        if self.graph_format == "stateful":
+        if self.graph_format in ("stateful", "paged"):
             return self._run_stateful(feeds)
         res = self._request().infer(feeds, share_inputs=True)
         return {n: np.array(res[self._out_ports[n]], copy=True) for n in self.output_names}
@@ -225,7 +279,7 @@ class OvRunner(Runner):
     def prepare(self, feeds: Mapping[str, np.ndarray]) -> Callable[[], Any]:
         """Inputs set once as tensors sharing the arrays' memory; each call only runs the model. (Stateful: the
         decode graph's call, the state loaded from the feeds every time.)"""
-        if self.graph_format == "stateful":
+        if self.graph_format in ("stateful", "paged"):
             return super().prepare(feeds)
         req = self._request_on(validate_feeds(self.graph, self.artifact.spec.axes, feeds))
         return lambda: req.infer(None, share_outputs=True)
@@ -234,7 +288,7 @@ class OvRunner(Runner):
         """Truly zero-copy: input and output ov.Tensors wrap the caller's numpy buffers (shared_memory=True),
         so each call reads the current input contents and the CPU plugin writes results straight into the
         output arrays. Output arrays must have the exact shape the inputs imply (dims from the manifest)."""
-        if self.graph_format == "stateful":
+        if self.graph_format in ("stateful", "paged"):
             return super().bind(inputs, outputs)
         checked = self.check_bound(inputs, outputs)  # outputs: among those this runner computes (outputs=)
         sizes = _axis_sizes(self.graph, checked)
@@ -325,7 +379,7 @@ class _OvCachedStep(CachedStep):
     def __init__(self, request: Any, names: Sequence[str], logits: Any, ov: Any) -> None:
         self.req, self.names, self.logits, self._ov = request, tuple(names), logits, ov
         self._held: dict[str, np.ndarray] = {}
-        self._staged: dict[str, tuple[np.ndarray, Any]] = {}  # input -> (buffer, the tensor bound over it)
+        self._inputs = BoundInputs(request, ov)  # ids, positions, mask and beam: bound once, copied into
 
     def reset(self) -> None:
         self.req.reset_state()
@@ -336,24 +390,9 @@ class _OvCachedStep(CachedStep):
         for name, a in self._held.items():
             self.req.set_tensor(name, self._ov.Tensor(a, shared_memory=True))
 
-    def _stage(self, name: str, a: np.ndarray) -> None:
-        """Copy `a` into the buffer bound to input `name`, resizing the bound tensor within its capacity. A step
-        that binds new tensors instead (infer(dict, share_inputs=True)) made the CPU plugin re-bind every input on
-        every call: on a 64-wide GPT that was a quarter of the step (docs/generate.md, "Per-call overhead")."""
-        buf, t = self._staged.get(name, (None, None))
-        bound = buf is not None and buf.dtype == a.dtype and buf.size >= a.size
-        if not bound:
-            buf = np.empty(max(a.size, 64, 0 if buf is None else 2 * buf.size), a.dtype)  # grows geometrically
-            t = self._ov.Tensor(buf.reshape(1, -1), shared_memory=True)
-            self._staged[name] = (buf, t)
-        t.shape = list(a.shape)
-        np.copyto(buf[:a.size].reshape(a.shape), a)
-        if not bound:
-            self.req.set_tensor(name, t)
-
     def __call__(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, beam: np.ndarray) -> np.ndarray:
         for name, a in zip(self.names, (ids, positions, mask, beam)):
-            self._stage(name, a)
+            self._inputs.set(name, a)
         self.req.infer()
         # a view of the request's output memory, read before the next call
         return self.req.get_tensor(self.logits).data[:, -1]

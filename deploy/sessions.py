@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from xdeploy.core.deps import import_quietly
 from xdeploy.core.errors import XDeployError, one_of
 from xdeploy.export.onnx_graph import TWO_GB, proto_size
@@ -142,3 +144,27 @@ def ov_compile(model: str | Path | Any, config: dict[str, Any], device: str = "C
     except Exception as e:  # openvino raises RuntimeError subclasses with multi-line messages
         name = what or str(model)
         raise XDeployError(f"OpenVINO cannot compile {name} for {device}: {str(e).strip().splitlines()[0]}") from None
+
+
+class BoundInputs:
+    """An OpenVINO infer request's inputs bound once over numpy buffers: `set(name, a)` copies `a` into the buffer
+    bound to input `name` and resizes the bound tensor within its capacity; a buffer that is outgrown is replaced by
+    one twice as large and bound again. Binding new tensors every call instead (infer(dict, share_inputs=True)) made
+    the CPU plugin re-bind every input on every call: on a 64-wide GPT that was a quarter of a decode step
+    (docs/generate.md, "Per-call overhead")."""
+
+    def __init__(self, request: Any, ov: Any) -> None:
+        self.req, self._ov = request, ov
+        self._staged: dict[str, tuple[np.ndarray, Any]] = {}  # input -> (buffer, the tensor bound over it)
+
+    def set(self, name: str, a: np.ndarray) -> None:
+        buf, t = self._staged.get(name, (None, None))
+        bound = buf is not None and buf.dtype == a.dtype and buf.size >= a.size
+        if not bound:
+            buf = np.empty(max(a.size, 64, 0 if buf is None else 2 * buf.size), a.dtype)  # grows geometrically
+            t = self._ov.Tensor(buf.reshape(1, -1), shared_memory=True)
+            self._staged[name] = (buf, t)
+        t.shape = list(a.shape)
+        np.copyto(buf[:a.size].reshape(a.shape), a)
+        if not bound:
+            self.req.set_tensor(name, t)

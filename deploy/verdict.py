@@ -29,8 +29,9 @@ def meaningful(graph: Any, output: Any, feeds: dict[str, np.ndarray], shape: tup
     """Bool mask (broadcastable to `shape`) of the output positions that mean something, or None for all.
 
     Outputs at padded positions are garbage by definition: a position is meaningful when every mask input
-    over (batch, X) marks it 1, for outputs that have both axes; rows whose mask is all 0 (fully padded) are
-    dropped from every output with a batch axis. Non-finite values are still counted everywhere."""
+    over (batch, X) marks it 1, for outputs that have both axes, or that hold X's last position (`last_of`: a
+    decode step's logits); rows whose mask is all 0 (fully padded) are dropped from every output with a batch
+    axis. Non-finite values are still counted everywhere."""
     if "batch" not in output.dims:
         return None
     dims = list(output.dims)
@@ -44,6 +45,8 @@ def meaningful(graph: Any, output: Any, feeds: dict[str, np.ndarray], shape: tup
         b_ax = dims.index("batch")
         row = m.any(axis=1)  # (B,): False for a fully padded row
         keep = keep & np.expand_dims(row, [a for a in range(len(shape)) if a != b_ax])
+        if t.dims[1] == output.last_of:  # the output holds the last position of X: its row means something there
+            keep = keep & np.expand_dims(m[:, -1], [a for a in range(len(shape)) if a != b_ax])
         if t.dims[1] in dims:
             x_ax = dims.index(t.dims[1])
             # move (B, X) onto output axes (b_ax, x_ax); other axes broadcast

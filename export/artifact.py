@@ -146,7 +146,8 @@ def _ir_files(root: Path, g: Mapping[str, Any], files: Mapping[str, str], mpath:
 
 
 def _tensor_json(t: TensorSpec) -> dict[str, Any]:
-    return {"name": t.name, "dtype": t.dtype, "dims": list(t.dims), "kind": t.kind, "high": t.high}
+    return {"name": t.name, "dtype": t.dtype, "dims": list(t.dims), "kind": t.kind, "high": t.high} \
+        | ({"last_of": t.last_of} if t.last_of else {})
 
 
 def spec_to_json(spec: ExportSpec, files: Mapping[str, str]) -> tuple[dict, dict, dict]:
@@ -215,7 +216,9 @@ def _parse_tensor(d: Any, mpath: Path) -> TensorSpec:
           mpath, f"tensor {d['name']!r} dims must be axis names or positive ints")
     high = d.get("high", 0)
     _need(_is_int(high) and high >= 0, mpath, f"tensor {d['name']!r} has a bad 'high'")
-    return TensorSpec(d["name"], d["dtype"], tuple(dims), str(d.get("kind", "float")), high)
+    last_of = d.get("last_of", "")
+    _need(isinstance(last_of, str), mpath, f"tensor {d['name']!r} has a bad 'last_of'")
+    return TensorSpec(d["name"], d["dtype"], tuple(dims), str(d.get("kind", "float")), high, last_of)
 
 
 def load_artifact(path: str | Path, *, verify: bool = True) -> Artifact:

@@ -157,7 +157,7 @@ def export_spec(cfg: GPTConfig) -> ExportSpec:
                           TensorSpec("cache_mask", "int64", ("batch", "cache"), "mask"),
                           TensorSpec("step_mask", "int64", ("batch", "step"), "mask"),
                           *cache_inputs(cfg.n_layers, cfg.n_heads, hs)),
-                  outputs=(TensorSpec("logits", "float32", ("batch", 1, cfg.vocab_size)),
+                  outputs=(TensorSpec("logits", "float32", ("batch", 1, cfg.vocab_size), last_of="step"),
                            TensorSpec("new_kv", "float32", kv("step"))),
                   decode_step=True),
         ),

@@ -27,6 +27,9 @@ class TensorSpec:
     dims: tuple[str | int, ...]
     kind: str = "float"  # how example inputs are drawn: ids | mask | positions | zeros | float
     high: int = 0  # exclusive upper bound for kind="ids"
+    # an output whose size-1 axis is the last position of this input axis (a decode step's logits: the graph's
+    # contract is a real last token, left padding): it means something only where the masks mark that position
+    last_of: str = ""
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,8 @@ Every system loads the same local safetensors directory (with a byte-level GPT-2
   transformers   GPT2LMHeadModel.generate(do_sample=False), eager fp32: the reference and the `× HF` baseline
   xdeploy        deploy/generate.py Generator on the checkpoint's export (export/cache.py cached_artifact):
                  `ort` fp32, `ov` f32 (the artifact's stateful OpenVINO IR: the KV cache kept in the engine,
-                 Generator's kv_cache="auto"), `ort` int8-dynamic (also with the prompt
+                 Generator's kv_cache="auto": a decoder's in OpenVINO's PagedAttention form, an
+                 encoder-decoder's in the stateful step), `ort` int8-dynamic (also with the prompt
                  prefilled by graph `model`: Generator's prefill_graph), `ov` bf16 where the CPU has bf16;
                  `--static-int8` adds the static Q/DQ `int8` export (opt-in: slow to export at GPT-2 small)
   optimum-intel  OVModelForCausalLM(export=True, stateful: the KV cache stays inside the engine) f32, bf16 where
@@ -114,9 +115,11 @@ OV_GENAI: tuple[Row, ...] = (("openvino-genai", "LLMPipeline f32", "openvino", "
                              ("openvino-genai", "LLMPipeline bf16", "openvino", "bf16"))
 SYSTEMS = ("transformers", "xdeploy", "optimum-intel", "ctranslate2", "onnxruntime-genai", "openvino-genai")
 # xdeploy config -> (artifact precision, runner, runner options)
-# the ov rows keep the KV cache in the engine (the artifact's stateful IR; refused in one line if it has none)
-XDEPLOY_ROUTE = {"ort fp32": ("fp32", "ort", {}), "ov f32": ("fp32", "ov:f32", {"format": "ir", "kv_cache": "engine"}),
-                 "ov bf16": ("fp32", "ov:bf16", {"format": "ir", "kv_cache": "engine"}),
+# the ov rows keep the KV cache in the engine (the artifact's stateful IR; refused in one line if it has none), as
+# the Generator does by default: paged for a decoder, the stateful step for an encoder-decoder
+_OV_ENGINE = {"format": "ir", "kv_cache": "auto"}
+XDEPLOY_ROUTE = {"ort fp32": ("fp32", "ort", {}), "ov f32": ("fp32", "ov:f32", _OV_ENGINE),
+                 "ov bf16": ("fp32", "ov:bf16", _OV_ENGINE),
                  "ort int8 dynamic": ("int8-dynamic", "ort", {}),
                  # the prompt through graph `model` (7-bit int8 weights: VNNI/AMX kernels) instead of the decode
                  # graph (uint8 weights, U8U8): a faster first token there, a second copy of the weights
@@ -371,6 +374,9 @@ def _open_xdeploy(ctx: Context, row: Row, stack: contextlib.ExitStack) -> Callab
     # opened as it is timed beside the others (deploy/base.py Runner.interleaved_options)
     g = stack.enter_context(Generator(art, runner, threads=ctx.threads, **options,
                                       **runner_class(runner).interleaved_options))
+    if options.get("kv_cache") == "auto" and not g.engine_cache:
+        raise XDeployError(f"xdeploy row {row[1]!r}: {art} keeps no KV cache in OpenVINO; expected an fp32 export "
+                           "with its stateful OpenVINO IR")
     gc = GenerationConfig(max_new_tokens=ctx.w.new_tokens, eos_token_id=-1)
 
     def call() -> Trace:

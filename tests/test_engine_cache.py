@@ -97,11 +97,11 @@ def test_the_stateful_runner_computes_the_decode_graph(which: str, request: pyte
                                 GenerationConfig(max_new_tokens=12, do_sample=True, top_k=20, seed=7, eos_token_id=-1)],
                          ids=["greedy", "beams", "sampling"])
 def test_the_engine_cache_generates_the_loop_caches_tokens(stateful_art: Path, gc: GenerationConfig) -> None:
-    """At fp32 the engine-held cache (the default where the runner can hold it) and the loop's buffer give the same
-    tokens, padded rows, beams (the engine's gather expands each prompt row into its beams, then reorders them)
-    and sampling included; beam scores agree to float rounding."""
-    with Generator(stateful_art, "ov", threads=1) as eng, Generator(stateful_art, "ov", threads=1,
-                                                                    kv_cache="loop") as loop:
+    """At fp32 the engine-held cache (the stateful step) and the loop's buffer give the same tokens, padded rows,
+    beams (the engine's gather expands each prompt row into its beams, then reorders them) and sampling included;
+    beam scores agree to float rounding."""
+    with Generator(stateful_art, "ov", threads=1, kv_cache="engine") as eng, \
+            Generator(stateful_art, "ov", threads=1, kv_cache="loop") as loop:
         assert eng.engine_cache and not loop.engine_cache
         assert eng.decode.graph_format == "stateful" and len(eng._runners()) == 1
         a, b = eng.generate(PROMPTS, gc), loop.generate(PROMPTS, gc)
@@ -181,3 +181,92 @@ def test_where_the_cache_lives_is_refused_in_one_line_when_it_cannot(stateful_ar
         assert not g.engine_cache
     with Generator(stateful_art, "ov", prefill_graph="model") as g:  # another prefill graph: the loop's cache
         assert not g.engine_cache and len(g._runners()) == 2
+
+
+# -- the PagedAttention form of the stateful step (deploy/ov_paged.py, Generator kv_cache="paged") --
+
+def test_blocks_share_full_blocks_between_beams_and_copy_a_shared_partial_block_before_writing() -> None:
+    """The block allocator alone: two rows of 5 and 3 slots in blocks of 4; row 0 becomes two beams that share its
+    blocks; writing one more slot into each copies the shared partly filled block once (the second beam then owns
+    the original), and a row that drops out frees its blocks for reuse; out of blocks, the capacity doubles."""
+    from xdeploy.deploy.ov_paged import Blocks
+
+    b = Blocks(4)
+    b.start(2)
+    assert b.extend(np.array([5, 3])) == []
+    assert b.tables == [[0, 1], [2]] and b.lens.tolist() == [5, 3] and b.capacity == 4
+    b.reorder(np.array([0, 0, 1]))  # row 0 -> beams 0 and 1; row 1 -> 2
+    assert b.tables == [[0, 1], [0, 1], [2]] and b.ref[:3].tolist() == [2, 2, 1]
+    copies = b.extend(np.array([1, 1, 1]))
+    assert copies == [(1, 3)]  # beam 0's partial block 1 copied into free block 3; beam 1 keeps block 1
+    assert b.tables == [[0, 3], [0, 1], [2]] and b.ref.tolist() == [2, 1, 1, 1] and b.lens.tolist() == [6, 6, 4]
+    b.reorder(np.array([1, 1]))  # beam 0 and row 2 drop out: block 3 and 2 are free again
+    assert b.tables == [[0, 1], [0, 1]] and b.ref.tolist() == [2, 2, 0, 0]
+    assert b.extend(np.array([3, 3])) == [(1, 2)]  # one copy (block 1 shared, 6 % 4 slots filled) ...
+    assert b.tables == [[0, 2, 3], [0, 1, 4]] and b.capacity == 8  # ... and new blocks: 5 needed, 4 existed
+    assert b.slots(1, 7, 3)[0].tolist() == [1, 4, 4] and b.slots(1, 7, 3)[1].tolist() == [3, 0, 1]
+
+
+def test_the_paged_step_computes_the_decode_graph(stateful_art: Path) -> None:
+    """The decode graph's call answered by the PagedAttention step: the given cache written into blocks (only its
+    real slots: masked ones are not stored), the step's tokens fed, logits and K/V read back. At fp32 they equal
+    the reference module's `decode` wherever the verdict says an output means something, a right-padded row and
+    a cache spanning two blocks included; so the golden probes check the paged graph where it opens."""
+    from xdeploy.deploy.verdict import meaningful
+
+    art = load_artifact(stateful_art)
+    graph = art.graph("decode")
+    outs = {t.name: t for t in graph.outputs}
+    for sizes in ({"batch": 3, "step": 2, "cache": 6}, {"batch": 2, "step": 5, "cache": 40}):
+        feeds = make_feeds(graph, sizes, seed=5)
+        assert not feeds["cache_mask"].all() and not feeds["step_mask"].all()  # padded rows
+        with open_runner("torch", art, "decode") as ref_runner:
+            ref = ref_runner.infer(feeds)
+        with open_runner("ov", art, "decode", stateful=True, paged=True, threads=1) as r:
+            assert r.graph_format == "paged"
+            got = r.infer(feeds)
+        for name in ("logits", "new_kv"):
+            assert got[name].shape == ref[name].shape
+            keep = np.broadcast_to(meaningful(graph, outs[name], feeds, ref[name].shape), ref[name].shape)
+            np.testing.assert_allclose(got[name][keep], ref[name][keep], atol=1e-4, rtol=1e-3, err_msg=name)
+    # the padded row's last step token is padding: its logits mean nothing (the decode graph's contract is a
+    # real last token), which the verdict now knows
+    assert meaningful(graph, outs["logits"], feeds, ref["logits"].shape).ravel().tolist() == [True, False]
+
+
+@pytest.mark.parametrize("gc", [GenerationConfig(max_new_tokens=40, eos_token_id=-1),
+                                GenerationConfig(max_new_tokens=36, num_beams=3, eos_token_id=-1),
+                                GenerationConfig(max_new_tokens=36, do_sample=True, top_k=20, seed=7, eos_token_id=-1)],
+                         ids=["greedy", "beams", "sampling"])
+def test_the_paged_cache_generates_the_stateful_caches_tokens(stateful_art: Path, gc: GenerationConfig) -> None:
+    """At fp32 the PagedAttention cache gives the stateful cache's tokens: ragged left-padded prompts (their
+    padding never stored), beams sharing blocks and copying a shared block before writing into it, sampling, and
+    sequences that outgrow their first block; beam scores agree to float rounding."""
+    with Generator(stateful_art, "ov", threads=1) as paged, \
+            Generator(stateful_art, "ov", threads=1, kv_cache="engine") as eng:
+        # the default for a decoder on ov: the paged cache, one runner
+        assert paged.decode.graph_format == "paged" and len(paged._runners()) == 1
+        assert eng.decode.graph_format == "stateful"
+        step = paged.decode.cached_step()
+        a, b = paged.generate(PROMPTS, gc), eng.generate(PROMPTS, gc)
+    assert a.mode == "paged engine cache" and b.mode == "engine cache"
+    assert a.tokens == b.tokens
+    assert max(len(p) for p in PROMPTS) + gc.max_new_tokens > step.blocks.size  # past the first block
+    if gc.num_beams > 1:
+        np.testing.assert_allclose(a.scores, b.scores, atol=1e-4)
+
+
+def test_the_paged_cache_is_refused_in_one_line_where_it_cannot_run(stateful_art: Path,
+                                                                     stateful_seq2seq: Path) -> None:
+    with pytest.raises(XDeployError, match="expected stateful=True too"):
+        open_runner("ov", stateful_art, "decode", paged=True)
+    with pytest.raises(XDeployError, match="expected kv_precision f32, bf16 or f16, not u8"):
+        open_runner("ov", stateful_art, "decode", stateful=True, paged=True, kv_precision="u8")
+    with pytest.raises(XDeployError, match="is an encoder-decoder"):
+        Generator(stateful_seq2seq, "ov", kv_cache="paged")
+    with pytest.raises(XDeployError, match="cannot keep the KV cache in its engine"):
+        Generator(stateful_art, "ort", kv_cache="paged")
+    # the default falls back to the stateful step where only it can run: an encoder-decoder, a u8 cache
+    with Generator(stateful_seq2seq, "ov", threads=1) as s2s, \
+            Generator(stateful_art, "ov", threads=1, kv_precision="u8") as u8:
+        assert s2s.decode.graph_format == u8.decode.graph_format == "stateful"

@@ -42,7 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "weights; faster first token for int8-dynamic on VNNI/AMX CPUs")
     p.add_argument("--kv-cache", choices=KV_CACHES, default="auto",
                    help="where the KV cache lives: engine (inside OpenVINO: runner ov on an fp32 artifact with its "
-                        "IR), loop (a buffer bound into the decode graph), auto (default: the engine where it can)")
+                        "IR), paged (the engine's cache in OpenVINO's PagedAttention form, decoders), loop (a "
+                        "buffer bound into the decode graph), auto (default: the engine where it can, paged for a "
+                        "decoder)")
     p.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
     p.add_argument("--no-verify", action="store_true",
                    help="run the artifact without checking its golden probes on this machine (says so on stderr)")
