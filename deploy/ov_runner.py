@@ -15,6 +15,7 @@ NaN guard OpenVINO's frontend puts after each attention (`drop_nan_guards`; `nan
 
     open_runner("ov", art, "decode", stateful=True)          # the KV cache kept inside the engine
     open_runner("ov", art, "decode", stateful=True, kv_precision="u8")   # ... stored as u8 (OpenVINO's default)
+    open_runner("ov", art, "decode", stateful=True, paged=True)          # ... in PagedAttention blocks (decoders)
 
 Option `stateful` compiles, in place of a decode graph, the stateful IR an fp32 artifact with an IR carries for
 it (export/openvino_ir.py `stateful_ir`): the cache lives in the infer request, and the CPU plugin fuses each
@@ -22,6 +23,7 @@ layer's ReadValue -> Concat -> SDPA -> Assign into one attention node that appen
 writes no cache through the caller. The decoding loop drives it through `cached_step()` (deploy/generate.py);
 `infer` still takes the decode graph's feeds and returns its outputs (the given cache is loaded into the state
 and the step's K/V read back from it), so golden probes and parity check the stateful IR as the decode graph.
+Option `paged` rewrites a decoder's stateful IR to OpenVINO's PagedAttention form (deploy/ov_paged.py).
 """
 
 from __future__ import annotations

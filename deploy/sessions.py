@@ -155,16 +155,19 @@ class BoundInputs:
 
     def __init__(self, request: Any, ov: Any) -> None:
         self.req, self._ov = request, ov
-        self._staged: dict[str, tuple[np.ndarray, Any]] = {}  # input -> (buffer, the tensor bound over it)
+        # input -> (buffer, the tensor bound over it, the tensor's shape)
+        self._staged: dict[str, tuple[np.ndarray, Any, tuple[int, ...]]] = {}
 
     def set(self, name: str, a: np.ndarray) -> None:
-        buf, t = self._staged.get(name, (None, None))
+        buf, t, shape = self._staged.get(name, (None, None, ()))
         bound = buf is not None and buf.dtype == a.dtype and buf.size >= a.size
         if not bound:
             buf = np.empty(max(a.size, 64, 0 if buf is None else 2 * buf.size), a.dtype)  # grows geometrically
             t = self._ov.Tensor(buf.reshape(1, -1), shared_memory=True)
-            self._staged[name] = (buf, t)
-        t.shape = list(a.shape)
+            shape = None
+        if a.shape != shape:  # resizing the tensor costs a call into OpenVINO: only when the shape changes
+            t.shape = list(a.shape)
+            self._staged[name] = (buf, t, a.shape)
         np.copyto(buf[:a.size].reshape(a.shape), a)
         if not bound:
             self.req.set_tensor(name, t)
