@@ -253,15 +253,15 @@ class PagedStep(CachedStep):
         elif len(beam) != len(self.blocks.tables) or (beam != np.arange(len(beam))).any():
             self.blocks.reorder(beam)
         real = mask[:, -s:] != 0
-        if real.all():
-            last = self.run(ids.reshape(-1), positions.reshape(-1), np.full(n, s, np.int64), (n, s))
-        else:
-            last = self.run(ids[real], positions[real], real.sum(1))
-        if (mask.sum(1) != self.blocks.lens).any():  # the mask says which positions are real; the cache holds those
+        k = np.full(n, s, np.int64) if real.all() else real.sum(1)
+        # the mask says which positions are real, and the cache holds exactly those: checked before anything is fed
+        if (mask.sum(1) != self.blocks.lens + k).any():
             raise XDeployError(f"PagedAttention step: the mask marks {mask.sum(1).tolist()} real positions per row, "
-                               f"the cache holds {self.blocks.lens.tolist()}; expected a mask that only ever adds "
-                               "real positions")
-        return last
+                               f"the cache would hold {(self.blocks.lens + k).tolist()}; expected a mask that only "
+                               "ever adds real positions")
+        if real.all():
+            return self.run(ids.reshape(-1), positions.reshape(-1), k, (n, s))
+        return self.run(ids[real], positions[real], k)
 
     # -- the decode graph's own call (golden probes, parity) --
     def write(self, r: int, first: int, kv: Sequence[np.ndarray]) -> None:

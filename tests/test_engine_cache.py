@@ -266,6 +266,16 @@ def test_the_paged_cache_is_refused_in_one_line_where_it_cannot_run(stateful_art
         Generator(stateful_seq2seq, "ov", kv_cache="paged")
     with pytest.raises(XDeployError, match="cannot keep the KV cache in its engine"):
         Generator(stateful_art, "ort", kv_cache="paged")
+    # the step itself: a mask that un-marks a cached position, or a row with no real token, is refused
+    with open_runner("ov", stateful_art, "decode", stateful=True, paged=True, threads=1) as r:
+        step, beam = r.cached_step(), np.zeros(1, np.int32)
+        step.reset()
+        step(np.array([[5, 6, 7]]), np.array([[0, 1, 2]]), np.ones((1, 3), np.int64), beam)
+        with pytest.raises(XDeployError, match="expected a mask that only ever adds real positions"):
+            step(np.array([[8]]), np.array([[3]]), np.array([[1, 0, 1, 1]]), beam)
+        step.reset()
+        with pytest.raises(XDeployError, match=r"row\(s\) \[0\] feed no token"):
+            step(np.array([[5, 6]]), np.array([[0, 1]]), np.zeros((1, 2), np.int64), beam)
     # the default falls back to the stateful step where only it can run: an encoder-decoder, a u8 cache
     with Generator(stateful_seq2seq, "ov", threads=1) as s2s, \
             Generator(stateful_art, "ov", threads=1, kv_precision="u8") as u8:
