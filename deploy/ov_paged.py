@@ -248,17 +248,21 @@ class PagedStep(CachedStep):
 
     def __call__(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, beam: np.ndarray) -> np.ndarray:
         n, s = ids.shape
-        if not self.blocks.tables:
-            self.blocks.start(len(beam))
-        elif len(beam) != len(self.blocks.tables) or (beam != np.arange(len(beam))).any():
-            self.blocks.reorder(beam)
+        blocks = self.blocks
+        fresh = not blocks.tables
+        moved = not fresh and (len(beam) != len(blocks.tables) or (beam != np.arange(len(beam))).any())
+        lens = np.zeros(n, np.int32) if fresh else blocks.lens[beam] if moved else blocks.lens
         real = mask[:, -s:] != 0
         k = np.full(n, s, np.int64) if real.all() else real.sum(1)
-        # the mask says which positions are real, and the cache holds exactly those: checked before anything is fed
-        if (mask.sum(1) != self.blocks.lens + k).any():
+        # the mask says which positions are real, and the cache holds exactly those: checked before anything moves
+        if (mask.sum(1) != lens + k).any():
             raise XDeployError(f"PagedAttention step: the mask marks {mask.sum(1).tolist()} real positions per row, "
-                               f"the cache would hold {(self.blocks.lens + k).tolist()}; expected a mask that only "
-                               "ever adds real positions")
+                               f"the cache would hold {(lens + k).tolist()}; expected a mask that only ever adds "
+                               "real positions")
+        if fresh:
+            blocks.start(n)
+        elif moved:
+            blocks.reorder(beam)
         if real.all():
             return self.run(ids.reshape(-1), positions.reshape(-1), k, (n, s))
         return self.run(ids[real], positions[real], k)

@@ -273,6 +273,7 @@ def test_the_paged_cache_is_refused_in_one_line_where_it_cannot_run(stateful_art
         step(np.array([[5, 6, 7]]), np.array([[0, 1, 2]]), np.ones((1, 3), np.int64), beam)
         with pytest.raises(XDeployError, match="expected a mask that only ever adds real positions"):
             step(np.array([[8]]), np.array([[3]]), np.array([[1, 0, 1, 1]]), beam)
+        assert step.blocks.lens.tolist() == [3]  # refused before anything was fed
         step.reset()
         with pytest.raises(XDeployError, match=r"row\(s\) \[0\] feed no token"):
             step(np.array([[5, 6]]), np.array([[0, 1]]), np.zeros((1, 2), np.int64), beam)
