@@ -72,10 +72,12 @@ def gather_before_head(ov: Any, model: Any, logits: str) -> None:
     import openvino.opset13 as ops
 
     outs = [o for o in model.outputs if logits in o.get_names()]
-    head = outs[0].get_node().input_value(0).get_node() if outs else None
-    if head is None or head.get_type_name() != "MatMul":
+    if not outs:
+        raise XDeployError(f"the PagedAttention step has no output {logits!r}; expected the manifest's logits")
+    head = outs[0].get_node().input_value(0).get_node()
+    if head.get_type_name() != "MatMul":
         raise XDeployError(f"the PagedAttention step's output {logits!r} is not a MatMul's (found "
-                           f"{None if head is None else head.get_type_name()}); expected the LM head")
+                           f"{head.get_type_name()}); expected the LM head")
     idx = ops.parameter(ov.PartialShape([-1]), ov.Type.i64, name=LOGITS_INDICES)
     idx.output(0).set_names({LOGITS_INDICES})
     rows = ops.gather(head.input_value(0), idx, ops.constant(np.int64(0)))
