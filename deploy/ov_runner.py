@@ -206,10 +206,7 @@ class OvRunner(Runner):
     def _run_stateful(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The decode graph's call on the stateful IR (probes, parity): the given cache becomes the state, the
         step runs, and its K/V are read back from the grown state."""
-        f = self._feeds
-        if self.graph_format == "paged":
-            return self._run_paged(feeds)
-        req = self._request()
+        f, req = self._feeds, self._request()
         by_name = {s.name: s for s in req.query_state()}
         for name, var in self._variables.items():
             by_name[var].state = self._ov.Tensor(feeds[name])
@@ -262,7 +259,9 @@ class OvRunner(Runner):
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         # share_inputs: OpenVINO reads the (validated, contiguous) arrays in place; outputs are copied out
         # because the request reuses its output memory on the next call.
-        if self.graph_format in ("stateful", "paged"):
+        if self.graph_format == "paged":
+            return self._run_paged(feeds)
+        if self.graph_format == "stateful":
             return self._run_stateful(feeds)
         res = self._request().infer(feeds, share_inputs=True)
         return {n: np.array(res[self._out_ports[n]], copy=True) for n in self.output_names}
