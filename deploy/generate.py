@@ -517,9 +517,9 @@ class Generator:
                                "step is a decoder's (use --kv-cache engine)")
         if kv_cache in ("engine", "paged") and not self.engine_cache:
             raise XDeployError(f"runner {runner!r} cannot keep the KV cache in its engine for {self.artifact.path}: "
-                               "expected runner ov on an fp32 artifact exported with --openvino-ir (its stateful "
-                               "decode step), the cache on and, for a decoder, the decode graph prefilling; or keep "
-                               "it in the loop (kv_cache='loop', --kv-cache loop)")
+                               "expected runner ov on an fp32 or fp16 artifact exported with --openvino-ir (its "
+                               "stateful decode step), the cache on and, for a decoder, the decode graph prefilling; "
+                               "or keep it in the loop (kv_cache='loop', --kv-cache loop)")
         self.paged = self.engine_cache and (kv_cache == "paged" or kv_cache == "auto" and not self.seq2seq
                                             and options.get("kv_precision") != "u8")
         step_options = options | {"stateful": True, "paged": self.paged} if self.engine_cache else options

@@ -317,8 +317,9 @@ def parse_manifest(root: Path, m: Any, mpath: Path, *, verify: bool = True) -> A
     if ov_ir is not None:
         _need(isinstance(ov_ir, dict) and isinstance(ov_ir.get("graphs"), dict), mpath,
               "openvino must be an object with a graphs object")
-        # fp32 artifacts carry the reference's IR, static int8 ones an NNCF-quantized IR (export/convert.py)
-        _need(m["precision"] == "fp32" or (m["precision"] == "int8" and ov_ir.get("weights") == "int8"), mpath,
+        # fp32 artifacts carry the reference's IR, fp16 ones the same with fp16 weights, static int8 ones an
+        # NNCF-quantized IR (export/openvino_ir.py, export/convert.py): the weights are the artifact's precision
+        _need(m["precision"] in ("fp32", "fp16", "int8") and ov_ir.get("weights", "fp32") == m["precision"], mpath,
               f"an OpenVINO IR of {ov_ir.get('weights', 'fp32')} weights in a {m['precision']} artifact")
         for name, g in ov_ir["graphs"].items():
             _need(name in m["graphs"] and isinstance(g, dict), mpath, f"openvino graph {name!r} is not a graph")

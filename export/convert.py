@@ -10,7 +10,8 @@ A static int8 artifact derived from an fp32 artifact that carries an OpenVINO IR
 graph's fp32 IR quantized by NNCF from the same calibration samples (export/openvino_ir.py `quantize_ir`),
 shipped only when the measured check `check_ir` passes (verify/sensitivity.py `check_int8_ir`, passed by
 xdeploy/api.py); the manifest's "openvino" section records it, or per graph why it was left out ("skipped"),
-in which case the `ov` runner compiles the Q/DQ ONNX graph.
+in which case the `ov` runner compiles the Q/DQ ONNX graph. An fp16 artifact derived from one gets the same IRs
+(the stateful step too) with their weights stored as fp16 (export/openvino_ir.py `compress_irs`).
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ def convert_artifact(src: str | Path, out: str | Path, precision: str, *, optimi
     manifest = {k: v for k, v in art.manifest.items()
                 if k not in ("files", "versions", "export_seconds", "openvino")}
     ir_graphs = (art.manifest.get("openvino") or {}).get("graphs", {})
-    ir_files = {f for g in ir_graphs.values() for f in (g["xml"], g["bin"])}
+    stateful = (art.manifest.get("openvino") or {}).get("stateful")
+    ir_files = {f for g in [*ir_graphs.values(), *([stateful] if stateful else [])] for f in (g["xml"], g["bin"])}
     manifest |= {"precision": precision, "optimized": optimize, "conversion": {},
                  "derived_from": {"path": str(art.path.resolve()), "files": dict(art.manifest["files"])}}
     carry: dict[str, str] | None = None  # foreign source: which of its files go where (else all but the graphs)
@@ -118,9 +120,11 @@ def convert_artifact(src: str | Path, out: str | Path, precision: str, *, optimi
             elif rel not in graph_files and rel.removesuffix(".data") not in graph_files and rel not in ir_files:
                 w.add_file(rel, art.path / rel)
         ir_section = _int8_ir_section(art, check_ir) if precision == "int8" and ir_graphs else None
+        if precision == "fp16" and ir_graphs:  # the same IRs, their weights stored as fp16 (the graphs' rounding)
+            ir_section = openvino_ir.compress_irs(w, art.path, art.manifest["openvino"])
         for graph in art.spec.graphs:
             proto = onnx.load(str(art.onnx_path(graph.name)))
-            make_ir = ir_section is not None and "reason" not in ir_section
+            make_ir = precision == "int8" and ir_section is not None and "reason" not in ir_section
             fp32 = onnx.ModelProto()
             if make_ir:  # the int8 IR's check compares against the fp32 graph (convert_graph edits `proto`)
                 fp32.CopyFrom(proto)

@@ -331,8 +331,9 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
     graph, truncating to the pooling max_length or the seq axis), verified against Hugging Face tokenizers by
     the builder, which refuses when ids differ unless told to accept them.
 
-    `openvino_ir` (fp32 only) also writes openvino/<graph>.xml + .bin converted from the same module by
-    openvino.convert_model (export/openvino_ir.py), which the `ov` runner compiles instead of the ONNX graph.
+    `openvino_ir` (fp32 and fp16: its weights stored as fp16) also writes openvino/<graph>.xml + .bin converted
+    from the same module by openvino.convert_model (export/openvino_ir.py), which the `ov` runner compiles instead
+    of the ONNX graph.
 
     Each graph's torch.onnx trace is kept in the trace cache (export/store.py `cached_trace`, $XDEPLOY_CACHE/traces)
     and reused by any later export of the same module, graph and opset, whatever its precision and options;
@@ -345,8 +346,8 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
         raise XDeployError(f"unsupported opset {opset}; expected one of: {', '.join(map(str, SUPPORTED_OPSETS))}")
     prec.check_precision(precision)
     prec.check_options(precision_options)
-    if openvino_ir and precision != "fp32":
-        raise XDeployError(f"an OpenVINO IR is carried by fp32 artifacts only; got precision {precision}")
+    if openvino_ir and precision not in ("fp32", "fp16"):  # openvino_ir.IR_PRECISIONS (imports openvino)
+        raise XDeployError(f"an OpenVINO IR is carried by fp32 and fp16 artifacts only; got precision {precision}")
     src = resolve_source(model, preset=preset, checkpoint=checkpoint, attn_impl=attn_impl, seed=seed,
                          config_overrides=config_overrides)
     spec = src.family.spec(src.config)

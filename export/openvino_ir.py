@@ -1,6 +1,6 @@
 """An OpenVINO IR converted straight from the reference module, carried beside the ONNX graphs.
 
-    export(model, ..., openvino_ir=True)          # fp32 artifacts only; openvino/<graph>.xml + .bin
+    export(model, ..., openvino_ir=True)          # fp32 and fp16 artifacts; openvino/<graph>.xml + .bin
 
 Why: OpenVINO's ONNX frontend keeps the exported graph's layout (per-head Reshape/Transpose around attention,
 the dynamo exporter's Transposes around LayerNorm/GELU), and the CPU plugin compiles it to ~4x the Transpose and
@@ -12,12 +12,17 @@ present (deploy/ov_runner.py, `format="auto"`), parity checks it like any graph,
 reading the ONNX. The IR holds fp32 weights (`compress_to_fp16=False`): the precision the CPU computes in is the
 runner's hint, as for the ONNX graph.
 
+An fp16 artifact carries the same IRs with their weights stored as fp16 (`save_model(compress_to_fp16=True)`:
+each weight an fp16 Constant and a Convert marked as decompression, the fp16 ONNX graph's rounding). Computing in
+f32 (`ov`), the CPU plugin keeps those weights in fp16 where it runs the graph as a language model (a stateful or
+PagedAttention step): a decode step then reads half the bytes (docs/generate.md, "fp16 weights").
+
 A static int8 artifact derived from such an fp32 artifact (export/convert.py) may carry an int8 IR: the fp32 IR
 quantized by NNCF (`quantize_ir`: OpenVINO's own post-training quantizer, FakeQuantize on the MatMul inputs
 that the CPU plugin folds into its int8 kernels) from the same calibration samples as the Q/DQ graph. It is
 shipped only when a measured check (verify/sensitivity.py `check_int8_ir`) finds it within the int8 tolerance;
-otherwise the section says why and the `ov` runner compiles the Q/DQ ONNX graph. fp16 and int8-dynamic
-artifacts carry no IR (their weights differ from the IR's and no quantizer makes theirs).
+otherwise the section says why and the `ov` runner compiles the Q/DQ ONNX graph. int8-dynamic artifacts carry no
+IR (their weights differ from the IR's and no quantizer makes theirs).
 
 A decoder that declares an engine-cache step (models/spec.py EngineCache: gpt's `step`) also gets
 openvino/<decode graph>.stateful.xml: that step converted the same way and made stateful (`stateful_ir`), so
@@ -185,25 +190,38 @@ def stateful_ir(ir: Any, ec: EngineCache) -> tuple[Any, list[str]]:
     return ir, variables
 
 
+IR_PRECISIONS = ("fp32", "fp16")  # the artifact precisions whose weights an IR converted from the module can hold
+FP16_SOURCE = "weights stored as fp16 (openvino.save_model compress_to_fp16=True)"
+
+
+def save_ir(ir: Any, path: str | Path, precision: str) -> None:
+    """openvino.save_model with the artifact's weights: fp32 as converted, fp16 compressed (module docstring)."""
+    ov = import_quietly("openvino")
+
+    if precision not in IR_PRECISIONS:
+        raise XDeployError(f"an OpenVINO IR holds fp32 or fp16 weights; this artifact is {precision}")
+    ov.save_model(ir, str(path), compress_to_fp16=precision == "fp16")
+
+
 def write_ir(writer: Any, spec: ExportSpec, graph_module: Callable[[Graph], nn.Module],
              sizes: Mapping[str, int]) -> None:
     """Every graph of `spec` as openvino/<graph>.xml + .bin through the artifact writer, and the manifest
-    section that points at them (an fp32 artifact's only: the IR holds the reference's fp32 weights).
+    section that points at them (fp32 and fp16 artifacts: the reference's weights, as fp16 in an fp16 one).
     `graph_module(graph)` is the module the ONNX exporter traces for that graph (onnx_export passes it, so
     both formats come from the same wrapper at the same example sizes)."""
-    ov = import_quietly("openvino")
-
-    if writer.manifest["precision"] != "fp32":
-        raise XDeployError(f"an OpenVINO IR is carried by fp32 artifacts only (it holds the reference's fp32 "
-                           f"weights); this artifact is {writer.manifest['precision']}")
+    precision = writer.manifest["precision"]
+    if precision not in IR_PRECISIONS:
+        raise XDeployError(f"an OpenVINO IR is carried by fp32 and fp16 artifacts only (it holds the reference's "
+                           f"weights); this artifact is {precision}")
     graphs = {}
     for graph in spec.graphs:
         ir = convert_graph_ir(graph_module(graph), graph, sizes)
         xml = f"{FOLDER}/{graph.name}.xml"
-        ov.save_model(ir, str(writer.path(xml)), compress_to_fp16=False)
+        save_ir(ir, writer.path(xml), precision)
         graphs[graph.name] = {"xml": xml, "bin": xml.removesuffix(".xml") + ".bin"}
-    section: dict[str, Any] = {"graphs": graphs, "source": "openvino.convert_model(reference module)",
-                               "weights": "fp32"}
+    source = "openvino.convert_model(reference module)"
+    section: dict[str, Any] = {"graphs": graphs, "weights": precision,
+                               "source": source + ("; " + FP16_SOURCE if precision == "fp16" else "")}
     ec = spec.engine_cache
     if ec is not None:
         # P cached positions beside the step's S: the example sizes must differ (else convert_model may fold them)
@@ -211,8 +229,23 @@ def write_ir(writer: Any, spec: ExportSpec, graph_module: Callable[[Graph], nn.M
         ex = dict(sizes) | {ec.past_axis: 3, ec.total_axis: (step if isinstance(step, int) else sizes[step]) + 3}
         ir, variables = stateful_ir(convert_graph_ir(graph_module(ec.graph), ec.graph, ex), ec)
         xml = f"{FOLDER}/{ec.replaces}.stateful.xml"
-        ov.save_model(ir, str(writer.path(xml)), compress_to_fp16=False)
+        save_ir(ir, writer.path(xml), precision)
         section["stateful"] = {"replaces": ec.replaces, "method": ec.graph.method, "xml": xml,
                                "bin": xml.removesuffix(".xml") + ".bin", "mask": ec.mask, "beam": ec.beam,
                                "variables": variables}
     writer.add_section(SECTION, section, versions=["openvino"])
+
+
+def compress_irs(writer: Any, source: Path, section: Mapping[str, Any]) -> dict[str, Any]:
+    """The "openvino" `section` of the fp32 artifact at `source` (its graphs' IRs and a stateful step) written
+    again through `writer` (the fp16 artifact converted from it, export/convert.py) with the weights stored as
+    fp16, at the same relative paths; returns the new artifact's section."""
+    ov = import_quietly("openvino")
+
+    core = ov.Core()
+    out = {k: v for k, v in section.items() if k != "versions"} | {
+        "weights": "fp16", "source": f"the fp32 artifact's IR ({section.get('source', '?')}); {FP16_SOURCE}"}
+    records = [*section.get("graphs", {}).values(), *([section["stateful"]] if section.get("stateful") else [])]
+    for rec in records:
+        save_ir(core.read_model(str(source / rec["xml"])), writer.path(rec["xml"]), "fp16")
+    return out

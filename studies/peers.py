@@ -332,6 +332,11 @@ def _check_ov(compiled: Any, precision: str, threads: int, what: str) -> None:
     n = int(compiled.get_property("INFERENCE_NUM_THREADS"))
     if n != threads:
         raise XDeployError(f"{what} with INFERENCE_NUM_THREADS {n}; expected {threads}")
+    if precision == "fp16":  # fp16 weights computed in f32: the FullyConnected layers must keep them in fp16
+        info = [op.get_rt_info() for op in compiled.get_runtime_model().get_ops()]
+        fc = {i["runtimePrecision"].astype(str) for i in info if i["layerType"].astype(str) == "FullyConnected"}
+        if "f16" not in fc:
+            raise XDeployError(f"{what} runs its FullyConnected layers in {sorted(fc)}; expected fp16 weights")
     if precision == "int8":
         info = [op.get_rt_info() for op in compiled.get_runtime_model().get_ops()]
         gemm = {i["runtimePrecision"].astype(str) for i in info

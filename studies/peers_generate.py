@@ -30,10 +30,12 @@ Every system loads the same local safetensors directory (with a byte-level GPT-2
                  `ort` fp32, `ov` f32 (the artifact's stateful OpenVINO IR: the KV cache kept in the engine,
                  Generator's kv_cache="auto": a decoder's in OpenVINO's PagedAttention form, an
                  encoder-decoder's in the stateful step), `ort` int8-dynamic (also with the prompt
-                 prefilled by graph `model`: Generator's prefill_graph), `ov` bf16 where the CPU has bf16;
+                 prefilled by graph `model`: Generator's prefill_graph), `ov` bf16 where the CPU has bf16,
+                 `ov` f32 on the fp16 export (its IR's weights stored as fp16: the precision class "fp16");
                  `--static-int8` adds the static Q/DQ `int8` export (opt-in: slow to export at GPT-2 small)
   optimum-intel  OVModelForCausalLM(export=True, stateful: the KV cache stays inside the engine) f32, bf16 where
-                 the CPU has it, int8 weight-only (OVWeightQuantizationConfig(bits=8))
+                 the CPU has it, int8 weight-only (OVWeightQuantizationConfig(bits=8)), f32 on its IR re-saved with
+                 fp16 weights (openvino.save_model compress_to_fp16, OpenVINO's own default)
   ctranslate2    TransformersConverter on the directory; compute types float32 and int8; generate_tokens with
                  sampling_topk=1, end_token=[] (no end token: EOS does not stop it)
   onnxruntime-genai  its model builder first; GPT-2 is not among the builder's architectures (and the builder of
@@ -43,10 +45,14 @@ Every system loads the same local safetensors directory (with a byte-level GPT-2
                  export has; its "gpt2" type expects the combined past_%d layout). genai refuses an EOS id outside
                  the vocabulary, so EOS is kept from stopping it by min_length = max_length (which also masks the
                  EOS logit: a divergence only where EOS would be the argmax)
-  openvino-genai LLMPipeline (f32; bf16, its default, where the CPU has it) on optimum-intel's f32 IR, its
+  openvino-genai LLMPipeline (f32; bf16, its default, where the CPU has it) on optimum-intel's f32 IR (f32 on
+                 its fp16-weight IR for the fp16 row), its
                  tokenizer converted by openvino_tokenizers, fed token ids (TokenizedInputs),
                  GenerationConfig(max_new_tokens, ignore_eos=True, greedy), its prefix cache off (the rounds repeat
                  one prompt: every row computes it every time)
+
+The fp16 rows (fp16 weights computed in f32; decoder workloads only) are checked to keep those weights in fp16 in
+OpenVINO's FullyConnected kernels (its weight decompression for a language model), not widened to f32 at compile.
 
 Every OpenVINO row (xdeploy's, optimum-intel's, openvino-genai's) stores its KV cache in its compute precision
 (KV_CACHE_PRECISION f32, bf16 on the bf16 rows): OpenVINO 2026.4's CPU default is a u8 cache (measured), a quantized
@@ -86,6 +92,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -97,22 +104,26 @@ from typing import Any
 import numpy as np
 
 from xdeploy.core.errors import XDeployError
+from xdeploy.core.fsutil import atomic_dir
 
 Row = tuple[str, str, str, str]  # (system, config, runtime, precision)
 REFERENCE: Row = ("transformers", "generate eager fp32", "torch", "fp32")
 XDEPLOY: tuple[Row, ...] = (("xdeploy", "ort fp32", "onnxruntime", "fp32"), ("xdeploy", "ov f32", "openvino", "fp32"),
                             ("xdeploy", "ov bf16", "openvino", "bf16"),
+                            ("xdeploy", "ov f32, fp16 weights", "openvino", "fp16"),
                             ("xdeploy", "ort int8 dynamic", "onnxruntime", "int8"),
                             ("xdeploy", "ort int8 dynamic, model-graph prefill", "onnxruntime", "int8"))
 XDEPLOY_STATIC: tuple[Row, ...] = (("xdeploy", "ort int8 static", "onnxruntime", "int8"),)
 OPTIMUM_INTEL: tuple[Row, ...] = (("optimum-intel", "ov stateful f32", "openvino", "fp32"),
                                   ("optimum-intel", "ov stateful bf16", "openvino", "bf16"),
+                                  ("optimum-intel", "ov stateful f32, fp16 weights", "openvino", "fp16"),
                                   ("optimum-intel", "ov stateful int8 weight-only", "openvino", "int8"))
 CTRANSLATE2: tuple[Row, ...] = (("ctranslate2", "float32", "ctranslate2", "fp32"),
                                 ("ctranslate2", "int8", "ctranslate2", "int8"))
 ORT_GENAI: tuple[Row, ...] = (("onnxruntime-genai", "fp32 (optimum-onnx export)", "onnxruntime", "fp32"),)
 OV_GENAI: tuple[Row, ...] = (("openvino-genai", "LLMPipeline f32", "openvino", "fp32"),
-                             ("openvino-genai", "LLMPipeline bf16", "openvino", "bf16"))
+                             ("openvino-genai", "LLMPipeline bf16", "openvino", "bf16"),
+                             ("openvino-genai", "LLMPipeline f32, fp16 weights", "openvino", "fp16"))
 SYSTEMS = ("transformers", "xdeploy", "optimum-intel", "ctranslate2", "onnxruntime-genai", "openvino-genai")
 # xdeploy config -> (artifact precision, runner, runner options)
 # the ov rows keep the KV cache in the engine (the artifact's stateful IR; refused in one line if it has none), as
@@ -120,6 +131,9 @@ SYSTEMS = ("transformers", "xdeploy", "optimum-intel", "ctranslate2", "onnxrunti
 _OV_ENGINE = {"format": "ir", "kv_cache": "auto"}
 XDEPLOY_ROUTE = {"ort fp32": ("fp32", "ort", {}), "ov f32": ("fp32", "ov:f32", _OV_ENGINE),
                  "ov bf16": ("fp32", "ov:bf16", _OV_ENGINE),
+                 # the fp16 artifact's IR (weights stored as fp16) computed in f32: OpenVINO keeps a language model's
+                 # fp16 weights in its FullyConnected kernels, so a decode step reads half the bytes
+                 "ov f32, fp16 weights": ("fp16", "ov:f32", _OV_ENGINE),
                  "ort int8 dynamic": ("int8-dynamic", "ort", {}),
                  # the prompt through graph `model` (7-bit int8 weights: VNNI/AMX kernels) instead of the decode
                  # graph (uint8 weights, U8U8): a faster first token there, a second copy of the weights
@@ -317,7 +331,7 @@ def _xdeploy_artifact(ctx: Context, precision: str) -> Path:
     if precision not in ctx.arts:
         source = {"preset": ctx.w.preset} if ctx.w.preset else {"checkpoint": ctx.ckpt}
         ctx.arts[precision] = cached_artifact(ctx.w.model, **source, precision=precision,
-                                              root=ctx.work / "xdeploy", openvino_ir=precision == "fp32",
+                                              root=ctx.work / "xdeploy", openvino_ir=precision in ("fp32", "fp16"),
                                               log=ctx.log, refine=refine if precision == "int8" else None)
     return ctx.arts[precision]
 
@@ -398,6 +412,8 @@ def _kv_cache(precision: str) -> dict[str, str]:
 def _optimum_intel_dir(ctx: Context, precision: str) -> Path:
     from optimum.intel import OVModelForCausalLM, OVWeightQuantizationConfig
 
+    if precision == "fp16":
+        return _fp16_weights_dir(_optimum_intel_dir(ctx, "fp32"))
     d = ctx.work / f"optimum-intel-{ctx.ckpt.name}-{'int8wo' if precision == 'int8' else 'f32'}"
     if not (d / "openvino_model.xml").exists():
         # stateful (the default for decoders): the KV cache lives in the infer request's state
@@ -405,6 +421,22 @@ def _optimum_intel_dir(ctx: Context, precision: str) -> Path:
             {"load_in_8bit": False}  # no weight compression: f32 weights, as in the ONNX exports
         OVModelForCausalLM.from_pretrained(str(ctx.ckpt), export=True, compile=False, stateful=True,
                                            **q).save_pretrained(str(d))
+    return d
+
+
+def _fp16_weights_dir(f32: Path) -> Path:
+    """optimum-intel's f32 IR with its weights stored as fp16, as OpenVINO's own `ovc` and `save_model` store them by
+    default (compress_to_fp16): the fp16-weight peers' model, beside the f32 one (its other files copied)."""
+    import openvino as ov
+
+    d = f32.with_name(f32.name.removesuffix("-f32") + "-f16w")
+    if not (d / "openvino_model.xml").exists():
+        with atomic_dir(d, force=True) as tmp:
+            for f in f32.iterdir():
+                if f.is_file() and not f.name.startswith("openvino_model."):
+                    shutil.copy2(f, tmp / f.name)
+            ov.save_model(ov.Core().read_model(str(f32 / "openvino_model.xml")), str(tmp / "openvino_model.xml"),
+                          compress_to_fp16=True)
     return d
 
 
@@ -576,7 +608,7 @@ def _open_ov_genai(ctx: Context, row: Row, stack: contextlib.ExitStack) -> Calla
         from xdeploy.studies import peers_seq2seq
 
         return peers_seq2seq.open_ov_genai(ctx, _ov_options(row[3], ctx.threads) | _kv_cache(row[3]))
-    d = _optimum_intel_dir(ctx, "fp32")
+    d = _optimum_intel_dir(ctx, "fp16" if row[3] == "fp16" else "fp32")
     if not (d / "openvino_tokenizer.xml").exists():
         from openvino_tokenizers import convert_tokenizer
         from transformers import AutoTokenizer
@@ -739,7 +771,8 @@ def agreement(reference: Sequence[int], tokens: Sequence[int]) -> tuple[int, flo
 
 def roofline_bytes(arts: dict[str, Path], kv_tokens: int) -> dict[str, float]:
     """Bytes one decode step reads per precision: the weights of xdeploy's decode graph (decode_bench's
-    `weight_bytes_per_token`; bf16: the fp32 graph's at 2 bytes) plus the fp32 KV cache at `kv_tokens`."""
+    `weight_bytes_per_token`; bf16: the fp32 graph's at 2 bytes; fp16: the fp16 export's) plus the fp32 KV cache at
+    `kv_tokens`."""
     from xdeploy.export.artifact import load_artifact
     from xdeploy.models.registry import dims
     from xdeploy.studies.decode_bench import weight_bytes_per_token
@@ -753,6 +786,8 @@ def roofline_bytes(arts: dict[str, Path], kv_tokens: int) -> dict[str, float]:
         kv = dims(fp32.config).kv_bytes(kv_tokens)
         wb = weight_bytes_per_token(decode_graph(fp32))
         out = {"fp32": wb + kv, "bf16": wb / 2 + kv}
+        if "fp16" in arts:
+            out["fp16"] = weight_bytes_per_token(decode_graph(load_artifact(arts["fp16"], verify=False))) + kv
         if "int8-dynamic" in arts:
             out["int8"] = weight_bytes_per_token(decode_graph(load_artifact(arts["int8-dynamic"], verify=False))) + kv
     return out
@@ -773,9 +808,11 @@ def run_workload(w: Workload, *, work: Path, threads: int, rows: Sequence[Row], 
     ctx = _context(w, ckpt, work, threads, log)
     base = row_name(REFERENCE)
     errors: dict[str, str] = {}
-    # a decoder-only route (the prompt through graph `model`) has no encoder-decoder counterpart
+    # a decoder-only route (the prompt through graph `model`) has no encoder-decoder counterpart, nor do the
+    # fp16-weight rows (the peers' encoder-decoder routes load f32 weights; fp16 is measured on decoders)
     by_name = {row_name(r): r for r in rows
-               if not (w.seq2seq and r[0] == "xdeploy" and "prefill_graph" in XDEPLOY_ROUTE[r[1]][2])}
+               if not (w.seq2seq and (r[3] == "fp16" or r[0] == "xdeploy"
+                                      and "prefill_graph" in XDEPLOY_ROUTE[r[1]][2]))}
     for name, row in by_name.items():  # exports and conversions first: none of it is timed or probed
         try:
             prepare(ctx, row)
@@ -783,7 +820,8 @@ def run_workload(w: Workload, *, work: Path, threads: int, rows: Sequence[Row], 
             errors[name] = one_line(e)
             log(f"{w.name}: {name}: {errors[name]}")
     arts = {}
-    for p in ("fp32", "int8-dynamic"):
+    fp16 = ("fp16",) if any(r[3] == "fp16" for r in by_name.values()) else ()  # its bytes: the fp16 export's
+    for p in ("fp32", "int8-dynamic", *fp16):
         with contextlib.suppress(Exception):
             arts[p] = _xdeploy_artifact(ctx, p)
     per_byte = roofline_bytes(arts, w.prompt_len + w.new_tokens)

@@ -256,6 +256,29 @@ def test_the_paged_cache_generates_the_stateful_caches_tokens(stateful_art: Path
         np.testing.assert_allclose(a.scores, b.scores, atol=1e-4)
 
 
+def test_an_fp16_artifact_decodes_in_the_engine_with_fp16_weights(stateful_art: Path, tmp_path: Path) -> None:
+    """The fp16 artifact converted from the fp32 one carries the stateful step with fp16 weights. Computing in f32
+    (`ov`), OpenVINO keeps every FullyConnected's weights in fp16 in the paged step (its weight decompression for a
+    language model: a decode step reads half the bytes); the golden probes pass through that step at fp16's
+    tolerance (checked as the Generator opens), and the paged and stateful steps give the same tokens."""
+    import openvino as ov
+
+    from xdeploy.export.convert import convert_artifact
+
+    fp16 = convert_artifact(stateful_art, tmp_path / "f16", "fp16")
+    assert load_artifact(fp16).openvino_stateful("decode") is not None
+    gc = GenerationConfig(max_new_tokens=40, eos_token_id=-1)
+    with Generator(fp16, "ov", threads=1) as paged, Generator(fp16, "ov", threads=1, kv_cache="engine") as eng:
+        assert paged.decode.graph_format == "paged" and eng.decode.graph_format == "stateful"
+        assert paged.probes is not None and paged.probes.passed and paged.probes.precision == "fp16"
+        assert "decode/logits" in paged.probes.covered
+        fcs = [op for op in paged.decode.compiled.get_runtime_model().get_ops()
+               if op.get_rt_info()["layerType"].astype(str) == "FullyConnected"]
+        assert fcs and all(op.input(1).get_element_type() == ov.Type.f16 for op in fcs)
+        a, b = paged.generate(PROMPTS, gc), eng.generate(PROMPTS, gc)
+    assert a.mode == "paged engine cache" and a.tokens == b.tokens
+
+
 def test_the_paged_cache_is_refused_in_one_line_where_it_cannot_run(stateful_art: Path,
                                                                      stateful_seq2seq: Path) -> None:
     with pytest.raises(XDeployError, match="expected stateful=True too"):

@@ -76,11 +76,12 @@ def test_tampered_or_misplaced_ir_is_refused(ir_artifact: Path, tmp_path: Path) 
         load_artifact(out)
 
 
-def test_only_fp32_and_checked_static_int8_artifacts_carry_an_ir(ir_artifact: Path, tmp_path: Path) -> None:
-    """An export at a reduced precision refuses the reference's IR; a conversion drops the fp32 IR (its weights
-    are not the converted graph's). Only static int8 may carry one of its own, NNCF-quantized and checked
-    (test_int8_artifact_carries_a_checked_nncf_ir): without a check none is made, and the reason is recorded."""
-    with pytest.raises(XDeployError, match="fp32 artifacts only"):
+def test_only_fp32_fp16_and_checked_static_int8_artifacts_carry_an_ir(ir_artifact: Path, tmp_path: Path) -> None:
+    """An int8 export refuses the reference's IR; an int8 conversion drops the fp32 IR (its weights are not the
+    converted graph's). Only static int8 may carry one of its own, NNCF-quantized and checked
+    (test_int8_artifact_carries_a_checked_nncf_ir): without a check none is made, and the reason is recorded.
+    (fp16: test_an_fp16_artifact_carries_the_ir_with_fp16_weights.)"""
+    with pytest.raises(XDeployError, match="fp32 and fp16 artifacts only"):
         export(MODEL, preset="tiny", out=tmp_path / "i8", precision="int8", openvino_ir=True)
     dyn = load_artifact(convert_artifact(ir_artifact, tmp_path / "d8", "int8-dynamic"))
     assert "openvino" not in dyn.manifest and not any(f.startswith("openvino/") for f in dyn.manifest["files"])
@@ -96,8 +97,47 @@ def test_only_fp32_and_checked_static_int8_artifacts_carry_an_ir(ir_artifact: Pa
         open_runner("ov", conv, threads=1, format="xml")
 
 
+def test_an_fp16_artifact_carries_the_ir_with_fp16_weights(ir_artifact: Path, tmp_path: Path) -> None:
+    """fp16 from the fp32 artifact (`xdeploy convert`) and fp16 straight from PyTorch (`export --precision fp16
+    --openvino-ir`) both carry every graph's IR with the weights stored as fp16: each MatMul weight an fp16
+    Constant behind a Convert marked as decompression, the bin about half the fp32 one's. The ov runner compiles
+    it and computes the module's outputs to fp16 rounding."""
+    import openvino as ov
+
+    src = load_artifact(ir_artifact)
+    conv = load_artifact(convert_artifact(ir_artifact, tmp_path / "c16", "fp16"))
+    direct = load_artifact(export(MODEL, preset="tiny", out=tmp_path / "e16", precision="fp16", openvino_ir=True))
+    torch.manual_seed(0)
+    module = registry.build(MODEL, registry.get_config(MODEL, "tiny"), seed=0)
+    for art in (conv, direct):
+        sec = art.manifest["openvino"]
+        assert sec["weights"] == "fp16" and "compress_to_fp16" in sec["source"]
+        assert set(sec["graphs"]) == {g.name for g in art.spec.graphs}
+        for name, g in sec["graphs"].items():
+            assert g["xml"] in art.manifest["files"] and g["bin"] in art.manifest["files"]
+            fp32_bin = (src.path / src.manifest["openvino"]["graphs"][name]["bin"]).stat().st_size
+            assert (art.path / g["bin"]).stat().st_size < 0.6 * fp32_bin
+            model = ov.Core().read_model(str(art.path / g["xml"]))
+            weights = [m.input_value(1).get_node() for m in model.get_ops() if m.get_type_name() == "MatMul"
+                       and m.input_value(1).get_node().get_type_name() == "Convert"]
+            assert weights and all("decompression_0" in c.get_rt_info() and
+                                   c.input_value(0).get_element_type() == ov.Type.f16 for c in weights)
+        for graph in art.spec.graphs:
+            feeds = _feeds(art, graph)
+            with open_runner("ov:f32", art, graph=graph.name, threads=1) as r:
+                assert r.graph_format == "ir"
+                got = r.infer(feeds)
+            with torch.no_grad():
+                ref = getattr(module, graph.method)(*(torch.from_numpy(feeds[t.name]) for t in graph.inputs))
+            ref = ref if isinstance(ref, tuple) else (ref,)
+            tol = art.tolerance  # fp16's
+            for t, r_ in zip(graph.outputs, ref):
+                assert not np.array_equal(got[t.name], r_.numpy()), f"{t.name}: fp16 weights changed nothing"
+                np.testing.assert_allclose(got[t.name], r_.numpy(), atol=tol.atol, rtol=tol.rtol, err_msg=t.name)
+
+
 def test_the_ir_is_the_default_where_a_runner_reads_it() -> None:
-    """`xdeploy export` writes the IR for fp32 unless told not to (never for other precisions); `xdeploy run`
+    """`xdeploy export` writes the IR for fp32 and fp16 unless told not to (never for int8); `xdeploy run`
     writes it when a selected runner compiles it (the runner class says so, no runner name in the pipeline)."""
     from xdeploy.cli import build_parser
     from xdeploy.commands.export import openvino_ir
@@ -106,9 +146,9 @@ def test_the_ir_is_the_default_where_a_runner_reads_it() -> None:
     def wanted(*argv: str) -> bool:
         return openvino_ir(build_parser("export").parse_args(["export", MODEL, *argv]))
 
-    assert wanted() and wanted("--precision", "fp32")
-    assert not wanted("--no-openvino-ir")
-    assert not wanted("--precision", "int8") and not wanted("--precision", "fp16")
+    assert wanted() and wanted("--precision", "fp32") and wanted("--precision", "fp16")
+    assert not wanted("--no-openvino-ir") and not wanted("--precision", "fp16", "--no-openvino-ir")
+    assert not wanted("--precision", "int8") and not wanted("--precision", "int8-dynamic")
     assert wanted("--precision", "int8", "--openvino-ir")  # asked for: export() refuses it with one line
     assert openvino_ir_wanted(("ort", "ov:bf16")) and openvino_ir_wanted(("ov",))
     assert not openvino_ir_wanted(("ort",)) and not openvino_ir_wanted(("ort", "torch"))
