@@ -346,7 +346,9 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
         raise XDeployError(f"unsupported opset {opset}; expected one of: {', '.join(map(str, SUPPORTED_OPSETS))}")
     prec.check_precision(precision)
     prec.check_options(precision_options)
-    if openvino_ir and precision not in ("fp32", "fp16"):  # openvino_ir.IR_PRECISIONS (imports openvino)
+    from .openvino_ir import IR_PRECISIONS
+
+    if openvino_ir and precision not in IR_PRECISIONS:
         raise XDeployError(f"an OpenVINO IR is carried by fp32 and fp16 artifacts only; got precision {precision}")
     src = resolve_source(model, preset=preset, checkpoint=checkpoint, attn_impl=attn_impl, seed=seed,
                          config_overrides=config_overrides)

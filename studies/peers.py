@@ -324,7 +324,8 @@ def _check_ort(session: Any, threads: int, what: str, graph: Path | None = None,
 
 def _check_ov(compiled: Any, precision: str, threads: int, what: str) -> None:
     """A peer's compiled OpenVINO model computes in the row's precision on `threads` threads (the hint must have
-    been applied; an int8 row must run its FullyConnected/MatMul layers in u8/i8, not decompressed to f32)."""
+    been applied; an int8 row must run its FullyConnected/MatMul layers in u8/i8, not decompressed to f32, and an
+    fp16 row its FullyConnected layers on fp16 weights)."""
     got = compiled.get_property("INFERENCE_PRECISION_HINT").to_string()
     want = "bf16" if precision == "bf16" else "f32"
     if got != want:
@@ -332,13 +333,12 @@ def _check_ov(compiled: Any, precision: str, threads: int, what: str) -> None:
     n = int(compiled.get_property("INFERENCE_NUM_THREADS"))
     if n != threads:
         raise XDeployError(f"{what} with INFERENCE_NUM_THREADS {n}; expected {threads}")
+    info = [op.get_rt_info() for op in compiled.get_runtime_model().get_ops()] if precision in ("fp16", "int8") else []
     if precision == "fp16":  # fp16 weights computed in f32: the FullyConnected layers must keep them in fp16
-        info = [op.get_rt_info() for op in compiled.get_runtime_model().get_ops()]
         fc = {i["runtimePrecision"].astype(str) for i in info if i["layerType"].astype(str) == "FullyConnected"}
         if "f16" not in fc:
             raise XDeployError(f"{what} runs its FullyConnected layers in {sorted(fc)}; expected fp16 weights")
     if precision == "int8":
-        info = [op.get_rt_info() for op in compiled.get_runtime_model().get_ops()]
         gemm = {i["runtimePrecision"].astype(str) for i in info
                 if i["layerType"].astype(str) in ("FullyConnected", "MatMul")}
         if not gemm & {"u8", "i8"}:
