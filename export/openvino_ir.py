@@ -243,8 +243,8 @@ def compress_irs(writer: Any, source: Path, section: Mapping[str, Any]) -> dict[
     ov = import_quietly("openvino")
 
     core = ov.Core()
-    out = {k: v for k, v in section.items() if k != "versions"} | {
-        "weights": "fp16", "source": f"the fp32 artifact's IR ({section.get('source', '?')}); {FP16_SOURCE}"}
+    out = dict(section) | {"weights": "fp16",
+                           "source": f"the fp32 artifact's IR ({section.get('source', '?')}); {FP16_SOURCE}"}
     records = [*section.get("graphs", {}).values(), *([section["stateful"]] if section.get("stateful") else [])]
     for rec in records:
         save_ir(core.read_model(str(source / rec["xml"])), writer.path(rec["xml"]), "fp16")

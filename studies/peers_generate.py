@@ -326,12 +326,13 @@ class _Clock:
 
 def _xdeploy_artifact(ctx: Context, precision: str) -> Path:
     from xdeploy.export.cache import cached_artifact
+    from xdeploy.export.openvino_ir import IR_PRECISIONS
     from xdeploy.verify.sensitivity import refine
 
     if precision not in ctx.arts:
         source = {"preset": ctx.w.preset} if ctx.w.preset else {"checkpoint": ctx.ckpt}
         ctx.arts[precision] = cached_artifact(ctx.w.model, **source, precision=precision,
-                                              root=ctx.work / "xdeploy", openvino_ir=precision in ("fp32", "fp16"),
+                                              root=ctx.work / "xdeploy", openvino_ir=precision in IR_PRECISIONS,
                                               log=ctx.log, refine=refine if precision == "int8" else None)
     return ctx.arts[precision]
 
