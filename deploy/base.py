@@ -125,6 +125,8 @@ class Runner(abc.ABC):
     runs_graph: ClassVar[bool] = True
     # implements `probe`: verify/layerwise.py may run its candidate graph in this runner's runtime
     layerwise: ClassVar[bool] = False
+    # keeps a decoder's engine cache in blocks (option paged=True, Generator kv_cache="paged"; `keeps_cache` first)
+    pages_cache: ClassVar[bool] = False
 
     @classmethod
     def gaps(cls, variant: str = "") -> list[str]:

@@ -477,14 +477,17 @@ class Generator:
         onnxruntime's U8U8 kernel) and its full graph 7-bit int8 ones (U8S8: VNNI/AMX kernels where the CPU has
         them), so on such a CPU the full graph computes the prompt faster (docs/benchmarks.md).
         `kv_cache`: where the KV cache lives with use_cache. "engine": inside the runner's engine (a runner whose
-        `keeps_cache` says it can: `ov` on an fp32 artifact exported with an OpenVINO IR, whose stateful step
-        prefills and decodes with one copy of the weights; an encoder-decoder's steps from BOS after its encoder,
-        the engine holding the memory); "paged": a decoder's engine cache in OpenVINO's PagedAttention form (blocks
-        of cache slots the step allocates, deploy/ov_paged.py: a padded prompt position is never computed or
-        stored); "loop": a buffer owned here, bound into the decode graph; "auto" (default): the engine where the
-        runner can keep it and no other prefill graph is asked, paged for a decoder (unless its cache is asked to
-        be u8, which only the stateful step stores). Why paged by default: as fast at batch 1 and up to 2.4x
-        faster to the first token of a ragged batch (docs/generate.md, "The paged cache")."""
+        `keeps_cache` says it can: `ov` on an fp32 or fp16 artifact exported with an OpenVINO IR, whose stateful
+        step prefills and decodes with one copy of the weights; an encoder-decoder's steps from BOS after its
+        encoder, the engine holding the memory; `ort` on a decoder whose decode graph it rewrites to
+        GroupQueryAttention, deploy/ort_cache.py); "paged": a decoder's engine cache in OpenVINO's PagedAttention
+        form (blocks of cache slots the step allocates, deploy/ov_paged.py: a padded prompt position is never
+        computed or stored); "loop": a buffer owned here, bound into the decode graph; "auto" (default): the
+        engine where the runner can keep it and no other prefill graph is asked, on ov paged for a decoder (unless
+        its cache is asked to be u8, which only the stateful step stores). Why paged by default: as fast at batch
+        1 and up to 2.4x faster to the first token of a ragged batch (docs/generate.md, "The paged cache"). Why
+        ort's by default: one fused attention node a layer instead of ~15 small ones, and no copy of the step's
+        K/V: 1.09x a token on GPT-2 small, 1.7x on the tiny GPT (docs/generate.md)."""
         self.artifact = artifact if isinstance(artifact, Artifact) else load_artifact(artifact)
         self.feeds = f = decoding_feeds(self.artifact)
         self.seq2seq = self.artifact.capabilities.role == "encoder-decoder"
@@ -510,19 +513,25 @@ class Generator:
             raise one_of("KV cache", kv_cache, KV_CACHES)
         # a decoder's engine cache prefills with the stateful step itself (one runner); an encoder-decoder's runs
         # the encoder first, then the stateful step from BOS
+        kind = runner_class(runner)
         self.engine_cache = kv_cache != "loop" and (one or (use_cache and self.seq2seq)) \
-            and runner_class(runner).keeps_cache(self.artifact, f.decode_graph)
+            and kind.keeps_cache(self.artifact, f.decode_graph)
         if kv_cache == "paged" and self.seq2seq:
             raise XDeployError(f"KV cache 'paged': {self.artifact.path} is an encoder-decoder; the PagedAttention "
                                "step is a decoder's (use --kv-cache engine)")
+        if kv_cache == "paged" and not kind.pages_cache:
+            raise XDeployError(f"KV cache 'paged': runner {runner!r} does not page its cache; expected runner ov "
+                               "(OpenVINO's PagedAttention), or --kv-cache engine or loop")
         if kv_cache in ("engine", "paged") and not self.engine_cache:
             raise XDeployError(f"runner {runner!r} cannot keep the KV cache in its engine for {self.artifact.path}: "
                                "expected runner ov on an fp32 or fp16 artifact exported with --openvino-ir (its "
-                               "stateful decode step), the cache on and, for a decoder, the decode graph prefilling; "
-                               "or keep it in the loop (kv_cache='loop', --kv-cache loop)")
-        self.paged = self.engine_cache and (kv_cache == "paged" or kv_cache == "auto" and not self.seq2seq
-                                            and options.get("kv_precision") != "u8")
-        step_options = options | {"stateful": True, "paged": self.paged} if self.engine_cache else options
+                               "stateful decode step), or ort on a decoder whose decode graph has a float32 cache "
+                               "(rewritten to onnxruntime's GroupQueryAttention), the cache on and, for a decoder, "
+                               "the decode graph prefilling; or keep it in the loop (kv_cache='loop', --kv-cache loop)")
+        self.paged = self.engine_cache and kind.pages_cache and (
+            kv_cache == "paged" or kv_cache == "auto" and not self.seq2seq and options.get("kv_precision") != "u8")
+        step_options = options | {"stateful": True} | ({"paged": self.paged} if kind.pages_cache else {}) \
+            if self.engine_cache else options
         self.prefill: Runner = open_runner(runner, self.artifact, first, threads=threads,
                                            **(step_options if one else options))
         self.decode: Runner | None = None

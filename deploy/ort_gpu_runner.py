@@ -175,6 +175,9 @@ class _OrtGpuRunner(OrtRunner):
     # not a layerwise runtime: each bisection round would build a GPU session (a TensorRT engine for ort-trt)
     # for another set of exposed tensors; layerwise runs such a candidate in onnxruntime on the CPU
     layerwise = False
+    # the loop keeps the KV cache: the GroupQueryAttention rewrite (deploy/ort_cache.py) is measured on the CPU
+    # execution provider only
+    fuses_cache = False
 
     @classmethod
     def gaps(cls, variant: str = "") -> list[str]:

@@ -1,4 +1,12 @@
-"""ONNX Runtime on the CPU execution provider (session options: sessions.py)."""
+"""ONNX Runtime on the CPU execution provider (session options: sessions.py).
+
+    open_runner("ort", art, "decode", stateful=True)    # the KV cache kept inside the engine (deploy/ort_cache.py)
+
+Option `stateful` opens, in place of a decoder's decode graph, that graph with each layer's attention rewritten
+to onnxruntime's GroupQueryAttention, which appends to the cache in place; the decoding loop drives it through
+`cached_step()`, and `infer` still takes the decode graph's feeds and returns its outputs, so golden probes and
+parity check the rewritten graph as the decode graph.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +19,7 @@ import numpy as np
 from xdeploy.core.errors import ParityError, XDeployError
 from xdeploy.export.onnx_graph import TWO_GB, proto_size
 
-from .base import Runner, RunnerInfo, validate_feeds
+from .base import CachedStep, Runner, RunnerInfo, validate_feeds
 from .sessions import CPU_PROVIDERS, onnx_file, ort_session, ort_session_options
 
 
@@ -27,6 +35,14 @@ class OrtRunner(Runner):
     # MiniLM, ~7% per decode step on GPT-2 small). The record's stability block names the options.
     interleaved_options: ClassVar[Mapping[str, Any]] = {"spin_between_runs": False}
     layerwise = True
+    stateful = False
+    fuses_cache: ClassVar[bool] = True  # `stateful`: the decode graph rewritten to keep the cache (CPU only)
+
+    @classmethod
+    def keeps_cache(cls, artifact: Any, graph: str) -> bool:
+        from .ort_cache import fused_graph
+
+        return cls.fuses_cache and fused_graph(artifact, graph)[1] > 0
 
     @classmethod
     def probe(cls, model: Any, names: list[str], variant: str = "", *, providers: Sequence[Any] = (),
@@ -48,17 +64,54 @@ class OrtRunner(Runner):
         so = ort_session_options(self.threads, self.options.get("opt_level", "all"),
                                  spinning=None if spinning is None else bool(spinning),
                                  spin_between_runs=None if between is None else bool(between))
+        self.stateful = bool(self.options.get("stateful", False))
+        if self.stateful:
+            self._load_fused(so)
+            return
         self.session = ort_session(self.artifact.onnx_path(self.graph.name), providers=self._providers(), options=so)
+
+    def _load_fused(self, so: Any) -> None:
+        """The decode graph rewritten to keep the cache (deploy/ort_cache.py), its weights read from the artifact's
+        own external-data file."""
+        from .ort_cache import fused_graph
+
+        model, self._layers, why = fused_graph(self.artifact, self.graph.name) if self.fuses_cache \
+            else (b"", 0, f"runner {self.name!r} runs the loop's cache only")
+        if not self._layers:
+            raise XDeployError(f"ort option stateful=True: graph {self.graph.name!r} of {self.artifact.path} does not "
+                               f"rewrite to keep the KV cache in onnxruntime ({why}); keep it in the loop")
+        path = self.artifact.onnx_path(self.graph.name)
+        so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path.parent))
+        self.session = ort_session(model, providers=self._providers(), options=so,
+                                   what=f"{path} (the KV cache kept in onnxruntime)")
+        self._feeds = self.artifact.capabilities.decoding
+
+    def cached_step(self) -> CachedStep:
+        if not getattr(self, "stateful", False):
+            return super().cached_step()
+        from .ort_cache import OrtCachedStep
+
+        ins = {t.name: t for t in self.session.get_inputs()}
+        _, heads, _, head_size = ins[self._feeds.cache_names(1)[0]].shape
+        vocab = self.session.get_outputs()[0].shape[-1]
+        return OrtCachedStep(self.session, self._feeds, self._layers, heads, head_size, vocab)
 
     def _providers(self) -> tuple[Any, ...]:
         return self.providers
 
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.stateful:  # the decode graph's call on the rewritten graph (probes, parity)
+            from .ort_cache import decode_call
+
+            out = decode_call(self.session, self._feeds, self._layers, feeds)
+            return {n: out[n] for n in self.output_names}
         outs = self.session.run(self.output_names, feeds)
         return dict(zip(self.output_names, outs))
 
     def prepare(self, feeds: Mapping[str, np.ndarray]) -> Callable[[], Any]:
         """IO binding: inputs bound once in place (no copy per call), outputs allocated by the session."""
+        if self.stateful:
+            return super().prepare(feeds)
         checked = validate_feeds(self.graph, self.artifact.spec.axes, feeds)
         binding = self.session.io_binding()
         for name, a in checked.items():
@@ -75,6 +128,8 @@ class OrtRunner(Runner):
         array, see IOBinding.bind_cpu_input), so in-place changes between calls are seen by the next run;
         outputs are bound by raw pointer (`buffer_ptr`) with their fixed shape and dtype, so the session writes
         straight into them. Arrays must be C-contiguous with the graph's dtype, otherwise binding would copy."""
+        if self.stateful:  # the decode graph's call emulated (see _run): the base class's copying bind
+            return super().bind(inputs, outputs)
         checked = self.check_bound(inputs, outputs)  # outputs: among those this runner computes (outputs=)
         declared = {t.name: t for t in self.graph.outputs}
         binding = self.session.io_binding()

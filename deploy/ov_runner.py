@@ -51,6 +51,7 @@ class OvRunner(Runner):
     nan_guards_dropped = 0  # NaN guards after attention removed from the compiled graph (drop_nan_guards)
     variants = tuple(OV_PRECISION_HINTS)
     reads_openvino_ir = True
+    pages_cache = True
     # the hints other than the default's (f32) compute in their own precision: ov:bf16 -> "bf16"
     variant_precisions = {v: _OV_TO_NAME[h] for v, h in OV_PRECISION_HINTS.items() if h != OV_PRECISION_HINTS[""]}
     layerwise = True

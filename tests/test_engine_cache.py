@@ -167,9 +167,13 @@ def test_the_cache_is_stored_in_the_compute_precision(stateful_art: Path) -> Non
         open_runner("ov", art, "decode", stateful=True, kv_precision="int4")
 
 
-def test_where_the_cache_lives_is_refused_in_one_line_when_it_cannot(stateful_art: Path, tiny_export) -> None:  # noqa: ANN001
+def test_where_the_cache_lives_is_refused_in_one_line_when_it_cannot(stateful_art: Path, stateful_seq2seq: Path,
+                                                                     tiny_export) -> None:  # noqa: ANN001
+    # onnxruntime keeps a decoder's cache (deploy/ort_cache.py), not an encoder-decoder's
     with pytest.raises(XDeployError, match="runner 'ort' cannot keep the KV cache in its engine"):
-        Generator(stateful_art, "ort", kv_cache="engine")
+        Generator(stateful_seq2seq, "ort", kv_cache="engine")
+    with pytest.raises(XDeployError, match="does not rewrite to keep the KV cache in onnxruntime"):
+        open_runner("ort", stateful_seq2seq, "decode", stateful=True)
     plain = tiny_export("gpt")  # no OpenVINO IR: no stateful step
     with pytest.raises(XDeployError, match="runner 'ov' cannot keep the KV cache in its engine"):
         Generator(plain, "ov", kv_cache="engine")
@@ -287,7 +291,7 @@ def test_the_paged_cache_is_refused_in_one_line_where_it_cannot_run(stateful_art
         open_runner("ov", stateful_art, "decode", stateful=True, paged=True, kv_precision="u8")
     with pytest.raises(XDeployError, match="is an encoder-decoder"):
         Generator(stateful_seq2seq, "ov", kv_cache="paged")
-    with pytest.raises(XDeployError, match="cannot keep the KV cache in its engine"):
+    with pytest.raises(XDeployError, match="runner 'ort' does not page its cache; expected runner ov"):
         Generator(stateful_art, "ort", kv_cache="paged")
     # the step itself: a mask that un-marks a cached position, or a row with no real token, is refused
     with open_runner("ov", stateful_art, "decode", stateful=True, paged=True, threads=1) as r:

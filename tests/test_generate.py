@@ -54,7 +54,8 @@ def hf(tmp_path_factory):
     greedily repeats a handful of tokens, which would make token parity nearly vacuous; with these the
     references use > 25 distinct tokens while the top-2 logit margin stays far above fp32 noise."""
     d = tmp_path_factory.mktemp("hf")
-    cfg = transformers.GPT2Config(vocab_size=V, n_positions=64, n_embd=48, n_layer=2, n_head=4,
+    # head size 16: onnxruntime keeps the cache itself by default (GroupQueryAttention needs a multiple of 8)
+    cfg = transformers.GPT2Config(vocab_size=V, n_positions=64, n_embd=64, n_layer=2, n_head=4,
                                   bos_token_id=EOS, eos_token_id=EOS, initializer_range=0.4)
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(cfg).eval()
@@ -81,11 +82,13 @@ def test_greedy_equals_transformers_generate_on_every_runner(hf):
     model, art = hf
     want = [_hf_generate(model, p, do_sample=False, max_new_tokens=32) for p in PROMPTS]
     assert len({t for w in want for t in w}) > 15, "degenerate reference: the test would prove little"
-    for runner in _runners():
-        with Generator(art, runner) as g:
+    for runner, kv in [(r, "auto") for r in _runners()] + [("ort", "loop")]:
+        with Generator(art, runner, kv_cache=kv) as g:
+            if runner == "ort":  # onnxruntime's own cache by default (deploy/ort_cache.py); the loop's when asked
+                assert g.engine_cache == (kv == "auto")
             for p, w in zip(PROMPTS, want):
                 got = g.generate([p], GenerationConfig(max_new_tokens=32))
-                assert list(got.tokens[0]) == w, runner
+                assert list(got.tokens[0]) == w, (runner, kv)
                 assert got.stop[0] == ("eos" if w[-1] == EOS else "length")
 
 
@@ -94,10 +97,11 @@ def test_beam_search_equals_transformers_beam_search(hf):
     for k, m in ((3, 12), (4, 20)):
         want = [_hf_generate(model, p, do_sample=False, num_beams=k, length_penalty=0.75, early_stopping=False,
                              max_new_tokens=m) for p in PROMPTS[:2]]
-        for runner, cache in (("ort", True), ("torch", True), ("ort", False)):
-            with Generator(art, runner, use_cache=cache) as g:
+        for runner, cache, kv in (("ort", True, "auto"), ("ort", True, "loop"), ("torch", True, "auto"),
+                                  ("ort", False, "auto")):
+            with Generator(art, runner, use_cache=cache, kv_cache=kv) as g:
                 got = g.generate(PROMPTS[:2], GenerationConfig(max_new_tokens=m, num_beams=k))
-            assert [list(t) for t in got.tokens] == want, (runner, cache, k)
+            assert [list(t) for t in got.tokens] == want, (runner, cache, kv, k)
             assert all(s < 0 for s in got.scores)
 
 
@@ -121,13 +125,15 @@ def test_padded_batch_rows_generate_what_they_generate_alone(hf):
 def test_cache_and_recompute_paths_agree_and_cache_is_bounded(hf):
     _, art = hf
     gc = GenerationConfig(max_new_tokens=30, eos_token_id=-1)
-    with Generator(art, "ort") as g:
-        cached = g.generate(PROMPTS, gc)
-        edge = g.generate([[1] * 60], GenerationConfig(max_new_tokens=5, eos_token_id=-1))  # 64 positions: fits
     recomputed = generate(art, PROMPTS, gc, runner="ort", use_cache=False)
-    assert cached.tokens == recomputed.tokens and cached.mode == "cache" and recomputed.mode == "recompute"
-    assert len(cached.step_s) == gc.max_new_tokens - 1 and cached.time_to_first_token_s > 0
-    assert len(edge.tokens[0]) == 5
+    assert recomputed.mode == "recompute"
+    for kv, mode in (("auto", "engine cache"), ("loop", "cache")):  # onnxruntime's own cache, the loop's
+        with Generator(art, "ort", kv_cache=kv) as g:
+            cached = g.generate(PROMPTS, gc)
+            edge = g.generate([[1] * 60], GenerationConfig(max_new_tokens=5, eos_token_id=-1))  # 64 positions: fits
+        assert cached.tokens == recomputed.tokens and cached.mode == mode, kv
+        assert len(cached.step_s) == gc.max_new_tokens - 1 and cached.time_to_first_token_s > 0
+        assert len(edge.tokens[0]) == 5
 
 
 def test_seeded_sampling_is_reproducible_and_runner_independent(hf):
@@ -183,7 +189,7 @@ def test_ort_bind_reads_and_writes_caller_buffers_in_place(hf):
     _, art = hf
     graph = art.graph("decode")
     feeds = make_feeds(graph, {"batch": 2, "cache": 9, "step": 1}, seed=1)
-    outs = {"logits": np.zeros((2, 1, V), np.float32), "new_kv": np.zeros((2, 2, 2, 4, 1, 12), np.float32)}
+    outs = {"logits": np.zeros((2, 1, V), np.float32), "new_kv": np.zeros((2, 2, 2, 4, 1, 16), np.float32)}
     with open_runner("ort", art, "decode") as r:
         call = r.bind(feeds, outs)
         call()

@@ -1,0 +1,315 @@
+"""The KV cache kept inside onnxruntime: a decoder's decode graph with each layer's attention rewritten, at load
+time, to onnxruntime's fused `com.microsoft.GroupQueryAttention`, which writes the step's K/V into the cache in
+place.
+
+    open_runner("ort", art, "decode", stateful=True)    # the decode graph rewritten; cached_step() drives it
+
+Why: a decode step of the portable graph (models/attention.py `_attend_two`) runs ~15 small nodes per layer around
+its two weight GEMMs (Split, 3 Reshape/Transpose pairs, 2 score MatMuls, scale Muls, mask Adds, Concat, Softmax,
+2 Slices, 2 MatMuls, Add, Transpose, Reshape), and the loop then copies the step's K/V into its buffer. On 2 cores
+onnxruntime spends ~0.1 ms a layer on that bookkeeping: on GPT-2 small's int8-dynamic step a third of the step
+(docs/benchmarks.md). GroupQueryAttention is one kernel per layer over the packed QKV projection, with the cache
+bound as both its past and its present (the same buffer: onnxruntime then appends in place).
+
+The rewrite reads the graph without its weights, replaces per layer the nodes from the QKV projection's Split to
+the Reshape before the output projection by one GroupQueryAttention node, drops the `new_kv` output and the
+`step_mask` input, adds two inputs (`seqlens_k`: the filled slots before the last new token, per row;
+`total_sequence_length`), and keeps `cache_mask` as the attention mask over the cache's slots (its additive bias
+is built in the graph from the mask's first total_sequence_length columns). The session loads the weights from
+the artifact's own external-data file (no second copy on disk). A graph whose attention does not have that form
+(a foreign ONNX, an encoder-decoder, a cache not float32) is not rewritten: `rewritable` says no and the loop keeps
+the cache. Golden probes and parity check the rewritten graph through the decode graph's own call (`OrtCacheRunner
+._run`: the given cache copied into a buffer with room for the step).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from xdeploy.core.errors import XDeployError
+from xdeploy.models.attention import MASK_VALUE
+from xdeploy.models.spec import DecoderFeeds
+
+from .base import CachedStep
+
+SEQLENS = "seqlens_k"  # (N,) int32: slots filled before the last new token (GroupQueryAttention's seqlens_k)
+TOTAL = "total_sequence_length"  # () int32: slots attended after this step
+PRESENT = "present"  # outputs present.<i>.key / .value: the cache, bound to the same buffer as its input
+
+
+def present_names(layers: int) -> tuple[str, ...]:
+    return tuple(f"{PRESENT}.{i}.{kv}" for i in range(layers) for kv in ("key", "value"))
+
+
+class _Graph:
+    """Producer and consumer lookups over a GraphProto's nodes."""
+
+    def __init__(self, graph: Any) -> None:
+        self.producer = {o: n for n in graph.node for o in n.output}
+        self.consumers: dict[str, list[Any]] = {}
+        for n in graph.node:
+            for i in n.input:
+                self.consumers.setdefault(i, []).append(n)
+
+    def only_consumer(self, tensor: str, op: str) -> Any:
+        found = [n for n in self.consumers.get(tensor, []) if n.op_type != "Shape"]  # shape arithmetic aside
+        if len(found) != 1 or found[0].op_type != op:
+            raise _NoMatch(f"{tensor} is not read by one {op}")
+        return found[0]
+
+    def made_by(self, tensor: str, op: str) -> Any:
+        n = self.producer.get(tensor)
+        if n is None or n.op_type != op:
+            raise _NoMatch(f"{tensor} is not made by a {op}")
+        return n
+
+
+class _NoMatch(Exception):
+    """The decode graph's attention is not the form this rewrite knows (internal: `rewritable` says why)."""
+
+
+def _perm(node: Any) -> list[int]:
+    import onnx
+
+    return next((list(onnx.helper.get_attribute_value(a)) for a in node.attribute if a.name == "perm"), [])
+
+
+def _layer(g: _Graph, key: str, value: str) -> tuple[str, Any]:
+    """One layer's attention: the packed QKV tensor (B, S, 3C) its query, key and value are split from, and the
+    Reshape that makes its output (B, S, C) for the output projection (the node the fused op replaces; what only
+    it read is then dead, and `prune` drops it)."""
+    kt = g.only_consumer(key, "Transpose")  # K^T of the cache: (B, nh, hs, C)
+    if _perm(kt) != [0, 1, 3, 2]:
+        raise _NoMatch(f"{key} is not transposed to (B, nh, hs, C)")
+    scores = g.only_consumer(kt.output[0], "MatMul")  # q @ K^T
+    q = g.made_by(scores.input[0], "Transpose")  # (B, nh, S, hs)
+    heads = g.made_by(q.input[0], "Reshape")
+    split = g.made_by(heads.input[0], "Split")
+    if len(split.output) != 3 or split.output[0] != heads.input[0] or _perm(q) != [0, 2, 1, 3]:
+        raise _NoMatch("the query is not the first of a three-way Split of one projection")
+    pv = g.only_consumer(value, "MatMul")  # p[..., :C] @ V
+    add = g.only_consumer(pv.output[0], "Add")  # + p[..., C:] @ v_new
+    out_t = g.only_consumer(add.output[0], "Transpose")
+    if _perm(out_t) != [0, 2, 1, 3]:
+        raise _NoMatch("the attention output is not transposed back to (B, S, nh, hs)")
+    return split.input[0], g.only_consumer(out_t.output[0], "Reshape")
+
+
+def fuse_attention(model: Any, f: DecoderFeeds) -> int:
+    """Rewrite `model` (a decode graph's ModelProto, weights not loaded) in place as described above; returns its
+    layer count. Raises _NoMatch when the graph is not of the form this knows."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from xdeploy.export.onnx_graph import prune
+
+    graph = model.graph
+    inputs = {t.name: t for t in graph.input}
+    layers = 0
+    while f"{f.cache}.{layers}.key" in inputs:
+        layers += 1
+    names = f.cache_names(layers)
+    if not layers or any(n not in inputs for n in names) or f.step_ids not in inputs or f.cache_mask not in inputs \
+            or f.logits not in {o.name for o in graph.output}:
+        raise _NoMatch("the graph lacks the decoding feeds' cache, ids, cache_mask or logits")
+    t = inputs[names[0]].type.tensor_type
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+    if t.elem_type != TensorProto.FLOAT or len(dims) != 4 or not dims[1] or not dims[3]:
+        raise _NoMatch("the cache is not float32 (batch, heads, slots, head size)")
+    if dims[3] % 8:
+        raise _NoMatch(f"head size {dims[3]} is not a multiple of 8, which GroupQueryAttention needs")
+    heads = dims[1]
+    g = _Graph(graph)
+    found = [_layer(g, names[2 * i], names[2 * i + 1]) for i in range(layers)]
+    # the attention bias over the cache's first `total` slots, built once: (N, 1, S, total), MASK_VALUE where the
+    # mask is 0 (models/attention.py's additive mask, so a fully padded row stays finite)
+    c = "xdeploy_gqa"
+    consts = {f"{c}.zero": np.array([0], np.int64), f"{c}.one": np.array([1], np.int64),
+              f"{c}.one_f": np.array(1.0, np.float32), f"{c}.mask_value": np.array(MASK_VALUE, np.float32),
+              f"{c}.axes12": np.array([1, 2], np.int64), f"{c}.ones2": np.array([1, 1], np.int64)}
+    graph.initializer.extend(onnx.numpy_helper.from_array(v, k) for k, v in consts.items())
+    mk = helper.make_node
+    bias_nodes = [
+        mk("Cast", [TOTAL], [f"{c}.total64"], to=TensorProto.INT64),
+        mk("Reshape", [f"{c}.total64", f"{c}.one"], [f"{c}.end"]),
+        mk("Slice", [f.cache_mask, f"{c}.zero", f"{c}.end", f"{c}.one"], [f"{c}.mask"]),  # (N, total)
+        mk("Cast", [f"{c}.mask"], [f"{c}.maskf"], to=TensorProto.FLOAT),
+        mk("Sub", [f"{c}.one_f", f"{c}.maskf"], [f"{c}.masked"]),
+        mk("Mul", [f"{c}.masked", f"{c}.mask_value"], [f"{c}.bias2"]),
+        mk("Unsqueeze", [f"{c}.bias2", f"{c}.axes12"], [f"{c}.bias4"]),  # (N, 1, 1, total)
+        mk("Shape", [f.step_ids], [f"{c}.ids_shape"], start=1, end=2),  # [S]
+        mk("Concat", [f"{c}.ones2", f"{c}.ids_shape", f"{c}.one"], [f"{c}.expand"], axis=0),  # [1, 1, S, 1]
+        mk("Expand", [f"{c}.bias4", f"{c}.expand"], [f"{c}.bias"]),  # (N, 1, S, total)
+    ]
+    fused = {reshape.output[0]: mk("GroupQueryAttention",
+                                   [qkv, "", "", names[2 * i], names[2 * i + 1], SEQLENS, TOTAL, "", "", "",
+                                    f"{c}.bias"],
+                                   [reshape.output[0], f"{PRESENT}.{i}.key", f"{PRESENT}.{i}.value"],
+                                   name=f"{c}.layer{i}", domain="com.microsoft", num_heads=heads,
+                                   kv_num_heads=heads)
+             for i, (qkv, reshape) in enumerate(found)}
+    # topological order: the bias first (it reads only graph inputs), each fused node where its Reshape was
+    nodes = bias_nodes + [fused.get(n.output[0], n) if n.op_type == "Reshape" else n for n in graph.node]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    # inputs: drop step_mask, add seqlens_k and total_sequence_length; outputs: logits and the presents
+    cache_vi = {n: inputs[n] for n in names}
+    keep_in = [t for t in graph.input if t.name != f.step_mask]
+    del graph.input[:]
+    graph.input.extend(keep_in + [helper.make_tensor_value_info(SEQLENS, TensorProto.INT32, ["batch"]),
+                                  helper.make_tensor_value_info(TOTAL, TensorProto.INT32, [])])
+    logits = next(o for o in graph.output if o.name == f.logits)
+    presents = []
+    for n, p in zip(names, present_names(layers)):
+        vi = onnx.ValueInfoProto.FromString(cache_vi[n].SerializeToString())
+        vi.name = p
+        presents.append(vi)
+    prune(model, [f.logits] + list(present_names(layers)))
+    del graph.output[:]
+    graph.output.extend([logits] + presents)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return layers
+
+
+class OrtCachedStep(CachedStep):
+    """The rewritten decode graph driven with the cache in buffers this step owns, one (N, nh, capacity, hs) view per
+    layer and tensor of one (L, 2, N, nh, capacity, hs) array, each bound as the layer's past *and* present, so
+    onnxruntime writes the step's K/V into slot `seqlens_k` itself and nothing is copied back. The capacity grows
+    by doubling (the filled slots copied once each time); a beam step gathers the filled slots of the rows it
+    continues (see CachedStep). A prompt is one call with no past (GroupQueryAttention's prompt case); onnxruntime
+    takes more than one new token after a past only at batch 1, which the decoding loop never asks."""
+
+    def __init__(self, session: Any, f: DecoderFeeds, layers: int, heads: int, head_size: int, vocab: int) -> None:
+        self.session, self.f, self.layers, self.heads, self.head_size, self.vocab = \
+            session, f, layers, heads, head_size, vocab
+        self.cache = np.zeros((layers, 2, 0, heads, 0, head_size), np.float32)
+        self.mask = np.zeros((0, 0), np.int64)
+        self.rows = self.filled = 0
+        self._calls: dict[tuple[int, int], tuple[Any, dict[str, np.ndarray]]] = {}  # (n, s) -> binding, buffers
+
+    def reset(self) -> None:
+        self.rows = self.filled = 0
+
+    def hold(self, feeds: Mapping[str, np.ndarray]) -> None:
+        raise XDeployError("onnxruntime's engine cache is a decoder's: an encoder-decoder keeps its cache in the loop")
+
+    def _reserve(self, n: int, slots: int) -> None:
+        """Room for n rows and `slots` slots, the filled ones kept."""
+        _, _, rows, _, cap, _ = self.cache.shape
+        if n <= rows and slots <= cap:
+            return
+        rows, cap = max(n, rows), max(slots, 2 * cap, 64)
+        cache = np.zeros((self.layers, 2, rows, self.heads, cap, self.head_size), np.float32)
+        mask = np.zeros((rows, cap), np.int64)
+        k, s = self.rows, self.filled
+        cache[:, :, :k, :, :s] = self.cache[:, :, :k, :, :s]
+        mask[:k, :s] = self.mask[:k, :s]
+        self.cache, self.mask = cache, mask
+        self._calls.clear()  # bound to the old buffers
+
+    def _call(self, n: int, s: int) -> tuple[Any, dict[str, np.ndarray]]:
+        """The IO binding for n rows of s new tokens over the current buffers (made once per shape)."""
+        key = (n, s)
+        if key in self._calls:
+            return self._calls[key]
+        f = self.f
+        buf = {f.step_ids: np.zeros((n, s), np.int64), f.positions: np.zeros((n, s), np.int64),
+               f.cache_mask: self.mask[:n], SEQLENS: np.zeros(n, np.int32), TOTAL: np.zeros((), np.int32),
+               f.logits: np.zeros((n, 1, self.vocab), np.float32)}
+        binding = self.session.io_binding()
+        for name in (f.step_ids, f.positions, f.cache_mask, SEQLENS, TOTAL):
+            binding.bind_cpu_input(name, buf[name])
+        out = buf[f.logits]
+        binding.bind_output(f.logits, "cpu", 0, out.dtype, list(out.shape), out.ctypes.data)
+        for i, (name, present) in enumerate(zip(f.cache_names(self.layers), present_names(self.layers))):
+            view = self.cache[i // 2, i % 2, :n]  # (n, nh, capacity, hs), C-contiguous
+            binding.bind_cpu_input(name, view)
+            binding.bind_output(present, "cpu", 0, view.dtype, list(view.shape), view.ctypes.data)
+        self._calls[key] = binding, buf
+        return binding, buf
+
+    def __call__(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, beam: np.ndarray) -> np.ndarray:
+        n, s = ids.shape
+        total = mask.shape[1]
+        past = total - s
+        if past != self.filled:
+            raise XDeployError(f"the engine cache holds {self.filled} slots; the mask says {past} before this step")
+        if past and not np.array_equal(beam, np.arange(self.rows)):
+            self._reserve(n, total)
+            # row r continues row beam[r]: the filled slots gathered (np.take copies before writing)
+            self.cache[:, :, :n, :, :past] = np.take(self.cache[:, :, :self.rows, :, :past], beam, axis=2)
+        self._reserve(n, total)
+        self.rows = n
+        binding, buf = self._call(n, s)
+        buf[self.f.step_ids][:] = ids
+        buf[self.f.positions][:] = positions
+        self.mask[:n, :total] = mask
+        buf[SEQLENS][:] = total - 1
+        buf[TOTAL][...] = total
+        try:
+            self.session.run_with_iobinding(binding)
+        except Exception as e:  # onnxruntime's own exception types
+            raise XDeployError(f"onnxruntime's cached decode step failed: {str(e).splitlines()[0]}") from None
+        self.filled = total
+        return buf[self.f.logits][:, -1]
+
+
+@functools.lru_cache(maxsize=32)
+def _fused(path: str, size: int, mtime_ns: int, f: DecoderFeeds) -> tuple[bytes, int, str]:
+    """The rewritten graph of the decode graph file at `path` serialized (without weights: kilobytes), its layer
+    count and '' -- or (b'', 0, why it does not rewrite). Once per file version: `keeps_cache` asks, then the
+    runner opens it."""
+    from pathlib import Path
+
+    from xdeploy.export.onnx_graph import read_onnx
+
+    model = read_onnx(Path(path))
+    try:
+        layers = fuse_attention(model, f)
+    except _NoMatch as e:
+        return b"", 0, str(e)
+    return model.SerializeToString(), layers, ""
+
+
+def fused_graph(artifact: Any, graph: str) -> tuple[bytes, int, str]:
+    """(the rewritten decode graph serialized, its layers, '') for `graph` of `artifact`, or (b'', 0, why not): a
+    decoder's float32-cache decode graph of the form models/attention.py exports (not an encoder-decoder's, whose
+    cache sits beside the cross-attention's held memory)."""
+    f = artifact.capabilities.decoding
+    if f is None or artifact.capabilities.role != "decoder" or graph != f.decode_graph or f.step_mask is None:
+        return b"", 0, "not a decoder's decode graph that prefills (its manifest declares no step_mask)"
+    path = artifact.onnx_path(graph)
+    st = path.stat()
+    return _fused(str(path), st.st_size, st.st_mtime_ns, f)
+
+
+def decode_call(session: Any, f: DecoderFeeds, layers: int, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The decode graph's own call (its cache in; logits and the step's K/V out) on the rewritten graph: each row's
+    cache copied into a buffer with room for the step, which the fused op fills at slots [C, C + S). Golden probes
+    and parity check the rewritten graph through it. Row by row when a step has several tokens (onnxruntime takes
+    several new tokens after a past only at batch 1)."""
+    ids = feeds[f.step_ids]
+    n, s = ids.shape
+    names = f.cache_names(layers)
+    c = feeds[names[0]].shape[2]
+    step_mask = feeds[f.step_mask] if f.step_mask in feeds else np.ones((n, s), np.int64)
+    mask = np.concatenate([feeds[f.cache_mask], step_mask], 1).astype(np.int64)
+    logits, new = [], []
+    for rows in ([slice(0, n)] if s == 1 else [slice(r, r + 1) for r in range(n)]):
+        k = len(range(n)[rows])
+        run = {f.step_ids: ids[rows], f.positions: feeds[f.positions][rows], f.cache_mask: mask[rows],
+               SEQLENS: np.full(k, c + s - 1, np.int32), TOTAL: np.array(c + s, np.int32)}
+        run |= {name: np.ascontiguousarray(feeds[name][rows]) for name in names}
+        try:
+            out = session.run(None, run)  # logits, then each layer's present (k, nh, C + S, hs)
+        except Exception as e:  # onnxruntime's own exception types
+            raise XDeployError(f"onnxruntime's cached decode step failed: {str(e).splitlines()[0]}") from None
+        logits.append(out[0])
+        new.append(np.stack([p[:, :, c:c + s] for p in out[1:]]))  # (2L, k, nh, S, hs)
+    kv = np.concatenate(new, 1)
+    return {f.logits: np.concatenate(logits, 0), f.new_kv: kv.reshape(layers, 2, *kv.shape[1:])}

@@ -1,0 +1,115 @@
+"""The KV cache kept inside onnxruntime (deploy/ort_cache.py): a decoder's decode graph rewritten at load time to
+GroupQueryAttention computes what the decode graph computes, appends to the cache in place, and generating with
+it gives the loop-owned cache's tokens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from xdeploy.core.errors import XDeployError
+from xdeploy.deploy.generate import GenerationConfig, Generator
+from xdeploy.deploy.ort_cache import fused_graph
+from xdeploy.deploy.registry import open_runner, runner_class
+from xdeploy.export.artifact import load_artifact
+from xdeploy.models.spec import make_feeds
+
+PROMPTS = [[72, 101, 108, 108, 111, 44, 32], [84, 104], [69, 120, 112, 111]]  # ragged: left padding
+
+
+def test_the_rewrite_replaces_each_attention_with_one_fused_node(tiny_export) -> None:  # noqa: ANN001
+    import onnx
+
+    art = load_artifact(tiny_export("gpt"))
+    model, layers, why = fused_graph(art, "decode")
+    assert why == "" and layers == art.config.n_layers
+    fused, plain = onnx.ModelProto.FromString(model), onnx.load(str(art.onnx_path("decode")), load_external_data=False)
+    ops = [n.op_type for n in fused.graph.node]
+    assert ops.count("GroupQueryAttention") == layers and "Softmax" not in ops
+    assert len(fused.graph.node) < len(plain.graph.node) - 10 * layers  # ~15 small nodes a layer gone
+    assert "step_mask" not in {i.name for i in fused.graph.input}
+    assert [o.name for o in fused.graph.output] == ["logits"] + [f"present.{i}.{kv}" for i in range(layers)
+                                                                 for kv in ("key", "value")]
+    assert not fused.graph.initializer or all(t.data_location == onnx.TensorProto.EXTERNAL or t.raw_data is not None
+                                              for t in fused.graph.initializer)
+
+
+@pytest.mark.parametrize("step", [1, 3])
+def test_the_rewritten_graph_computes_the_decode_graph(tiny_export, step: int) -> None:  # noqa: ANN001
+    """The decode graph's own call (a padded cache, a step's padding) on the rewritten graph equals the plain graph's:
+    logits and the step's K/V. Several tokens after a past run row by row (onnxruntime's limit)."""
+    art = load_artifact(tiny_export("gpt"))
+    feeds = make_feeds(art.graph("decode"), {"batch": 2, "cache": 9, "step": step}, seed=3)
+    feeds["cache_mask"][:] = 1
+    feeds["cache_mask"][0, :3] = 0  # left padding of row 0's prompt
+    feeds["step_mask"][:] = 1
+    if step > 1:
+        feeds["step_mask"][1, 0] = 0
+    with open_runner("ort", art, "decode", stateful=True, threads=1) as fused, \
+            open_runner("ort", art, "decode", threads=1) as plain:
+        a, b = fused.infer(feeds), plain.infer(feeds)
+    np.testing.assert_allclose(a["logits"], b["logits"], atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(a["new_kv"], b["new_kv"], atol=1e-5, rtol=1e-5)
+
+
+def test_the_engine_cache_generates_the_loops_tokens_and_appends_in_place(tiny_export) -> None:  # noqa: ANN001
+    art = tiny_export("gpt")
+    gc = GenerationConfig(max_new_tokens=70, eos_token_id=-1)  # prompt + 70 > 64 slots: the buffer grows once
+    with Generator(art, "ort", threads=1) as eng, Generator(art, "ort", threads=1, kv_cache="loop") as loop:
+        assert eng.engine_cache and not loop.engine_cache and len(eng._runners()) == 1
+        assert eng.probes is not None and eng.probes.passed and "decode/new_kv" in eng.probes.covered
+        a, b = eng.generate(PROMPTS, gc), loop.generate(PROMPTS, gc)
+        assert a.mode == "engine cache" and b.mode == "cache" and a.tokens == b.tokens
+        beams = GenerationConfig(max_new_tokens=12, num_beams=3, eos_token_id=-1)
+        assert eng.generate(PROMPTS, beams).tokens == loop.generate(PROMPTS, beams).tokens
+        sampled = GenerationConfig(max_new_tokens=16, do_sample=True, top_k=40, seed=5, eos_token_id=-1)
+        assert eng.generate(PROMPTS, sampled).tokens == loop.generate(PROMPTS, sampled).tokens
+        # the step itself: onnxruntime writes each new K/V into the bound buffer, slot after slot
+        step = eng.decode.cached_step()
+        step.reset()
+        step(np.array([[5, 6, 7]]), np.array([[0, 1, 2]]), np.ones((1, 3), np.int64), np.zeros(1, np.int32))
+        before = step.cache.copy()
+        assert np.abs(before[:, :, 0, :, :3]).min() > 0 and not before[:, :, :, :, 3:].any()
+        binding, _ = step._call(1, 1)
+        step(np.array([[8]]), np.array([[3]]), np.ones((1, 4), np.int64), np.zeros(1, np.int32))
+        presents = {o.data_ptr() for o in binding.get_outputs()[1:]}
+        views = {step.cache[i // 2, i % 2, :1].ctypes.data for i in range(2 * load_artifact(art).config.n_layers)}
+        assert presents == views  # the presents alias the cache: nothing copied back
+        assert np.array_equal(step.cache[:, :, :, :, :3], before[:, :, :, :, :3])  # earlier slots untouched
+        assert np.abs(step.cache[:, :, 0, :, 3]).min() > 0 and not step.cache[:, :, :, :, 4:].any()
+        with pytest.raises(XDeployError, match="the engine cache holds 4 slots; the mask says 6"):
+            step(np.array([[9]]), np.array([[4]]), np.ones((1, 7), np.int64), np.zeros(1, np.int32))
+
+
+def test_an_int8_dynamic_artifact_keeps_its_cache_in_onnxruntime(tiny_export) -> None:  # noqa: ANN001
+    """int8-dynamic's attention is float: it rewrites the same way. At batch 1 (no padding rows in the dynamic
+    activation ranges) the engine cache gives the loop's tokens."""
+    art = tiny_export("gpt", precision="int8-dynamic")
+    gc = GenerationConfig(max_new_tokens=24, eos_token_id=-1)
+    with Generator(art, "ort", threads=1) as eng, Generator(art, "ort", threads=1, kv_cache="loop") as loop:
+        assert eng.engine_cache and eng.probes is not None and eng.probes.passed
+        for p in PROMPTS:
+            assert eng.generate([p], gc).tokens == loop.generate([p], gc).tokens
+
+
+def test_graphs_that_do_not_rewrite_keep_the_loops_cache(tiny_export, tmp_path: Path) -> None:  # noqa: ANN001
+    from xdeploy.export.onnx_export import export
+
+    s2s = load_artifact(tiny_export("transformer"))
+    assert not runner_class("ort").keeps_cache(s2s, "decode")
+    assert "not a decoder's decode graph" in fused_graph(s2s, "decode")[2]
+    odd = load_artifact(export("gpt", preset="tiny-random", out=tmp_path / "hs12",
+                                    config_overrides={"d_model": 48}))
+    assert "head size 12 is not a multiple of 8" in fused_graph(odd, "decode")[2]
+    with Generator(odd, "ort", threads=1) as g:  # auto: the loop's cache where onnxruntime cannot keep it
+        assert not g.engine_cache
+    with pytest.raises(XDeployError, match="does not rewrite to keep the KV cache in onnxruntime .*head size 12"):
+        open_runner("ort", odd, "decode", stateful=True)
+    with pytest.raises(XDeployError, match="runner 'ort' cannot keep the KV cache in its engine"):
+        Generator(odd, "ort", kv_cache="engine")
+    gpt = tiny_export("gpt")
+    with Generator(gpt, "ort", threads=1, prefill_graph="model") as g:  # another prefill graph: the loop's cache
+        assert not g.engine_cache
+    assert not runner_class("ort-cuda").fuses_cache  # measured on the CPU execution provider only
