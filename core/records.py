@@ -158,7 +158,8 @@ KINDS: dict[str, dict[str, tuple[str, bool]]] = {
     },
     "decode": {  # one greedy generation run: time to first token, then every later step (context grows by one)
         "model": (_STR, False), "preset": (_STR, True), "runner": (_STR, False),
-        "artifact_precision": (_STR, False), "mode": (_STR, False),  # "cache" | "recompute"
+        # mode: Generation.mode, "cache" | "engine cache" | "paged engine cache" | "recompute"
+        "artifact_precision": (_STR, False), "mode": (_STR, False),
         "batch": (_INT, False), "prompt_len": (_INT, False), "new_tokens": (_INT, False),
         "ttft_s": (_NUM, False), "step_s": (_LIST, False), "tokens_per_s": (_NUM, False),
         "total_s": (_NUM, False),

@@ -7,9 +7,10 @@ place.
 Why: a decode step of the portable graph (models/attention.py `_attend_two`) runs ~15 small nodes per layer around
 its two weight GEMMs (Split, 3 Reshape/Transpose pairs, 2 score MatMuls, scale Muls, mask Adds, Concat, Softmax,
 2 Slices, 2 MatMuls, Add, Transpose, Reshape), and the loop then copies the step's K/V into its buffer. On 2 cores
-onnxruntime spends ~0.1 ms a layer on that bookkeeping: on GPT-2 small's int8-dynamic step a third of the step
-(docs/benchmarks.md). GroupQueryAttention is one kernel per layer over the packed QKV projection, with the cache
-bound as both its past and its present (the same buffer: onnxruntime then appends in place).
+onnxruntime spent ~0.25 ms a layer on them, in kernels and between kernels: ~3 ms of GPT-2 small's 11.6 ms
+int8-dynamic step (docs/generate.md, "onnxruntime's own cache"). GroupQueryAttention is one kernel per layer over
+the packed QKV projection, with the cache bound as both its past and its present (the same buffer: onnxruntime
+then appends in place).
 
 The rewrite reads the graph without its weights, replaces per layer the nodes from the QKV projection's Split to
 the Reshape before the output projection by one GroupQueryAttention node, drops the `new_kv` output and the
@@ -17,9 +18,10 @@ the Reshape before the output projection by one GroupQueryAttention node, drops 
 `total_sequence_length`), and keeps `cache_mask` as the attention mask over the cache's slots (its additive bias
 is built in the graph from the mask's first total_sequence_length columns). The session loads the weights from
 the artifact's own external-data file (no second copy on disk). A graph whose attention does not have that form
-(a foreign ONNX, an encoder-decoder, a cache not float32) is not rewritten: `rewritable` says no and the loop keeps
-the cache. Golden probes and parity check the rewritten graph through the decode graph's own call (`OrtCacheRunner
-._run`: the given cache copied into a buffer with room for the step).
+(a foreign ONNX, an encoder-decoder, a cache not float32, a head size not a multiple of 8) is not rewritten:
+`fused_graph` says why, `OrtRunner.keeps_cache` says no, and the loop keeps the cache. Golden probes and parity check
+the rewritten graph through the decode graph's own call (`decode_call`: the given cache copied into a buffer with
+room for the step).
 """
 
 from __future__ import annotations
@@ -276,10 +278,26 @@ def _fused(path: str, size: int, mtime_ns: int, f: DecoderFeeds) -> tuple[bytes,
     return model.SerializeToString(), layers, ""
 
 
+@functools.lru_cache(maxsize=1)
+def _gqa_inputs() -> tuple[str, ...]:
+    """The inputs of this onnxruntime's GroupQueryAttention (older releases lack `attention_bias`)."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as C
+
+    for schema in C.get_all_operator_schema():
+        if schema.name == "GroupQueryAttention" and schema.domain == "com.microsoft":
+            return tuple(i.name for i in schema.inputs)
+    return ()
+
+
 def fused_graph(artifact: Any, graph: str) -> tuple[bytes, int, str]:
     """(the rewritten decode graph serialized, its layers, '') for `graph` of `artifact`, or (b'', 0, why not): a
     decoder's float32-cache decode graph of the form models/attention.py exports (not an encoder-decoder's, whose
-    cache sits beside the cross-attention's held memory)."""
+    cache sits beside the cross-attention's held memory), on an onnxruntime whose GroupQueryAttention takes an
+    attention bias."""
+    if "attention_bias" not in _gqa_inputs()[10:11]:
+        import onnxruntime as ort
+
+        return b"", 0, f"onnxruntime {ort.__version__}'s GroupQueryAttention takes no attention_bias (input 10)"
     f = artifact.capabilities.decoding
     if f is None or artifact.capabilities.role != "decoder" or graph != f.decode_graph or f.step_mask is None:
         return b"", 0, "not a decoder's decode graph that prefills (its manifest declares no step_mask)"

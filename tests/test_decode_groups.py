@@ -34,3 +34,16 @@ def test_decode_in_memory_sized_groups_keeps_every_record_paired(tmp_path, tiny_
             assert st["speedup"]["low"] <= st["speedup"]["median"] <= st["speedup"]["high"]
     assert {r["stability"]["group"] for r in decode if r["runner"] != "torch"} == {1, 2}  # one group each
     assert not res.errors  # grouping is not a failure
+    # the console summary's decode table lists every route that keeps a cache, the engine's too (it listed only
+    # the loop's "cache" mode, so ov's paged rows and ort's own cache were left out), and not the recompute row
+    import io
+
+    from rich.console import Console
+
+    from xdeploy.commands.run import _print_summary
+
+    buf = io.StringIO()
+    _print_summary(Console(file=buf, width=300), res)
+    table = buf.getvalue().split("decoding with the KV cache")[1].split("parity:")[0]
+    cached = next(r["mode"] for r in decode if r["runner"] == "ort" and r["mode"] != "recompute")
+    assert cached in table and "recompute" not in table

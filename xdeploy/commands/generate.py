@@ -41,10 +41,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="prefill with this graph (gpt: model) instead of the decode graph: a second copy of the "
                         "weights; faster first token for int8-dynamic on VNNI/AMX CPUs")
     p.add_argument("--kv-cache", choices=KV_CACHES, default="auto",
-                   help="where the KV cache lives: engine (inside OpenVINO: runner ov on an fp32 artifact with its "
-                        "IR), paged (the engine's cache in OpenVINO's PagedAttention form, decoders), loop (a "
-                        "buffer bound into the decode graph), auto (default: the engine where it can, paged for a "
-                        "decoder)")
+                   help="where the KV cache lives: engine (inside OpenVINO: runner ov on an fp32 or fp16 artifact "
+                        "with its IR; inside onnxruntime: runner ort on a decoder, its attention rewritten to "
+                        "GroupQueryAttention), paged (the engine's cache in OpenVINO's PagedAttention form, decoders "
+                        "on ov), loop (a buffer bound into the decode graph), auto (default: the engine where it "
+                        "can, on ov paged for a decoder)")
     p.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
     p.add_argument("--no-verify", action="store_true",
                    help="run the artifact without checking its golden probes on this machine (says so on stderr)")

@@ -150,7 +150,8 @@ def _print_summary(console: Console, result: RunResult) -> None:
         console.print(fastest_table(picks, lat, title="xdeploy run: best runner per model (speedup vs PyTorch eager "
                                     "fp32, same batch and seq: median of paired interleaved rounds, 95% interval)"
                                     ).rich())
-    dec = [r for r in recs if r["kind"] == "decode" and r["mode"] == "cache"]
+    # every route that keeps a KV cache: the loop's ("cache"), an engine's ("engine cache", "paged engine cache")
+    dec = [r for r in recs if r["kind"] == "decode" and r["mode"] != "recompute"]
     if dec:
         console.print(decode_table(dec, title="decoding with the KV cache (vs torch: paired rounds)").rich())
     n_fail = len(result.parity_failures)
