@@ -186,13 +186,18 @@ class OrtCachedStep(CachedStep):
     continues (see CachedStep). A prompt is one call with no past (GroupQueryAttention's prompt case); onnxruntime
     takes more than one new token after a past only at batch 1, which the decoding loop never asks."""
 
-    def __init__(self, session: Any, f: DecoderFeeds, layers: int, heads: int, head_size: int, vocab: int) -> None:
+    def __init__(self, session: Any, f: DecoderFeeds, layers: int, heads: int, head_size: int, vocab: int,
+                 prefill: Any = None) -> None:
+        """`prefill`: a session of the same graph that runs calls of several tokens (a prompt), writing the same
+        cache buffers (OrtRunner's signed-weight prefill); None: `session` runs every call."""
         self.session, self.f, self.layers, self.heads, self.head_size, self.vocab = \
             session, f, layers, heads, head_size, vocab
+        self.prefill = prefill
         self.cache = np.zeros((layers, 2, 0, heads, 0, head_size), np.float32)
         self.mask = np.zeros((0, 0), np.int64)
         self.rows = self.filled = 0
-        self._calls: dict[tuple[int, int], tuple[Any, dict[str, np.ndarray]]] = {}  # (n, s) -> binding, buffers
+        # (n, s) -> binding, buffers, the session it binds
+        self._calls: dict[tuple[int, int], tuple[Any, dict[str, np.ndarray], Any]] = {}
 
     def reset(self) -> None:
         self.rows = self.filled = 0
@@ -214,8 +219,9 @@ class OrtCachedStep(CachedStep):
         self.cache, self.mask = cache, mask
         self._calls.clear()  # bound to the old buffers
 
-    def _call(self, n: int, s: int) -> tuple[Any, dict[str, np.ndarray]]:
-        """The IO binding for n rows of s new tokens over the current buffers (made once per shape)."""
+    def _call(self, n: int, s: int) -> tuple[Any, dict[str, np.ndarray], Any]:
+        """The IO binding for n rows of s new tokens over the current buffers (made once per shape), its buffers and
+        the session it binds."""
         key = (n, s)
         if key in self._calls:
             return self._calls[key]
@@ -223,7 +229,8 @@ class OrtCachedStep(CachedStep):
         buf = {f.step_ids: np.zeros((n, s), np.int64), f.positions: np.zeros((n, s), np.int64),
                f.cache_mask: self.mask[:n], SEQLENS: np.zeros(n, np.int32), TOTAL: np.zeros((), np.int32),
                f.logits: np.zeros((n, 1, self.vocab), np.float32)}
-        binding = self.session.io_binding()
+        session = self.prefill if s > 1 and self.prefill is not None else self.session
+        binding = session.io_binding()
         for name in (f.step_ids, f.positions, f.cache_mask, SEQLENS, TOTAL):
             binding.bind_cpu_input(name, buf[name])
         out = buf[f.logits]
@@ -232,8 +239,8 @@ class OrtCachedStep(CachedStep):
             view = self.cache[i // 2, i % 2, :n]  # (n, nh, capacity, hs), C-contiguous
             binding.bind_cpu_input(name, view)
             binding.bind_output(present, "cpu", 0, view.dtype, list(view.shape), view.ctypes.data)
-        self._calls[key] = binding, buf
-        return binding, buf
+        self._calls[key] = binding, buf, session
+        return binding, buf, session
 
     def __call__(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, beam: np.ndarray) -> np.ndarray:
         n, s = ids.shape
@@ -247,14 +254,14 @@ class OrtCachedStep(CachedStep):
             self.cache[:, :, :n, :, :past] = np.take(self.cache[:, :, :self.rows, :, :past], beam, axis=2)
         self._reserve(n, total)
         self.rows = n
-        binding, buf = self._call(n, s)
+        binding, buf, session = self._call(n, s)
         buf[self.f.step_ids][:] = ids
         buf[self.f.positions][:] = positions
         self.mask[:n, :total] = mask
         buf[SEQLENS][:] = total - 1
         buf[TOTAL][...] = total
         try:
-            self.session.run_with_iobinding(binding)
+            session.run_with_iobinding(binding)
         except Exception as e:  # onnxruntime's own exception types
             raise XDeployError(f"onnxruntime's cached decode step failed: {str(e).splitlines()[0]}") from None
         self.filled = total
@@ -331,3 +338,58 @@ def decode_call(session: Any, f: DecoderFeeds, layers: int, feeds: Mapping[str, 
         new.append(np.stack([p[:, :, c:c + s] for p in out[1:]]))  # (2L, k, nh, S, hs)
     kv = np.concatenate(new, 1)
     return {f.logits: np.concatenate(logits, 0), f.new_kv: kv.reshape(layers, 2, *kv.shape[1:])}
+
+
+def signed_prefill_applies(artifact: Any, fp: Mapping[str, Any] | None = None) -> bool:
+    """Whether the rewritten graph also gets a prefill session with its uint8 weights shifted to int8 (below): an
+    int8-dynamic artifact on an x86 CPU whose int8 GEMM adds u8*s8 products in int32 (VNNI or AMX: exact). On a CPU
+    without them (AVX2's vpmaddubsw adds pairs in saturating int16) 8-bit int8 weights could be clipped, which is
+    why int8-dynamic stores uint8 weights at all (export/saturation.py). `fp`: the machine (default this one's;
+    tests model the other classes)."""
+    from xdeploy.core.fingerprint import fingerprint, int8_dot
+
+    return artifact.precision == "int8-dynamic" and int8_dot(dict(fp) if fp is not None else fingerprint()) in (
+        "vnni", "amx")
+
+
+def signed_weights(model: Any, folder: str) -> int:
+    """In place: every MatMulInteger's uint8 weight and zero point (initializers) become int8, w - 128 and zp - 128,
+    read from the external-data files in `folder` and stored in the graph; returns how many MatMuls. (w - zp) is
+    unchanged, so the integer products are the same; onnxruntime then runs its u8*s8 kernels (VNNI/AMX), which on a
+    prompt of 32 tokens were 2.1-2.5x faster than its u8*u8 ones, and at one token 0.8x (so only the prefill
+    takes them)."""
+    from onnx import numpy_helper
+    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+
+    inits = {t.name: t for t in model.graph.initializer}
+    done = 0
+    for node in model.graph.node:
+        if node.op_type != "MatMulInteger" or len(node.input) < 4 or node.input[1] not in inits \
+                or node.input[3] not in inits:
+            continue
+        pair = [inits[node.input[1]], inits[node.input[3]]]
+        if any(t.data_type != 2 for t in pair):  # TensorProto.UINT8
+            continue
+        for t in pair:
+            if uses_external_data(t):
+                load_external_data_for_tensor(t, folder)
+                del t.external_data[:]
+                t.data_location = 0  # TensorProto.DEFAULT
+            a = numpy_helper.to_array(t)
+            t.CopyFrom(numpy_helper.from_array((a.astype(np.int16) - 128).astype(np.int8), t.name))
+        done += 1
+    return done
+
+
+def prefill_agrees(step: OrtCachedStep, prefill: Any, tokens: int = 8) -> bool:
+    """Whether `prefill` (a session of the step's graph) gives the step's own session's logits on a prompt of
+    `tokens` ids, to float rounding (the integer products are the same by construction)."""
+    ids = (np.arange(tokens, dtype=np.int64) * 7919 % step.vocab)[None]  # (1, T): spread over the vocabulary
+    pos = np.arange(tokens, dtype=np.int64)[None]
+    mask, beam = np.ones((1, tokens), np.int64), np.zeros(1, np.int32)
+    step.reset()
+    want = step(ids, pos, mask, beam).copy()
+    other = OrtCachedStep(step.session, step.f, step.layers, step.heads, step.head_size, step.vocab, prefill=prefill)
+    got = other(ids, pos, mask, beam)
+    step.reset()
+    return bool(np.abs(got - want).max() <= 1e-4 * max(1.0, float(np.abs(want).max())))

@@ -36,6 +36,7 @@ class OrtRunner(Runner):
     interleaved_options: ClassVar[Mapping[str, Any]] = {"spin_between_runs": False}
     layerwise = True
     stateful = False
+    prefill_session: Any = None  # stateful, int8-dynamic on VNNI/AMX: the int8-weight session for prompts
     fuses_cache: ClassVar[bool] = True  # `stateful`: the decode graph rewritten to keep the cache (CPU only)
 
     @classmethod
@@ -85,6 +86,35 @@ class OrtRunner(Runner):
         self.session = ort_session(model, providers=self._providers(), options=so,
                                    what=f"{path} (the KV cache kept in onnxruntime)")
         self._feeds = self.artifact.capabilities.decoding
+        self.prefill_session = None
+        if self.options.get("signed_prefill", True):
+            self.prefill_session = self._signed_prefill(model, so, path)
+
+    def _signed_prefill(self, model: bytes, so: Any, path: Any) -> Any:
+        """On an int8-dynamic artifact where the CPU's int8 dot product is exact for u8*s8 (VNNI, AMX), a second
+        session of the rewritten graph with its uint8 weights shifted to int8 (deploy/ort_cache.py
+        `signed_weights`) runs the prompts: the same integer products through onnxruntime's faster u8*s8 kernels,
+        at the cost of a second copy of the int8 weights. It must give the first session's logits on a prompt, or
+        it is dropped (with a line on stderr)."""
+        import onnx
+
+        from .ort_cache import prefill_agrees, signed_prefill_applies, signed_weights
+
+        if not signed_prefill_applies(self.artifact):
+            return None
+        signed = onnx.ModelProto.FromString(model)
+        if not signed_weights(signed, str(path.parent)):
+            return None
+        pre = ort_session(signed.SerializeToString(), providers=self._providers(), options=so,
+                          what=f"{path} (int8 weights for the prompt)")
+        step = self.cached_step()
+        if not prefill_agrees(step, pre):
+            import sys
+
+            print(f"xdeploy: warning: {path}: the int8-weight prefill's logits differ from the uint8 graph's; "
+                  "prompts run on the uint8 graph", file=sys.stderr)
+            return None
+        return pre
 
     def cached_step(self) -> CachedStep:
         if not getattr(self, "stateful", False):
@@ -94,7 +124,8 @@ class OrtRunner(Runner):
         ins = {t.name: t for t in self.session.get_inputs()}
         _, heads, _, head_size = ins[self._feeds.cache_names(1)[0]].shape
         vocab = self.session.get_outputs()[0].shape[-1]
-        return OrtCachedStep(self.session, self._feeds, self._layers, heads, head_size, vocab)
+        return OrtCachedStep(self.session, self._feeds, self._layers, heads, head_size, vocab,
+                             prefill=getattr(self, "prefill_session", None))
 
     def _providers(self) -> tuple[Any, ...]:
         return self.providers

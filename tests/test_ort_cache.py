@@ -11,7 +11,7 @@ import pytest
 
 from xdeploy.core.errors import XDeployError
 from xdeploy.deploy.generate import GenerationConfig, Generator
-from xdeploy.deploy.ort_cache import fused_graph
+from xdeploy.deploy.ort_cache import fused_graph, signed_prefill_applies, signed_weights
 from xdeploy.deploy.registry import open_runner, runner_class
 from xdeploy.export.artifact import load_artifact
 from xdeploy.models.spec import make_feeds
@@ -72,7 +72,7 @@ def test_the_engine_cache_generates_the_loops_tokens_and_appends_in_place(tiny_e
         step(np.array([[5, 6, 7]]), np.array([[0, 1, 2]]), np.ones((1, 3), np.int64), np.zeros(1, np.int32))
         before = step.cache.copy()
         assert np.abs(before[:, :, 0, :, :3]).min() > 0 and not before[:, :, :, :, 3:].any()
-        binding, _ = step._call(1, 1)
+        binding, _, _ = step._call(1, 1)
         step(np.array([[8]]), np.array([[3]]), np.ones((1, 4), np.int64), np.zeros(1, np.int32))
         presents = {o.data_ptr() for o in binding.get_outputs()[1:]}
         views = {step.cache[i // 2, i % 2, :1].ctypes.data for i in range(2 * load_artifact(art).config.n_layers)}
@@ -85,13 +85,44 @@ def test_the_engine_cache_generates_the_loops_tokens_and_appends_in_place(tiny_e
 
 def test_an_int8_dynamic_artifact_keeps_its_cache_in_onnxruntime(tiny_export) -> None:  # noqa: ANN001
     """int8-dynamic's attention is float: it rewrites the same way. At batch 1 (no padding rows in the dynamic
-    activation ranges) the engine cache gives the loop's tokens."""
+    activation ranges) the engine cache gives the loop's tokens -- on a VNNI/AMX CPU with its prompts run by the
+    int8-weight prefill session (the same integer products), elsewhere without one."""
     art = tiny_export("gpt", precision="int8-dynamic")
     gc = GenerationConfig(max_new_tokens=24, eos_token_id=-1)
-    with Generator(art, "ort", threads=1) as eng, Generator(art, "ort", threads=1, kv_cache="loop") as loop:
+    with Generator(art, "ort", threads=1) as eng, Generator(art, "ort", threads=1, kv_cache="loop") as loop, \
+            Generator(art, "ort", threads=1, signed_prefill=False) as unsigned:
         assert eng.engine_cache and eng.probes is not None and eng.probes.passed
+        assert (eng.decode.prefill_session is not None) == signed_prefill_applies(load_artifact(art))
+        assert unsigned.engine_cache and unsigned.decode.prefill_session is None
         for p in PROMPTS:
-            assert eng.generate([p], gc).tokens == loop.generate([p], gc).tokens
+            want = loop.generate([p], gc).tokens
+            assert eng.generate([p], gc).tokens == want == unsigned.generate([p], gc).tokens
+
+
+def test_the_int8_weight_prefill_is_exact_and_only_where_the_cpu_adds_in_int32(tiny_export) -> None:  # noqa: ANN001
+    """uint8 weights w with zero point zp become int8 w - 128 and zp - 128: w - zp is unchanged, so every integer
+    product is too. Only on the classes whose u8*s8 dot product accumulates in int32 (VNNI, AMX); on AVX2 8-bit
+    int8 weights could saturate its int16 pairs (modeled: every class, whatever this machine is)."""
+    import onnx
+    from onnx import numpy_helper
+
+    art = load_artifact(tiny_export("gpt", precision="int8-dynamic"))
+    path = art.onnx_path("decode")
+    plain = onnx.load(str(path))
+    signed = onnx.load(str(path), load_external_data=False)
+    assert signed_weights(signed, str(path.parent)) == sum(n.op_type == "MatMulInteger" for n in plain.graph.node) > 0
+    before = {t.name: numpy_helper.to_array(t) for t in plain.graph.initializer}
+    after = {t.name: numpy_helper.to_array(t) for t in signed.graph.initializer}
+    for n in plain.graph.node:
+        if n.op_type == "MatMulInteger":
+            w, zp = n.input[1], n.input[3]
+            assert before[w].dtype == np.uint8 and after[w].dtype == np.int8 and after[zp].dtype == np.int8
+            np.testing.assert_array_equal(before[w].astype(np.int16) - before[zp].astype(np.int16),
+                                          after[w].astype(np.int16) - after[zp].astype(np.int16))
+    isa = {"amx": ["avx2", "avx512f", "avx512_vnni", "amx_int8"], "vnni": ["avx2", "avx512f", "avx512_vnni"],
+           "avx2": ["avx2", "fma"]}
+    assert [signed_prefill_applies(art, {"isa": v}) for v in isa.values()] == [True, True, False]
+    assert not signed_prefill_applies(load_artifact(tiny_export("gpt")), {"isa": isa["amx"]})  # fp32: no int8
 
 
 def test_graphs_that_do_not_rewrite_keep_the_loops_cache(tiny_export, tmp_path: Path) -> None:  # noqa: ANN001
