@@ -36,7 +36,7 @@ class OrtRunner(Runner):
     interleaved_options: ClassVar[Mapping[str, Any]] = {"spin_between_runs": False}
     layerwise = True
     stateful = False
-    prefill_session: Any = None  # stateful, int8-dynamic on VNNI/AMX: the int8-weight session for prompts
+    prefill_session: Any = None  # stateful + signed_prefill, int8-dynamic on VNNI/AMX: the int8-weight session
     fuses_cache: ClassVar[bool] = True  # `stateful`: the decode graph rewritten to keep the cache (CPU only)
 
     @classmethod
@@ -87,15 +87,16 @@ class OrtRunner(Runner):
                                    what=f"{path} (the KV cache kept in onnxruntime)")
         self._feeds = self.artifact.capabilities.decoding
         self.prefill_session = None
-        if self.options.get("signed_prefill", True):
+        if self.options.get("signed_prefill", False):
             self.prefill_session = self._signed_prefill(model, so, path)
 
     def _signed_prefill(self, model: bytes, so: Any, path: Any) -> Any:
-        """On an int8-dynamic artifact where the CPU's int8 dot product is exact for u8*s8 (VNNI, AMX), a second
-        session of the rewritten graph with its uint8 weights shifted to int8 (deploy/ort_cache.py
-        `signed_weights`) runs the prompts: the same integer products through onnxruntime's faster u8*s8 kernels,
-        at the cost of a second copy of the int8 weights. It must give the first session's logits on a prompt, or
-        it is dropped (with a line on stderr)."""
+        """Option signed_prefill=True (opt-in): on an int8-dynamic artifact where the CPU's int8 dot product is exact
+        for u8*s8 (VNNI, AMX), a second session of the rewritten graph with its uint8 weights shifted to int8
+        (deploy/ort_cache.py `signed_weights`) runs the prompts: the same integer products through onnxruntime's
+        faster u8*s8 kernels. The price: a second session's weights (GPT-2 small: RSS 380 -> 872 MB once opened),
+        which is why it is not the default. It must give the first session's logits on a prompt, or it is dropped
+        (with a line on stderr); None where it does not apply."""
         import onnx
 
         from .ort_cache import prefill_agrees, signed_prefill_applies, signed_weights

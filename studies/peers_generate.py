@@ -27,10 +27,12 @@ Every system loads the same local safetensors directory (with a byte-level GPT-2
 
   transformers   GPT2LMHeadModel.generate(do_sample=False), eager fp32: the reference and the `× HF` baseline
   xdeploy        deploy/generate.py Generator on the checkpoint's export (export/cache.py cached_artifact):
-                 `ort` fp32, `ov` f32 (the artifact's stateful OpenVINO IR: the KV cache kept in the engine,
+                 `ort` fp32 (a decoder's KV cache kept in onnxruntime: GroupQueryAttention, deploy/ort_cache.py),
+                 `ov` f32 (the artifact's stateful OpenVINO IR: the KV cache kept in the engine,
                  Generator's kv_cache="auto": a decoder's in OpenVINO's PagedAttention form, an
                  encoder-decoder's in the stateful step), `ort` int8-dynamic (also with the prompt
-                 prefilled by graph `model`: Generator's prefill_graph), `ov` bf16 where the CPU has bf16,
+                 prefilled by graph `model`: Generator's prefill_graph; and, on VNNI/AMX CPUs, by a second
+                 session with the weights shifted to int8: signed_prefill), `ov` bf16 where the CPU has bf16,
                  `ov` f32 on the fp16 export (its IR's weights stored as fp16: the precision class "fp16");
                  `--static-int8` adds the static Q/DQ `int8` export (opt-in: slow to export at GPT-2 small)
   optimum-intel  OVModelForCausalLM(export=True, stateful: the KV cache stays inside the engine) f32, bf16 where
@@ -112,7 +114,8 @@ XDEPLOY: tuple[Row, ...] = (("xdeploy", "ort fp32", "onnxruntime", "fp32"), ("xd
                             ("xdeploy", "ov bf16", "openvino", "bf16"),
                             ("xdeploy", "ov f32, fp16 weights", "openvino", "fp16"),
                             ("xdeploy", "ort int8 dynamic", "onnxruntime", "int8"),
-                            ("xdeploy", "ort int8 dynamic, model-graph prefill", "onnxruntime", "int8"))
+                            ("xdeploy", "ort int8 dynamic, model-graph prefill", "onnxruntime", "int8"),
+                            ("xdeploy", "ort int8 dynamic, int8-weight prefill", "onnxruntime", "int8"))
 XDEPLOY_STATIC: tuple[Row, ...] = (("xdeploy", "ort int8 static", "onnxruntime", "int8"),)
 OPTIMUM_INTEL: tuple[Row, ...] = (("optimum-intel", "ov stateful f32", "openvino", "fp32"),
                                   ("optimum-intel", "ov stateful bf16", "openvino", "bf16"),
@@ -138,6 +141,9 @@ XDEPLOY_ROUTE = {"ort fp32": ("fp32", "ort", {}), "ov f32": ("fp32", "ov:f32", _
                  # the prompt through graph `model` (7-bit int8 weights: VNNI/AMX kernels) instead of the decode
                  # graph (uint8 weights, U8U8): a faster first token there, a second copy of the weights
                  "ort int8 dynamic, model-graph prefill": ("int8-dynamic", "ort", {"prefill_graph": "model"}),
+                 # the prompt through a second session of the decode graph whose uint8 weights are shifted to int8
+                 # (the same integer products, u8*s8 kernels: VNNI/AMX CPUs only), a second copy of the weights
+                 "ort int8 dynamic, int8-weight prefill": ("int8-dynamic", "ort", {"signed_prefill": True}),
                  "ort int8 static": ("int8", "ort", {})}
 # the README sentence whose first bytes prompt the trained tiny model (fixed here: an edit of the README must not
 # change the workload)
@@ -389,6 +395,9 @@ def _open_xdeploy(ctx: Context, row: Row, stack: contextlib.ExitStack) -> Callab
     # opened as it is timed beside the others (deploy/base.py Runner.interleaved_options)
     g = stack.enter_context(Generator(art, runner, threads=ctx.threads, **options,
                                       **runner_class(runner).interleaved_options))
+    if options.get("signed_prefill") and g.decode.prefill_session is None:
+        raise XDeployError(f"xdeploy row {row[1]!r}: no int8-weight prefill here; it needs an int8-dynamic decoder "
+                           "on a CPU whose u8*s8 dot product accumulates in int32 (VNNI or AMX)")
     if options.get("kv_cache") == "auto" and not g.engine_cache:
         raise XDeployError(f"xdeploy row {row[1]!r}: {art} keeps no KV cache in OpenVINO; expected an fp32 export "
                            "with its stateful OpenVINO IR")
@@ -813,7 +822,7 @@ def run_workload(w: Workload, *, work: Path, threads: int, rows: Sequence[Row], 
     # fp16-weight rows (the peers' encoder-decoder routes load f32 weights; fp16 is measured on decoders)
     by_name = {row_name(r): r for r in rows
                if not (w.seq2seq and (r[3] == "fp16" or r[0] == "xdeploy"
-                                      and "prefill_graph" in XDEPLOY_ROUTE[r[1]][2]))}
+                                      and {"prefill_graph", "signed_prefill"} & set(XDEPLOY_ROUTE[r[1]][2])))}
     for name, row in by_name.items():  # exports and conversions first: none of it is timed or probed
         try:
             prepare(ctx, row)

@@ -85,18 +85,19 @@ def test_the_engine_cache_generates_the_loops_tokens_and_appends_in_place(tiny_e
 
 def test_an_int8_dynamic_artifact_keeps_its_cache_in_onnxruntime(tiny_export) -> None:  # noqa: ANN001
     """int8-dynamic's attention is float: it rewrites the same way. At batch 1 (no padding rows in the dynamic
-    activation ranges) the engine cache gives the loop's tokens -- on a VNNI/AMX CPU with its prompts run by the
-    int8-weight prefill session (the same integer products), elsewhere without one."""
+    activation ranges) the engine cache gives the loop's tokens, and so does the opt-in int8-weight prefill session
+    (the same integer products; opened only on a VNNI/AMX CPU)."""
     art = tiny_export("gpt", precision="int8-dynamic")
     gc = GenerationConfig(max_new_tokens=24, eos_token_id=-1)
     with Generator(art, "ort", threads=1) as eng, Generator(art, "ort", threads=1, kv_cache="loop") as loop, \
-            Generator(art, "ort", threads=1, signed_prefill=False) as unsigned:
+            Generator(art, "ort", threads=1, signed_prefill=True) as signed:
         assert eng.engine_cache and eng.probes is not None and eng.probes.passed
-        assert (eng.decode.prefill_session is not None) == signed_prefill_applies(load_artifact(art))
-        assert unsigned.engine_cache and unsigned.decode.prefill_session is None
+        assert eng.decode.prefill_session is None  # opt-in: one session, one copy of the weights
+        assert signed.engine_cache and (signed.decode.prefill_session is not None) == signed_prefill_applies(
+            load_artifact(art))
         for p in PROMPTS:
             want = loop.generate([p], gc).tokens
-            assert eng.generate([p], gc).tokens == want == unsigned.generate([p], gc).tokens
+            assert eng.generate([p], gc).tokens == want == signed.generate([p], gc).tokens
 
 
 def test_the_int8_weight_prefill_is_exact_and_only_where_the_cpu_adds_in_int32(tiny_export) -> None:  # noqa: ANN001
@@ -144,3 +145,22 @@ def test_graphs_that_do_not_rewrite_keep_the_loops_cache(tiny_export, tmp_path: 
     with Generator(gpt, "ort", threads=1, prefill_graph="model") as g:  # another prefill graph: the loop's cache
         assert not g.engine_cache
     assert not runner_class("ort-cuda").fuses_cache  # measured on the CPU execution provider only
+
+
+def test_cli_signed_prefill_gives_the_same_tokens_and_says_where_it_is_not_used(tiny_export, tmp_path: Path,
+                                                                                 capsys) -> None:  # noqa: ANN001
+    import json
+
+    from xdeploy.cli import main
+    from xdeploy.core.fingerprint import fingerprint, int8_dot
+
+    int8 = tiny_export("gpt", precision="int8-dynamic")
+    args = ["--runner", "ort", "--prompt-ids", "72,101,108,108,111", "--new-tokens", "8", "--ignore-eos"]
+    assert main(["generate", str(int8), *args, "--json", str(tmp_path / "a.json")]) == 0
+    assert main(["generate", str(int8), *args, "--signed-prefill", "--json", str(tmp_path / "b.json")]) == 0
+    a, b = (json.loads((tmp_path / n).read_text())["tokens"] for n in ("a.json", "b.json"))
+    assert a == b
+    used = int8_dot(fingerprint()) in ("vnni", "amx")
+    assert ("--signed-prefill is not used here" in capsys.readouterr().err) != used
+    assert main(["generate", str(tiny_export("gpt")), *args, "--signed-prefill"]) == 0  # fp32: nothing to shift
+    assert "--signed-prefill is not used here: it needs runner ort" in capsys.readouterr().err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -46,6 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "GroupQueryAttention), paged (the engine's cache in OpenVINO's PagedAttention form, decoders "
                         "on ov), loop (a buffer bound into the decode graph), auto (default: the engine where it "
                         "can, on ov paged for a decoder)")
+    p.add_argument("--signed-prefill", action="store_true",
+                   help="ort, int8-dynamic, VNNI/AMX CPUs: run the prompt in a second session with the weights "
+                        "shifted to int8 (the same integer products, faster kernels; a second session's memory)")
     p.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
     p.add_argument("--no-verify", action="store_true",
                    help="run the artifact without checking its golden probes on this machine (says so on stderr)")
@@ -131,7 +135,11 @@ def run(args: argparse.Namespace) -> int:
     check_spec(args.runner)
     rows, tokenizer = _prompts(args, art)
     with Generator(art, args.runner, use_cache=not args.no_cache, threads=args.threads,
-                   verify=not args.no_verify, prefill_graph=args.prefill_graph, kv_cache=args.kv_cache) as g:
+                   verify=not args.no_verify, prefill_graph=args.prefill_graph, kv_cache=args.kv_cache,
+                   **({"signed_prefill": True} if args.signed_prefill else {})) as g:
+        if args.signed_prefill and getattr(g.decode, "prefill_session", None) is None:
+            print("xdeploy: note: --signed-prefill is not used here: it needs runner ort keeping the cache of an "
+                  "int8-dynamic decoder on a CPU with VNNI or AMX", file=sys.stderr)
         out = g.generate(rows, gc)
     mode = f"beam search k={gc.num_beams}" if gc.num_beams > 1 else ("sampling" if gc.do_sample else "greedy")
     print(f"{art.model} ({art.precision}) on {args.runner}, {mode}, {out.mode}: {out.new_tokens} new tokens "
