@@ -11,6 +11,7 @@ parity check the rewritten graph as the decode graph.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -110,15 +111,13 @@ class OrtRunner(Runner):
                           what=f"{path} (int8 weights for the prompt)")
         step = self.cached_step()
         if not prefill_agrees(step, pre):
-            import sys
-
             print(f"xdeploy: warning: {path}: the int8-weight prefill's logits differ from the uint8 graph's; "
                   "prompts run on the uint8 graph", file=sys.stderr)
             return None
         return pre
 
     def cached_step(self) -> CachedStep:
-        if not getattr(self, "stateful", False):
+        if not self.stateful:
             return super().cached_step()
         from .ort_cache import OrtCachedStep
 
@@ -126,7 +125,7 @@ class OrtRunner(Runner):
         _, heads, _, head_size = ins[self._feeds.cache_names(1)[0]].shape
         vocab = self.session.get_outputs()[0].shape[-1]
         return OrtCachedStep(self.session, self._feeds, self._layers, heads, head_size, vocab,
-                             prefill=getattr(self, "prefill_session", None))
+                             prefill=self.prefill_session)
 
     def _providers(self) -> tuple[Any, ...]:
         return self.providers
