@@ -120,6 +120,19 @@ def test_the_int8_weight_prefill_is_exact_and_only_where_the_cpu_adds_in_int32(t
             assert before[w].dtype == np.uint8 and after[w].dtype == np.int8 and after[zp].dtype == np.int8
             np.testing.assert_array_equal(before[w].astype(np.int16) - before[zp].astype(np.int16),
                                           after[w].astype(np.int16) - after[zp].astype(np.int16))
+    # an initializer two MatMuls share is shifted once, so each MatMul's w - zp still holds
+    from onnx import TensorProto, helper
+
+    w = np.array([[0, 255], [128, 7]], np.uint8)
+    zp = np.array([128, 3], np.uint8)
+    nodes = [helper.make_node("MatMulInteger", [x, "w", "", "zp"], [f"y{x}"]) for x in ("a", "b")]
+    shared = helper.make_model(helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info(x, TensorProto.UINT8, [1, 2]) for x in ("a", "b")],
+        [helper.make_tensor_value_info(f"y{x}", TensorProto.INT32, [1, 2]) for x in ("a", "b")],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(zp, "zp")]))
+    assert signed_weights(shared, str(path.parent)) == 2
+    got = {t.name: numpy_helper.to_array(t).astype(np.int16) for t in shared.graph.initializer}
+    np.testing.assert_array_equal(got["w"] - got["zp"], w.astype(np.int16) - zp.astype(np.int16))
     isa = {"amx": ["avx2", "avx512f", "avx512_vnni", "amx_int8"], "vnni": ["avx2", "avx512f", "avx512_vnni"],
            "avx2": ["avx2", "fma"]}
     assert [signed_prefill_applies(art, {"isa": v}) for v in isa.values()] == [True, True, False]
