@@ -178,6 +178,11 @@ class _OrtGpuRunner(OrtRunner):
     # the loop keeps the KV cache: the GroupQueryAttention rewrite (deploy/ort_cache.py) is measured on the CPU
     # execution provider only
     fuses_cache = False
+    # onnxruntime's whole optimizer set: ORT_CPU_SLOW_FUSIONS are slow on the CPU provider (a fused GPU kernel here)
+    slow_fusions = ()
+
+    def _check_options(self) -> None:
+        pass  # provider_options() refuses what a GPU runner does not take
 
     @classmethod
     def gaps(cls, variant: str = "") -> list[str]:

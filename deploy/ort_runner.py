@@ -21,7 +21,11 @@ from xdeploy.core.errors import ParityError, XDeployError
 from xdeploy.export.onnx_graph import TWO_GB, proto_size
 
 from .base import CachedStep, Runner, RunnerInfo, validate_feeds
-from .sessions import CPU_PROVIDERS, onnx_file, ort_session, ort_session_options
+from .sessions import CPU_PROVIDERS, ORT_CPU_SLOW_FUSIONS, onnx_file, ort_session, ort_session_options
+
+# the CPU runner's options (a GPU runner's own: ort_gpu_runner.py OPTIONS)
+OPTIONS = ("opt_level", "spinning", "spin_between_runs", "stateful", "signed_prefill", "allow_saturation",
+           "fuse_skip_layer_norm")
 
 
 class OrtRunner(Runner):
@@ -39,6 +43,9 @@ class OrtRunner(Runner):
     stateful = False
     prefill_session: Any = None  # stateful + signed_prefill, int8-dynamic on VNNI/AMX: the int8-weight session
     fuses_cache: ClassVar[bool] = True  # `stateful`: the decode graph rewritten to keep the cache (CPU only)
+    # onnxruntime optimizers left out (sessions.py ORT_CPU_SLOW_FUSIONS: slower on the CPU provider); option
+    # fuse_skip_layer_norm=True keeps onnxruntime's SkipLayerNormFusion, for comparison
+    slow_fusions: ClassVar[tuple[str, ...]] = ORT_CPU_SLOW_FUSIONS
 
     @classmethod
     def keeps_cache(cls, artifact: Any, graph: str) -> bool:
@@ -50,7 +57,8 @@ class OrtRunner(Runner):
     def probe(cls, model: Any, names: list[str], variant: str = "", *, providers: Sequence[Any] = (),
               opt_level: str = "all") -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
         """One session on the in-memory model (serialized, or a temporary file beyond protobuf's 2 GB)."""
-        so, what = ort_session_options(0, opt_level), "the graph with exposed tensors"
+        so, what = ort_session_options(0, opt_level, disabled_optimizers=cls.slow_fusions), \
+            "the graph with exposed tensors"
         providers = list(providers) or list(CPU_PROVIDERS)
         if proto_size(model) < TWO_GB:
             sess = ort_session(model.SerializeToString(), options=so, providers=providers, what=what)
@@ -62,15 +70,24 @@ class OrtRunner(Runner):
     def _load(self) -> None:
         if self.name == "ort" and not self.options.pop("allow_saturation", False):
             refuse_saturating_int8(self.artifact, self.graph.name)
+        self._check_options()
         spinning, between = self.options.get("spinning"), self.options.get("spin_between_runs")
+        fuse_all = bool(self.options.get("fuse_skip_layer_norm", False))
         so = ort_session_options(self.threads, self.options.get("opt_level", "all"),
                                  spinning=None if spinning is None else bool(spinning),
-                                 spin_between_runs=None if between is None else bool(between))
+                                 spin_between_runs=None if between is None else bool(between),
+                                 disabled_optimizers=() if fuse_all else self.slow_fusions)
         self.stateful = bool(self.options.get("stateful", False))
         if self.stateful:
             self._load_fused(so)
             return
         self.session = ort_session(self.artifact.onnx_path(self.graph.name), providers=self._providers(), options=so)
+
+    def _check_options(self) -> None:
+        """The CPU runner refuses an option it does not take (a GPU runner checks its own: ort_gpu_runner.py)."""
+        unknown = set(self.options) - set(OPTIONS)
+        if unknown:
+            raise XDeployError(f"unknown {self.name} option(s) {sorted(unknown)}; expected {', '.join(OPTIONS)}")
 
     def _load_fused(self, so: Any) -> None:
         """The decode graph rewritten to keep the cache (deploy/ort_cache.py), its weights read from the artifact's

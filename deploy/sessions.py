@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +47,23 @@ def intra_op_threads(threads: int) -> int:
 
 # ------------------------------------------------------------------------------------ onnxruntime ----
 
+# onnxruntime graph optimizers a CPU session leaves out, each slower than what it replaces on the CPU provider:
+# - SkipLayerNormFusion: fuses the residual Add + LayerNormalization after a MatMul whose bias is folded in (the
+#   int8-dynamic graphs' DynamicQuantizeMatMul; fp32 graphs keep a bias Add there and are not fused). Its CPU
+#   kernel took 15.4 ms per op where the Add + LayerNormalization it replaced take 5.2 (MiniLM int8-dynamic, the
+#   peers corpus, onnxruntime 1.31's profiler, AMD Zen 4), and without it MiniLM's int8 pass ran 1.06-1.07x
+#   [1.04-1.10] faster, GPT-2 small's int8 decode 1.03x (docs/benchmarks.md). The GPU runners keep it (a fused
+#   CUDA kernel there). onnxruntime ignores a name it does not know, without a word: tests/test_sessions.py checks
+#   that each one still changes what the session runs.
+ORT_CPU_SLOW_FUSIONS: tuple[str, ...] = ("SkipLayerNormFusion",)
+
+
 def ort_session_options(threads: int = 0, opt_level: str = "all", *, profile_prefix: str | Path | None = None,
-                        spinning: bool | None = None, spin_between_runs: bool | None = None) -> Any:
+                        spinning: bool | None = None, spin_between_runs: bool | None = None,
+                        disabled_optimizers: Sequence[str] = ORT_CPU_SLOW_FUSIONS) -> Any:
     """onnxruntime.SessionOptions: `threads` intra-op threads, one inter-op thread (sequential execution),
-    warnings off, graph optimizations at `opt_level`; `profile_prefix` turns the per-op profiler on;
+    warnings off, graph optimizations at `opt_level` less `disabled_optimizers` (onnxruntime's transformer names;
+    default ORT_CPU_SLOW_FUSIONS, the CPU's; () keeps every one); `profile_prefix` turns the per-op profiler on;
     `spinning` sets session.intra_op.allow_spinning (None: onnxruntime's default, spinning on);
     `spin_between_runs` False sets session.force_spinning_stop: the pool spins while a Run() lasts and stops
     the moment it returns (None: onnxruntime's default, it goes on spinning after the call)."""
@@ -63,6 +76,8 @@ def ort_session_options(threads: int = 0, opt_level: str = "all", *, profile_pre
     so.intra_op_num_threads = intra_op_threads(threads)
     so.inter_op_num_threads = 1
     so.log_severity_level = 3
+    if disabled_optimizers:  # onnxruntime splits this entry on ';' (a ',' would name one optimizer that is not)
+        so.add_session_config_entry("optimization.disable_specified_optimizers", ";".join(disabled_optimizers))
     if spinning is not None:
         so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     if spin_between_runs is not None:

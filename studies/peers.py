@@ -246,7 +246,9 @@ def _runner_spec(runtime: str, precision: str, fp: dict[str, Any] | None = None)
 def _ort_options(threads: int) -> Any:
     from xdeploy.deploy.sessions import ort_session_options
 
-    return ort_session_options(threads)  # the same options xdeploy's own sessions get
+    # the same threads and logging as xdeploy's own sessions, but onnxruntime's whole optimizer set: a peer runs
+    # what its users get (xdeploy's CPU sessions leave out ORT_CPU_SLOW_FUSIONS, deploy/sessions.py)
+    return ort_session_options(threads, disabled_optimizers=())
 
 
 def _ov_options(precision: str, threads: int) -> dict[str, Any]:

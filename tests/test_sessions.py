@@ -128,3 +128,63 @@ def test_ort_spinning_options_reach_the_session_config(tiny_export) -> None:
             ort_session_options(1).get_session_config_entry(key)
     with open_runner("ort", tiny_export("bert"), threads=1, **runner_class("ort").interleaved_options) as r:
         assert r.session.get_session_options().get_session_config_entry(stop) == "1"
+
+
+def _fused_ops(model: onnx.ModelProto, so, tmp_path: Path) -> list[str]:
+    """The op types onnxruntime runs after its graph optimizations under session options `so`."""
+    import onnxruntime as ort
+
+    so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return [n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node]
+
+
+def test_cpu_sessions_leave_out_the_slow_fusions_and_the_names_still_take(tmp_path: Path) -> None:
+    """ORT_CPU_SLOW_FUSIONS reach the session config ';'-separated, and each name still changes what onnxruntime
+    runs: it ignores an unknown name without a word, so a renamed optimizer would silently come back."""
+    h = 8
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "skip"], ["s"]),
+         helper.make_node("LayerNormalization", ["s", "gamma", "beta"], ["y"], axis=-1, epsilon=1e-5)],
+        "residual_norm", [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", "t", h]) for n in ("x", "skip")],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "t", h])],
+        [onnx.numpy_helper.from_array(np.ones(h, np.float32), "gamma"),
+         onnx.numpy_helper.from_array(np.zeros(h, np.float32), "beta")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    key = "optimization.disable_specified_optimizers"
+    assert sessions.ORT_CPU_SLOW_FUSIONS == ("SkipLayerNormFusion",)
+    assert sessions.ort_session_options(1).get_session_config_entry(key) == "SkipLayerNormFusion"
+    assert sessions.ort_session_options(1, disabled_optimizers=("A", "B")).get_session_config_entry(key) == "A;B"
+    with pytest.raises(RuntimeError, match="does not have configuration"):
+        sessions.ort_session_options(1, disabled_optimizers=()).get_session_config_entry(key)
+    assert _fused_ops(model, sessions.ort_session_options(1), tmp_path) == ["Add", "LayerNormalization"]
+    assert _fused_ops(model, sessions.ort_session_options(1, disabled_optimizers=()), tmp_path) == \
+        ["SkipLayerNormalization"]
+    # the C++ runtime's CPU sessions leave out the same ones (the same graph, the same vectors)
+    cpp = (ROOT / "deploy/cpp/src/embedder.cpp").read_text()
+    assert f'kCpuSlowFusions = "{";".join(sessions.ORT_CPU_SLOW_FUSIONS)}";' in cpp
+
+
+def test_ort_runner_fusions_option_and_unknown_options(tiny_export) -> None:
+    """The CPU runner's session leaves out the slow fusions unless fuse_skip_layer_norm=True; both give the same
+    vectors on an int8-dynamic graph (where onnxruntime would fuse); an option it does not take is one error."""
+    from xdeploy.deploy.registry import open_runner
+    from xdeploy.models.spec import make_feeds
+
+    art = tiny_export("bert", precision="int8-dynamic")
+    key = "optimization.disable_specified_optimizers"
+    outs = []
+    for fuse in (False, True):
+        with open_runner("ort", art, threads=1, fuse_skip_layer_norm=fuse) as r:
+            so = r.session.get_session_options()
+            if fuse:
+                with pytest.raises(RuntimeError, match="does not have configuration"):
+                    so.get_session_config_entry(key)
+            else:
+                assert so.get_session_config_entry(key) == "SkipLayerNormFusion"
+            feeds = make_feeds(r.graph, {"batch": 2, "seq": 12}, seed=3)
+            outs.append(r.infer(feeds))
+    for name, a in outs[0].items():
+        assert np.allclose(a, outs[1][name], atol=0.1), name  # int8 re-quantization may round differently
+    with pytest.raises(XDeployError, match=r"unknown ort option\(s\) \['frobnicate'\]; expected opt_level"):
+        open_runner("ort", art, threads=1, frobnicate=1)

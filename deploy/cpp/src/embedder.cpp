@@ -30,6 +30,10 @@ const char* const kHidden = "last_hidden_state";
 // plan_batches' cost of one model call, in tokens: CALL_TOKENS of deploy/embedder.py (tests/test_cpp.py checks
 // that both pick the same cuts)
 constexpr int64_t kCallTokens = 256;
+// onnxruntime optimizers a CPU session leaves out, ';'-separated: the Python runner's list
+// (deploy/sessions.py ORT_CPU_SLOW_FUSIONS, which says why; tests/test_sessions.py keeps the two equal), so both
+// runtimes run the same graph and give the same vectors. The GPU providers keep onnxruntime's whole set.
+const char* const kCpuSlowFusions = "SkipLayerNormFusion";
 
 void check_batching(const std::string& mode) {
   if (mode != "cost" && mode != "fixed")
@@ -270,6 +274,8 @@ struct Embedder::Impl {
       std::unique_ptr<OrtCUDAProviderOptionsV2, decltype(api.ReleaseCUDAProviderOptions)> hold2(
           cuda, api.ReleaseCUDAProviderOptions);
       so.AppendExecutionProvider_CUDA_V2(*cuda);
+    } else {
+      so.AddConfigEntry("optimization.disable_specified_optimizers", kCpuSlowFusions);
     }
   }
 
