@@ -31,6 +31,7 @@ from . import foreign as foreign_graphs
 from . import openvino_ir
 from . import precision as prec
 from .artifact import load_artifact
+from .attention_layout import attention_3d
 from .optimize import fused_op_counts, optimize_config, strip_value_info
 from .optimize import optimize as run_optimizer
 from .writer import write_artifact
@@ -44,6 +45,9 @@ def convert_graph(proto: onnx.ModelProto, precision: str, *, graph: Graph, spec:
     model's declared onnxruntime optimizer type (`Capabilities.optimizer`). `refine`: the measured keep-float
     search (verify/sensitivity.refine, passed by xdeploy/api.py and the pipeline)."""
     strip_value_info(proto)
+    # each opset-23 Attention fed its (B, T, C) projections, not heads split by Reshape/Transpose pairs: faster on
+    # onnxruntime and OpenVINO, the same numbers (export/attention_layout.py)
+    heads_3d = attention_3d(proto)
     if optimize:
         if optimizer is None:
             raise XDeployError(f"model {model!r} declares no onnxruntime optimizer type; export it without --optimize")
@@ -51,6 +55,7 @@ def convert_graph(proto: onnx.ModelProto, precision: str, *, graph: Graph, spec:
     proto, info = prec.convert(proto, precision, graph=graph, spec=spec, options=options, refine=refine)
     info["optimization"] = {"level": opt_level} if optimize else None
     info["fused_ops"] = fused_op_counts(proto)
+    info["attention_3d"] = heads_3d
     return proto, info
 
 
