@@ -50,7 +50,7 @@ def intra_op_threads(threads: int) -> int:
 # onnxruntime graph optimizers a CPU session leaves out, each slower than what it replaces on the CPU provider:
 # - SkipLayerNormFusion: fuses the residual Add + LayerNormalization after a MatMul whose bias is folded in (the
 #   int8-dynamic graphs' DynamicQuantizeMatMul; fp32 graphs keep a bias Add there and are not fused). Its CPU
-#   kernel took 15.4 ms per op where the Add + LayerNormalization it replaced take 5.2 (MiniLM int8-dynamic, the
+#   kernel took 15.4 ms per op where the Add + LayerNormalization it replaced take 4.9 (MiniLM int8-dynamic, the
 #   peers corpus, onnxruntime 1.31's profiler, AMD Zen 4), and without it MiniLM's int8 pass ran 1.06-1.07x
 #   [1.04-1.10] faster, GPT-2 small's int8 decode 1.03x (docs/benchmarks.md). The GPU runners keep it (a fused
 #   CUDA kernel there). onnxruntime ignores a name it does not know, without a word: tests/test_sessions.py checks

@@ -8,13 +8,15 @@ The dynamo exporter lowers `scaled_dot_product_attention` on heads to
 
 Opset 23's `Attention` also takes 3D inputs, (B, T, q_num_heads * hs) and (B, S, kv_num_heads * hs), and then
 gives a 3D output (B, T, q_num_heads * hs) -- the same numbers in the layout the projections already have. So
-the Reshape/Transpose pairs go (five copies of every attention's activations less per layer), and the engines do
-the head split inside the kernel: on MiniLM's sentences (AMD Zen 4, 2 threads, per-batch interleaved)
+the Reshape/Transpose pairs go (four Transposes, each a copy of the activations, less per layer), and the engines
+do the head split inside the kernel: on MiniLM's sentences (AMD Zen 4, 2 threads, per-batch interleaved)
 onnxruntime's int8-dynamic pass ran 1.06x [1.005-1.10], its fp32 pass 1.03x [0.99-1.06], BERT-base int8 at
-batch 1 1.08x [0.99-1.12], and OpenVINO's bf16 pass of the static int8 graph 1.04x [1.02-1.05], every output
-identical to the last bit (docs/benchmarks.md). TensorRT's ONNX parser takes both forms.
+batch 1 1.08x [0.99-1.12], and OpenVINO's bf16 pass of the static int8 graph 1.04x [1.02-1.05], the outputs
+identical to the last bit (GPT-2's logits within 1.4e-6; docs/benchmarks.md). TensorRT's ONNX parser takes both
+forms.
 
-Only the exact pattern is rewritten: Reshape to Concat(Shape, Shape, [nh], [hs]) of a 3D tensor, then Transpose
+Only the exact pattern is rewritten: a Reshape of a 3D tensor to [B, T, nh, hs] whose first two entries provably
+keep (B, T) (Shape slices at their own index, or constants checked against onnx shape inference), then Transpose
 perm (0, 2, 1, 3), on all three inputs; the output through Transpose (0, 2, 1, 3) and a Reshape to the model
 width, with no other reader. An Attention fed anything else (a cache concatenated in front of the keys, 4D
 graph inputs) is left as it is; a head-split tensor another node also reads (a decoder's `present` keys) stays
@@ -71,11 +73,11 @@ def attention_3d(proto: onnx.ModelProto) -> int:
         heads = _head_dims(r, producer, consts, dims)
         return None if heads is None else (r.input[0], *heads)
 
-    rewritten, gone = 0, set()
+    rewritten, gone = 0, set()  # gone: (op type, output) of the merging Transpose/Reshape pairs
     for att in [n for n in g.node if n.op_type == "Attention" and n.domain in ("", "ai.onnx")]:
-        if len(att.input) < 3 or any(_attr(att, a) is not None for a in ("q_num_heads", "kv_num_heads")) \
-                or any(o for o in att.output[1:]):
-            continue
+        if len(att.input) < 3 or any(att.input[4:]) or any(o for o in att.output[1:]) \
+                or any(_attr(att, a) is not None for a in ("q_num_heads", "kv_num_heads")):
+            continue  # a past cache fed in, optional outputs asked for, or already 3D
         q, k, v = (split_heads(att.input[i]) for i in range(3))
         if q is None or k is None or v is None or k[1:] != v[1:] or q[2] != k[2]:
             continue
@@ -87,11 +89,11 @@ def attention_3d(proto: onnx.ModelProto) -> int:
         att.attribute.extend([helper.make_attribute("q_num_heads", q[1]), helper.make_attribute("kv_num_heads", k[1])])
         # the Attention now gives the merged tensor itself, under its name (its readers, or the graph's output,
         # unchanged); the merging Transpose and Reshape go
+        gone.update((n.op_type, n.output[0]) for n in merged)  # (the Reshape's name now the Attention's too)
         att.output[0] = merged[1].output[0]
-        gone.update(id(n) for n in merged)
         rewritten += 1
     if rewritten:
-        kept = [n for n in g.node if id(n) not in gone]
+        kept = [n for n in g.node if (n.op_type, n.output[0] if n.output else "") not in gone]
         del g.node[:]
         g.node.extend(kept)
         prune(proto)  # the splitting Reshape/Transpose pairs and the shape pieces no output reads any more
