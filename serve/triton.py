@@ -34,6 +34,7 @@ from typing import Any
 
 from xdeploy.core.errors import XDeployError, one_of
 from xdeploy.core.fsutil import atomic_dir, atomic_write_json, atomic_write_text
+from xdeploy.deploy.sessions import ORT_CPU_SLOW_FUSIONS
 from xdeploy.export.artifact import Artifact, load_artifact
 from xdeploy.export.tensorrt import int8_format
 from xdeploy.models.spec import Graph, TensorSpec
@@ -226,6 +227,8 @@ def onnx_model_config(art: Artifact, name: str, o: TritonOptions) -> Any:
         cfg.platform, cfg.default_model_filename = "tensorrt_plan", "model.plan"
     elif o.graph_backend == "python":
         cfg.backend = "python"  # serve/triton_onnx_model.py runs model.onnx with onnxruntime
+        # ... with the optimizers xdeploy's CPU sessions leave out (deploy/sessions.py: it cannot import xdeploy)
+        cfg.parameters["ort_disabled_optimizers"].string_value = ";".join(ORT_CPU_SLOW_FUSIONS)
     else:
         cfg.platform, cfg.default_model_filename = "onnxruntime_onnx", "model.onnx"
     for t, coll in [(t, cfg.input) for t in g.inputs] + [(t, cfg.output) for t in g.outputs]:

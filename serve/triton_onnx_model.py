@@ -21,6 +21,10 @@ class TritonPythonModel:
         so = ort.SessionOptions()
         so.intra_op_num_threads = int(params.get("intra_op_thread_count", "0"))
         so.inter_op_num_threads = 1
+        # the onnxruntime optimizers xdeploy's CPU sessions leave out, ';'-separated (serve/triton.py writes them
+        # from deploy/sessions.py ORT_CPU_SLOW_FUSIONS; xdeploy is not importable in Triton's interpreter)
+        if params.get("ort_disabled_optimizers"):
+            so.add_session_config_entry("optimization.disable_specified_optimizers", params["ort_disabled_optimizers"])
         path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
         self.session = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
         self.inputs = [i["name"] for i in cfg["input"]]

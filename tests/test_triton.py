@@ -94,6 +94,9 @@ def test_text_repository_fields_match_manifest(text_art, tmp_path):
     assert [o.name for o in tok.output] == [t.name for t in g.inputs]
     assert (tmp_path / "py" / "bert_tokenizer" / "1" / "tokenizer.json").read_bytes() == (
         text_art / "tokenizer" / "tokenizer.json").read_bytes()
+    # the Python-backend graph model's onnxruntime session leaves out what xdeploy's CPU sessions do
+    assert cfg(tmp_path / "py", "bert_onnx").parameters["ort_disabled_optimizers"].string_value == \
+        "SkipLayerNormFusion"
 
     pool = cfg(repo, "bert_pooling")
     assert pool.parameters["mode"].string_value == "mean" and pool.parameters["normalize"].string_value == "true"
@@ -285,6 +288,7 @@ def test_generated_ensemble_runs_on_a_real_triton_server(text_art, tmp_path):
             assert served.max_batch_size == 8 and [i.name for i in served.input] == [
                 "input_ids", "attention_mask", "token_type_ids"]
             assert list(served.dynamic_batching.preferred_batch_size) == [4, 8]
+            assert served.parameters["ort_disabled_optimizers"].string_value == "SkipLayerNormFusion"
 
         def call(k: int) -> np.ndarray:
             batch = texts[k % 3:k % 3 + 1 + k % 4]
