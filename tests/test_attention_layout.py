@@ -68,7 +68,8 @@ def test_the_exporters_pattern_becomes_one_3d_attention_with_the_same_outputs(ta
     attrs = {a.name: helper.get_attribute_value(a) for a in att.attribute}
     assert attrs["q_num_heads"] == NH and attrs["kv_num_heads"] == NH and list(att.input) == ["q3", "k3", "v3"]
     onnx.checker.check_model(rewritten)
-    np.testing.assert_allclose(_run(rewritten, x)[0], before[0], rtol=1e-6, atol=1e-6)
+    # a head mixed up is off by O(1); another kernel path on another CPU class by a few ulps
+    np.testing.assert_allclose(_run(rewritten, x)[0], before[0], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("why,kwargs", [
