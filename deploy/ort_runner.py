@@ -72,11 +72,11 @@ class OrtRunner(Runner):
             refuse_saturating_int8(self.artifact, self.graph.name)
         self._check_options()
         spinning, between = self.options.get("spinning"), self.options.get("spin_between_runs")
-        fuse_all = bool(self.options.get("fuse_skip_layer_norm", False))
+        keep_skip_ln = bool(self.options.get("fuse_skip_layer_norm", False))
         so = ort_session_options(self.threads, self.options.get("opt_level", "all"),
                                  spinning=None if spinning is None else bool(spinning),
                                  spin_between_runs=None if between is None else bool(between),
-                                 disabled_optimizers=() if fuse_all else self.slow_fusions)
+                                 disabled_optimizers=() if keep_skip_ln else self.slow_fusions)
         self.stateful = bool(self.options.get("stateful", False))
         if self.stateful:
             self._load_fused(so)

@@ -55,12 +55,13 @@ def attention_3d(proto: onnx.ModelProto) -> int:
     inferred: dict[str, list[int | None]] | None = None
 
     def dims(name: str) -> list[int | None] | None:
-        """Static sizes of tensor `name` (None per symbolic dim), from shape inference run once, on demand: only a
-        constant Reshape target (ViT's [-1, 197, nh, hs]) needs them."""
+        """Static sizes of the 3D tensor `name` (None per symbolic dim; None if not known as 3D), from shape
+        inference run once, on demand: only a constant Reshape target (ViT's [-1, 197, nh, hs]) needs them."""
         nonlocal inferred
         if inferred is None:
             inferred = _inferred_dims(proto)
-        return inferred.get(name)
+        d = inferred.get(name)
+        return d if d is not None and len(d) == 3 else None
 
     def split_heads(name: str) -> tuple[str, int, int] | None:
         """`name` = Transpose(HEAD_PERM)(Reshape(x, [B, T, nh, hs])) -> (x, nh, hs)."""
@@ -132,14 +133,17 @@ def _scalar(name: str, consts: dict[str, np.ndarray]) -> int | None:
     return int(a.reshape(-1)[0]) if a is not None and a.size == 1 and a.dtype.kind in "iu" else None
 
 
-def _keeps_leading(pieces: list[Any], data_dims: list[int | None] | None) -> bool:
+def _keeps_leading(pieces: list[Any], data_dims: Callable[[], list[int | None] | None]) -> bool:
     """The first two entries of a Reshape target keep its 3D input's (B, T): each one a dimension of a shape at
-    its own index ("shape"), or a constant equal to the input's static size there, or -1 beside one that is (the
-    size then fixes it). `pieces`: per entry ("shape", index) or ("const", value)."""
+    its own index ("shape"), or a constant equal to the input's static size there (`data_dims()`, asked only
+    then), or -1 beside one that is (the size then fixes it). `pieces`: per entry ("shape", index) or
+    ("const", value)."""
     def same(i: int) -> bool:
         kind, v = pieces[i]
-        return (kind == "shape" and v == i) or (kind == "const" and data_dims is not None and v > 0
-                                                and data_dims[i] == v)
+        if kind == "shape":
+            return v == i
+        d = data_dims() if v > 0 else None
+        return d is not None and d[i] == v
 
     def free(i: int) -> bool:
         return pieces[i] == ("const", -1)
@@ -174,11 +178,7 @@ def _head_dims(r: Any, producer: dict[str, Any], consts: dict[str, np.ndarray],
     p = _pieces(r.input[1], producer, consts)
     if p is None or len(p) != 4 or p[2][0] != "const" or p[3][0] != "const" or p[2][1] <= 0 or p[3][1] <= 0:
         return None
-    need_dims = any(k == "const" for k, _ in p[:2])
-    d = dims(r.input[0]) if need_dims else None
-    if not _keeps_leading(p, d if d is not None and len(d) == 3 else None):
-        return None
-    return p[2][1], p[3][1]
+    return (p[2][1], p[3][1]) if _keeps_leading(p, lambda: dims(r.input[0])) else None
 
 
 def _merged_output(name: str, readers: dict[str, list[Any]], producer: dict[str, Any],
@@ -196,5 +196,4 @@ def _merged_output(name: str, readers: dict[str, list[Any]], producer: dict[str,
     if p is None or len(p) != 3 or p[2] != ("const", width):
         return None
     # the output's (B, T) are the queries' (B, T): `q` is the 3D tensor they were split from
-    d = dims(q) if any(k == "const" for k, _ in p[:2]) else None
-    return (t, r) if _keeps_leading(p, d if d is not None and len(d) == 3 else None) else None
+    return (t, r) if _keeps_leading(p, lambda: dims(q)) else None
