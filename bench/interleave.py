@@ -47,6 +47,7 @@ import gc
 import math
 import os
 import statistics
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -269,6 +270,9 @@ class Attempt:
     # a name missing here took part in every round of its list
     round_ids: dict[str, list[int]] = field(default_factory=dict)
     extra_s: float = 0.0  # seconds spent in sequential rounds after `max_seconds`
+    # name -> the seconds waited before each of its timed blocks (`wait_idle`: settle_s, then the process's
+    # other threads idle); long waits name the candidate timed before as a pool that spins after its calls
+    waits: dict[str, list[float]] = field(default_factory=dict)
 
 
 class Budget:
@@ -315,6 +319,7 @@ class Comparison:
     round_ids: dict[str, list[int]] = field(default_factory=dict)  # Attempt.round_ids
     wide: tuple[str, ...] = ()  # steady candidates whose interval is wider than the target (quiet machine)
     extra_s: float = 0.0  # seconds of sequential rounds, over every attempt
+    waits: dict[str, list[float]] = field(default_factory=dict)  # the kept attempt's Attempt.waits
 
     def paired(self, baseline: str, candidate: str) -> SpeedUp:
         """Paired speed-up of any two candidates over the rounds both took part in."""
@@ -335,10 +340,57 @@ class Comparison:
                 "verdict": self.verdict(name), "wide": name in self.wide and not mine,
                 "target": self.thresholds.target, "attempts": self.attempts, "rounds": s.rounds,
                 "calls_per_round": s.calls_per_round, "extra_s": self.extra_s,
+                "idle_wait_s": float(np.median(self.waits[name])) if self.waits.get(name) else None,
                 "rel_iqr": s.rel_iqr, "max_over_min": s.max_over_min,
                 "speedup": None if sp is None else {"median": sp.median, "low": sp.low, "high": sp.high,
                                                     "rounds": sp.rounds, "rel_iqr": sp.rel_iqr},
                 "baseline": self.baseline, "load": asdict(self.load), "thresholds": asdict(self.thresholds)}
+
+
+# The longest wait for this process's other threads to go idle before a block (`wait_idle`). onnxruntime's
+# intra-op pool spins ~40 ms after a call by default (AMD Zen 4, BERT-base b1: one core, 36-48 ms); 0.5 s leaves
+# room for slower pools and still bounds a thread that never sleeps.
+IDLE_WAIT_MAX_S = 0.5
+
+
+def _running_threads(me: int) -> int | None:
+    """How many threads of this process other than `me` are running or runnable now (Linux /proc state R);
+    None where /proc/self/task cannot be read (another OS)."""
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    n = 0
+    for tid in tids:
+        if int(tid) == me:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/stat", "rb") as fh:
+                # "pid (comm) S ...": the comm may hold spaces or parentheses, the state follows the last ")"
+                state = fh.read().rsplit(b")", 1)[1].split(None, 1)[0]
+        except (OSError, IndexError):
+            continue  # the thread ended meanwhile
+        n += state == b"R"
+    return n
+
+
+def wait_idle(settle_s: float = 0.002, max_s: float = IDLE_WAIT_MAX_S, poll_s: float = 0.001) -> float:
+    """Sleep `settle_s`, then until no other thread of this process is running (at most `max_s` in all); the
+    seconds waited.
+
+    Why: an engine's pool that keeps spinning after its call returns (onnxruntime's default: ~40 ms of a core)
+    takes a core from the block timed next. run_rounds' rotation keeps each candidate's predecessor fixed, so
+    a fixed pause shorter than the spin charged one candidate every round: in the embedding study, the row
+    timed after an onnxruntime row ran 15-20% slower than alone (docs/benchmarks.md). Waiting for the threads
+    themselves costs a non-spinning predecessor nothing beyond `settle_s`."""
+    t0 = time.perf_counter()
+    time.sleep(settle_s)
+    me = threading.get_native_id()
+    while time.perf_counter() - t0 < max_s:
+        if not _running_threads(me):  # 0, or None: no /proc to ask
+            break
+        time.sleep(poll_s)
+    return time.perf_counter() - t0
 
 
 def _block(fn: Callable[[], Any], n: int, clock: Callable[[], int] = time.perf_counter_ns) -> list[float]:
@@ -358,15 +410,17 @@ def _still_wide(rounds: Mapping[str, list[float]], ids: Mapping[str, list[int]],
 
 def run_rounds(calls: Mapping[str, Callable[[], Any]], *, min_rounds: int = 8, max_rounds: int = 40,
                max_seconds: float = 5.0, min_block_s: float = 0.02, warmup: int = 2,
-               settle_s: float = 0.002, baseline: str | None = None, target: float | None = None,
+               settle_s: float = 0.002, idle_max_s: float = IDLE_WAIT_MAX_S, baseline: str | None = None,
+               target: float | None = None,
                extra_s: float = 0.0, burn_in: int = 0, clock: Callable[[], int] = time.perf_counter_ns
                ) -> Attempt:
     """Warm up every candidate, size its block, then time rotated rounds: at least `min_rounds`, at most
     `max_rounds`, until `max_seconds`. With a `baseline` and a `target`, rounds are sequential: they stop once
     every candidate's paired speed-up interval is within +-target of its median (after `min_rounds`), and where
     some are still wider at `max_seconds` they go on for at most `extra_s` seconds more with only the baseline
-    and those candidates. A round's value for a candidate is the median of its block's calls; `settle_s` of
-    untimed sleep precede each block; `burn_in` rotated rounds of blocks run untimed first (the engines' pools
+    and those candidates. A round's value for a candidate is the median of its block's calls; each block starts
+    after `settle_s` of untimed sleep and once the process's other threads are idle (`wait_idle`, at most
+    `idle_max_s`; Attempt.waits); `burn_in` rotated rounds of blocks run untimed first (the engines' pools
     then start the timed rounds in the state they keep between blocks). The collector is paused while timing
     (as in latency.measure). `clock` (nanoseconds) times the calls and the span."""
     names = list(calls)
@@ -385,11 +439,12 @@ def run_rounds(calls: Mapping[str, Callable[[], Any]], *, min_rounds: int = 8, m
     for r in range(burn_in):
         k = r % len(names)
         for name in names[k:] + names[:k]:
-            time.sleep(settle_s)
+            wait_idle(settle_s, idle_max_s)
             _block(calls[name], per[name], clock)
     rounds: dict[str, list[float]] = {n: [] for n in names}
     ids: dict[str, list[int]] = {n: [] for n in names}
     samples: dict[str, list[float]] = {n: [] for n in names}
+    waits: dict[str, list[float]] = {n: [] for n in names}
     meter = LoadMeter().start()
     t_start = clock()
     t_extra: int | None = None  # when the sequential rounds began
@@ -414,10 +469,10 @@ def run_rounds(calls: Mapping[str, Callable[[], Any]], *, min_rounds: int = 8, m
                         active = [baseline] + wide
             k = r % len(active)
             for name in active[k:] + active[:k]:  # rotate: each candidate leads equally often
-                # a short untimed pause first: the previous runtime's idle threads (onnxruntime's pool spins
-                # after a call by default; TBB workers too) would otherwise still hold a core when this
-                # block starts, a cost the previous candidate's code leaves on this one's first calls
-                time.sleep(settle_s)
+                # untimed: a short pause, then until the previous runtime's threads are idle (onnxruntime's
+                # pool spins ~40 ms after a call by default); they would otherwise hold a core while this
+                # block runs, a cost the previous candidate's code leaves on this one's calls
+                waits[name].append(wait_idle(settle_s, idle_max_s))
                 ts = _block(calls[name], per[name], clock)
                 rounds[name].append(statistics.median(ts))  # robust to a disturbed call within the block
                 ids[name].append(r)
@@ -428,7 +483,7 @@ def run_rounds(calls: Mapping[str, Callable[[], Any]], *, min_rounds: int = 8, m
             gc.enable()
     extra = 0.0 if t_extra is None else (clock() - t_extra) * 1e-9
     return Attempt(rounds=rounds, calls=samples, calls_per_round=per, load=meter.stop(), round_ids=ids,
-                   extra_s=extra)
+                   extra_s=extra, waits=waits)
 
 
 def run_timed_rounds(timers: Mapping[str, Callable[[], Sequence[float]]], *, rounds: int = 7) -> Attempt:
@@ -483,7 +538,7 @@ def judge(attempt: Attempt, baseline: str | None, thresholds: Thresholds = DEFAU
                       latency={n: summarize(c) for n, c in attempt.calls.items()}, speedups=speedups,
                       load=attempt.load, stable=not reasons, reasons=tuple(reasons), cause=cause,
                       attempts=1, thresholds=thresholds, rounds=attempt.rounds, round_ids=attempt.round_ids,
-                      wide=tuple(n for n in wide if n not in flagged), extra_s=attempt.extra_s)
+                      wide=tuple(n for n in wide if n not in flagged), extra_s=attempt.extra_s, waits=attempt.waits)
 
 
 def _badness(c: Comparison) -> float:

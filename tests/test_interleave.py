@@ -155,6 +155,64 @@ def test_a_round_is_the_median_of_its_block() -> None:
     assert max(att.calls["a"]) >= 0.05 and max(att.rounds["a"]) < 0.02
 
 
+class _Pool:
+    """A thread of this process that keeps a core busy for `spin_s` after each `call()` returns, as onnxruntime's
+    intra-op pool does by default. It spins in hashlib over 1 MiB (which releases the GIL), so /proc shows it
+    running (state R) rather than waiting for the interpreter."""
+
+    def __init__(self, spin_s: float) -> None:
+        import threading
+
+        self.spin_s, self.until, self.stop = spin_s, 0.0, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        import hashlib
+        import time
+
+        buf = bytes(1 << 20)
+        while not self.stop.is_set():
+            if time.perf_counter() < self.until:
+                hashlib.sha256(buf)
+            else:
+                time.sleep(0.0005)
+
+    def call(self) -> None:
+        import time
+
+        self.until = time.perf_counter() + self.spin_s
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self/task"), reason="needs Linux /proc")
+def test_rounds_wait_for_a_pool_that_spins_after_its_call() -> None:
+    """A candidate's pool still spinning after its call would take a core from the block timed next; the rounds
+    start each block only once the process's other threads are idle (wait_idle), so no call of the quiet
+    candidate starts while the pool spins, and the wait before it shows the spin."""
+    import time
+
+    pool = _Pool(0.06)
+    starts: list[float] = []
+    try:
+        att = il.run_rounds({"spinning": pool.call, "quiet": lambda: starts.append(time.perf_counter() - pool.until)},
+                            min_rounds=4, max_rounds=4, max_seconds=1e-3, min_block_s=0.0, warmup=1)
+        del starts[0]  # the warm-up call (warm-up does not wait)
+        assert min(starts) >= 0  # every timed quiet call began after the pool's spin had ended
+        assert max(att.waits["quiet"]) >= 0.05  # the block right after the spinning candidate waited its spin out
+        assert len(att.waits["quiet"]) == len(att.rounds["quiet"]) == 4
+        # with no wait (idle_max_s=0) the block after the spinning one starts while it spins
+        starts.clear()
+        il.run_rounds({"spinning": pool.call, "quiet": lambda: starts.append(time.perf_counter() - pool.until)},
+                      min_rounds=2, max_rounds=2, max_seconds=1e-3, min_block_s=0.0, warmup=1, idle_max_s=0.0)
+        del starts[0]
+        assert min(starts) < 0
+    finally:
+        pool.stop.set()
+        pool.thread.join()
+    # nothing spinning: no wait beyond the settle pause and a poll or two
+    assert il.wait_idle(0.0) < 0.25
+
+
 def test_busy_core_halfway_gives_the_quiet_speedup_or_unstable(tmp_path_factory: pytest.TempPathFactory) -> None:
     """The issue's check: the same small comparison (PyTorch vs ONNX Runtime on a tiny BERT, the child process
     `xdeploy bench` and `xdeploy run` use) once on the machine as it is and once with `python -c 'while True:
