@@ -11,10 +11,12 @@ fixed number of rounds, not sequential). Per setting it reports:
 
 Settings (each opened afresh; the settings alternate, A B C D A B C D, so drift hits all alike):
 
-  default     onnxruntime spins after a call (its default), OpenVINO's defaults, 2 ms untimed pause per block
+  default     onnxruntime spins after a call (its default), OpenVINO's defaults, 2 ms untimed pause per block,
+              then until the process's other threads are idle (run_rounds' wait_idle)
+  no-idle-wait  the 2 ms pause only (run_rounds before the idle wait): a pool still spinning holds a core
   no-spin     session.intra_op.allow_spinning = 0 for every onnxruntime session
   run-spin    session.force_spinning_stop = 1: the pool spins while a Run() lasts, stops when it returns
-  settle-20   a 20 ms pause before each block instead of 2 ms (settle-100: 100 ms)
+  settle-20   a 20 ms pause before each block instead of 2 ms, no idle wait (settle-100: 100 ms)
   no-pin      OpenVINO ENABLE_CPU_PINNING = false
   burn-in     one untimed rotated round of blocks before the timed rounds
 
@@ -37,11 +39,14 @@ from typing import Any
 
 import numpy as np
 
+from xdeploy.bench.interleave import IDLE_WAIT_MAX_S
+
 
 @dataclass(frozen=True)
 class Setting:
     name: str
     settle_s: float = 0.002
+    idle_wait: bool = True  # run_rounds waits for the process's other threads to go idle before a block
     burn_in: int = 0
     ort: dict[str, Any] = field(default_factory=dict)
     ov: dict[str, Any] = field(default_factory=dict)
@@ -51,8 +56,9 @@ SETTINGS = {s.name: s for s in (
     Setting("default"),
     Setting("no-spin", ort={"spinning": False}),
     Setting("run-spin", ort={"spin_between_runs": False}),
-    Setting("settle-20", settle_s=0.020),
-    Setting("settle-100", settle_s=0.100),
+    Setting("no-idle-wait", idle_wait=False),
+    Setting("settle-20", settle_s=0.020, idle_wait=False),
+    Setting("settle-100", settle_s=0.100, idle_wait=False),
     Setting("no-pin", ov={"pinning": False}),
     Setting("burn-in", burn_in=1),
 )}
@@ -95,7 +101,8 @@ def _options(setting: Setting, runner: str) -> dict[str, Any]:
 def _rounds(candidates: dict[str, tuple[str, str, dict[str, Any]]], arts: dict[str, Any], batch: int, rounds: int,
             threads: int, **timing: Any) -> Any:
     """Open each candidate (name -> runner, precision, options) on the artifact of its precision and time them
-    all in the same `rounds` rotated rounds (bench/interleave.py run_rounds; `timing`: its settle_s, burn_in)."""
+    all in the same `rounds` rotated rounds (bench/interleave.py run_rounds; `timing`: its settle_s,
+    idle_max_s, burn_in)."""
     from xdeploy.bench.interleave import run_rounds
     from xdeploy.deploy.registry import open_runner
     from xdeploy.models.spec import make_feeds
@@ -115,7 +122,8 @@ def _rounds(candidates: dict[str, tuple[str, str, dict[str, Any]]], arts: dict[s
 
 def measure(setting: Setting, arts: dict[str, Any], batch: int, rounds: int, threads: int) -> dict[str, Any]:
     att = _rounds({f"{runner} {prec}": (runner, prec, _options(setting, runner)) for runner, prec in CANDIDATES},
-                  arts, batch, rounds, threads, settle_s=setting.settle_s, burn_in=setting.burn_in)
+                  arts, batch, rounds, threads, settle_s=setting.settle_s, burn_in=setting.burn_in,
+                  idle_max_s=IDLE_WAIT_MAX_S if setting.idle_wait else 0.0)
     return analyse(att.rounds, rounds) | {"other_cores": att.load.other_cores, "loadavg": att.load.loadavg_1m}
 
 
