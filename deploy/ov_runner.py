@@ -216,7 +216,8 @@ class OvRunner(Runner):
         step_mask = feeds[f.step_mask] if f.step_mask else np.ones((n, s), np.int64)
         mask = np.concatenate([feeds[f.cache_mask], step_mask], 1).astype(np.int64)
         res = req.infer({self._names[0]: ids, self._names[1]: feeds[f.positions], self._names[2]: mask,
-                         self._names[3]: np.arange(n, dtype=np.int32)} | {k: feeds[k] for k in self._held})
+                         self._names[3]: np.arange(n, dtype=np.int32)} | {k: feeds[k] for k in self._held},
+                        share_outputs=True)  # the logits are copied out once below
         grown = [np.array(by_name[var].state.data)[:, :, -s:] for var in self._variables.values()]  # (N, nh, S, hs)
         new_kv = np.stack(grown).reshape(len(grown) // 2, 2, *grown[0].shape)  # (L, 2, N, nh, S, hs)
         out = {f.logits: np.array(res[self._out_ports[f.logits]], copy=True), f.new_kv: new_kv}
@@ -258,13 +259,15 @@ class OvRunner(Runner):
         return model
 
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        # share_inputs: OpenVINO reads the (validated, contiguous) arrays in place; outputs are copied out
-        # because the request reuses its output memory on the next call.
+        # share_inputs: OpenVINO reads the (validated, contiguous) arrays in place. share_outputs: views of the
+        # request's output memory, copied out once here because the request reuses that memory on the next call
+        # (without it OpenVINO copies them first, and GPT-2 prefill's 25.7 MB of logits were copied twice:
+        # 6 ms of a 99 ms call, docs/benchmarks.md).
         if self.graph_format == "paged":
             return self._run_paged(feeds)
         if self.graph_format == "stateful":
             return self._run_stateful(feeds)
-        res = self._request().infer(feeds, share_inputs=True)
+        res = self._request().infer(feeds, share_inputs=True, share_outputs=True)
         return {n: np.array(res[self._out_ports[n]], copy=True) for n in self.output_names}
 
     def _request_on(self, arrays: Mapping[str, np.ndarray]) -> Any:

@@ -121,6 +121,21 @@ def test_outputs_option_returns_only_the_named_outputs(artifacts, reference, spe
     check_outputs_option(spec, artifacts("bert", "fp32"), feeds, ref)
 
 
+@pytest.mark.parametrize("spec", params())
+def test_infer_outputs_belong_to_the_caller(artifacts, spec):
+    """infer() hands back arrays the next call does not touch: a runner that reads outputs as views of its
+    request's memory (OpenVINO's share_outputs, kept for speed) must copy them out before returning."""
+    require(spec)
+    art = artifacts("gpt", "fp32")
+    with open_runner(spec, art, "model") as r:
+        first = r.infer(make_feeds(art.graph("model"), SIZES, seed=1))
+        kept = {k: v.copy() for k, v in first.items()}
+        second = r.infer(make_feeds(art.graph("model"), SIZES, seed=2))  # same shapes: the same request memory
+        assert any(not np.array_equal(second[k], kept[k]) for k in kept)  # the inputs made a difference
+        for k in kept:
+            np.testing.assert_array_equal(first[k], kept[k], err_msg=f"{spec}: {k} changed by the next call")
+
+
 def test_ov_prepare_and_bind_are_zero_copy(artifacts):
     art = artifacts("gpt", "fp32")
     g = art.graph("decode")
