@@ -262,7 +262,7 @@ class OvRunner(Runner):
         # share_inputs: OpenVINO reads the (validated, contiguous) arrays in place. share_outputs: views of the
         # request's output memory, copied out once here because the request reuses that memory on the next call
         # (without it OpenVINO copies them first, and GPT-2 prefill's 25.7 MB of logits were copied twice:
-        # 6 ms of a 99 ms call, docs/benchmarks.md).
+        # ~8 ms of a 97 ms call at bf16, docs/benchmarks.md).
         if self.graph_format == "paged":
             return self._run_paged(feeds)
         if self.graph_format == "stateful":
