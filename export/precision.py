@@ -45,6 +45,7 @@ import io
 import json
 import logging
 import tempfile
+import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -402,21 +403,82 @@ def _quiet() -> Any:
 
 
 MAX_HISTOGRAM_BINS = 1 << 20  # percentile calibration: bins of one tensor's |x| histogram (8 MB of int64)
+_HISTOGRAM_BLOCK = 1 << 18  # values binned at a time by histogram_on_edges (its temporaries stay in L2)
+
+
+def histogram_on_edges(a: np.ndarray, edges: np.ndarray) -> np.ndarray | None:
+    """The counts of `np.histogram(a, bins=edges)` for 1-D float32 `a` and non-decreasing float32 or float64
+    `edges` of nearly equal width, without sorting; None where that does not apply (the caller falls back to
+    numpy). (onnxruntime's edges are float32, and float64 in a call that grows them.)
+
+    numpy bins against given edges by sorting every block of 65536 values and searching the edges in it (the
+    same for edges that are equal-width in all but rounding, as onnxruntime's grown histograms are); that sort
+    was 25 of the 56 s of GPT-2 small's percentile calibration. Here each value's bin is first computed as if the
+    edges were exactly uniform, then moved down or up until edges[k] <= x < edges[k + 1] (the last bin also
+    takes x == edges[-1]) against the real edges: numpy's definition, so the counts are identical (values
+    outside [edges[0], edges[-1]] and NaN count nowhere, as there). Comparisons are in the edges' dtype, as
+    numpy's (float32 values compare exactly as float64)."""
+    if a.ndim != 1 or a.dtype != np.float32 or edges.ndim != 1 or edges.dtype not in (np.float32, np.float64) \
+            or edges.size < 2:
+        return None
+    nb = edges.size - 1
+    lo, hi = edges[0], edges[-1]
+    if not float(hi) > float(lo) or bool(np.any(edges[:-1] > edges[1:])):
+        return None
+    scale, lo32 = np.float32(nb / (float(hi) - float(lo))), np.float32(lo)
+    counts = np.zeros(nb, np.intp)
+    for start in range(0, a.size, _HISTOGRAM_BLOCK):
+        x = a[start:start + _HISTOGRAM_BLOCK]
+        x = x[(x >= lo) & (x <= hi)]  # (NaN fails both)
+        k = ((x - lo32) * scale).astype(np.intp)  # the bin if the edges were exactly uniform (an estimate)
+        np.clip(k, 0, nb - 1, out=k)
+        for _ in range(8):  # rounding puts k at most a bin or two off; each pass moves every value one bin
+            down = x < edges[k]
+            up = (x >= edges[k + 1]) & (k < nb - 1)
+            if not (down.any() or up.any()):
+                break
+            k -= down
+            k += up
+        else:
+            return None
+        counts += np.bincount(k, minlength=nb)
+    return counts
+
+
+class _NumpyBinningOnEdges(types.ModuleType):
+    """numpy as onnxruntime's calibrate module sees it under `_bounded_histograms`: `histogram` on given edges
+    counts with histogram_on_edges (the same counts, no sort); everything else is numpy's."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(np, name)
+
+    @staticmethod
+    def histogram(a: Any, bins: Any = 10, range: Any = None, density: Any = None, weights: Any = None) -> Any:
+        if isinstance(bins, np.ndarray) and range is None and not density and weights is None:
+            counts = histogram_on_edges(np.asarray(a), bins)
+            if counts is not None:
+                return counts, bins
+        return np.histogram(a, bins=bins, range=range, density=density, weights=weights)
 
 
 @contextlib.contextmanager
 def _bounded_histograms() -> Any:
-    """Bound onnxruntime's percentile histograms (HistogramCollector.collect_absolute_value, onnxruntime 1.31).
+    """Bound and speed up onnxruntime's percentile histograms (HistogramCollector.collect_absolute_value,
+    onnxruntime 1.31), for the duration of our quantizer call only.
 
-    Its first sample of a tensor fixes the bin width (|x| max / 2048); a later sample with a larger max extends
-    the histogram *at that width*. A tensor whose first sample is nearly zero (the trained tiny GPT has one) and
-    whose later samples are not asks for ~1e11 bins ('Unable to allocate 859 GiB'). Before such an extension the
-    running histogram is coarsened by merging adjacent bins (counts summed, so every percentile keeps its place
-    to within one coarse bin, at most max / 2^19 wide). Patched only for the duration of our quantizer call."""
+    Bounded: its first sample of a tensor fixes the bin width (|x| max / 2048); a later sample with a larger max
+    extends the histogram *at that width*. A tensor whose first sample is nearly zero (the trained tiny GPT has
+    one) and whose later samples are not asks for ~1e11 bins ('Unable to allocate 859 GiB'). Before such an
+    extension the running histogram is coarsened by merging adjacent bins (counts summed, so every percentile
+    keeps its place to within one coarse bin, at most max / 2^19 wide).
+    Sped up: every later sample is binned on the running edges by `np.histogram(x, bins=edges)`, which sorts;
+    the calibrate module's numpy is swapped for one whose `histogram` counts the same without sorting
+    (histogram_on_edges)."""
     from onnxruntime.quantization import calibrate
 
     cls = calibrate.HistogramCollector
     original = cls.collect_absolute_value
+    module_numpy = calibrate.np
 
     def collect(self: Any, name_to_arr: Mapping[str, Any]) -> Any:
         for tensor, arr in name_to_arr.items():
@@ -436,10 +498,12 @@ def _bounded_histograms() -> Any:
         return original(self, name_to_arr)
 
     cls.collect_absolute_value = collect
+    calibrate.np = _NumpyBinningOnEdges("numpy")
     try:
         yield
     finally:
         cls.collect_absolute_value = original
+        calibrate.np = module_numpy
 
 
 def _requested(proto: onnx.ModelProto, names: Sequence[str]) -> list[str]:

@@ -383,6 +383,80 @@ def test_int8_study_times_every_candidate_in_the_shared_harness(fp32, tmp_path):
     assert (work / "bert-tiny-dynamic" / "manifest.json").is_file()
 
 
+def test_histogram_on_edges_counts_exactly_as_numpy():
+    """The sort-free binning gives np.histogram's counts to the last value: values on an edge, one ulp either
+    side, outside the range, NaN, -0.0, and edges that are uniform only up to rounding (linspace, then grown by
+    arange steps as onnxruntime grows them, or coarsened as _bounded_histograms coarsens them)."""
+    from xdeploy.export.precision import histogram_on_edges
+
+    rng = np.random.default_rng(1)
+    first = np.histogram(np.abs(rng.standard_normal(5000)).astype(np.float32), bins=2048)[1].astype(np.float32)
+    w = first[1] - first[0]
+    grown = np.hstack((first, np.arange(first[-1] + w, np.float32(17.3) + w, w))).astype(np.float32)
+    coarse = (float(grown[0]) + np.arange(301) * float(w) * 7).astype(np.float32)
+    tiny = np.linspace(0, 3e-7, 2049).astype(np.float32)
+    growing = np.hstack((first, np.arange(first[-1] + w, np.float32(9.1) + w, w)))  # float64, as while it grows
+    assert growing.dtype == np.float64
+    for edges in (first, grown, coarse, tiny, growing):
+        x = (np.abs(rng.standard_normal(700_001)) * float(edges[-1]) / 2.5).astype(np.float32)
+        picks = rng.integers(0, edges.size, 3000)
+        x[:3000] = edges[picks]  # exactly on edges, the last one included
+        x[3000:6000] = np.nextafter(edges[picks], np.float32(np.inf))
+        x[6000:9000] = np.nextafter(edges[picks], np.float32(-np.inf))
+        x[9000:9004] = [np.nan, -0.0, -1.0, float(edges[-1]) * 2]
+        counts = histogram_on_edges(x, edges)
+        assert counts is not None
+        np.testing.assert_array_equal(counts, np.histogram(x, bins=edges)[0])
+    assert histogram_on_edges(x.astype(np.float64), edges) is None  # not its case: numpy bins it
+    assert histogram_on_edges(x, edges[::-1].copy()) is None
+
+
+def test_percentile_calibration_is_identical_with_sort_free_binning(monkeypatch):
+    """Under `_bounded_histograms`, onnxruntime's HistogramCollector builds the very same histograms (counts,
+    edges, min, max) and percentile ranges as without, while every later sample is binned by
+    histogram_on_edges, on the edges it keeps (float32) and on those it grows (float64)."""
+    from onnxruntime.quantization import calibrate
+    from onnxruntime.quantization.calibrate import HistogramCollector
+
+    from xdeploy.export import precision
+
+    binned: list[tuple[str, bool]] = []
+    real = precision.histogram_on_edges
+
+    def counting(a: np.ndarray, edges: np.ndarray) -> np.ndarray | None:
+        counts = real(a, edges)
+        binned.append((str(edges.dtype), counts is not None))
+        return counts
+
+    monkeypatch.setattr(precision, "histogram_on_edges", counting)
+
+    rng = np.random.default_rng(2)
+    samples = [{"a": [(rng.standard_normal((2, 512, 96)) * s).astype(np.float32)],
+                "b": [(rng.standard_t(3, (2, 512, 24)) * s).astype(np.float32)]} for s in (1.0, 2.5, 0.7, 4.0, 3.0)]
+
+    def run() -> HistogramCollector:
+        c = HistogramCollector("percentile", True, 2048, 128, 99.99, "same")
+        for sample in samples:
+            c.collect(sample)
+        return c
+
+    ref = run()
+    with precision._bounded_histograms():
+        ours = run()
+    assert calibrate.np is np  # restored
+    assert len(binned) == 2 * (len(samples) - 1) and all(ok for _, ok in binned)
+    assert {dtype for dtype, _ in binned} == {"float32", "float64"}
+    for t in ("a", "b"):
+        hist, edges, lo, hi = ours.histogram_dict[t]
+        ref_hist, ref_edges, ref_lo, ref_hi = ref.histogram_dict[t]
+        assert len(ref_edges) > 2049  # the later samples grew the histogram
+        np.testing.assert_array_equal(hist, ref_hist)
+        np.testing.assert_array_equal(edges, ref_edges)
+        assert (lo, hi) == (ref_lo, ref_hi)
+    assert {t: tuple(map(float, v)) for t, v in ours.compute_collection_result().items()} == \
+        {t: tuple(map(float, v)) for t, v in ref.compute_collection_result().items()}
+
+
 def test_percentile_histograms_stay_bounded_when_a_first_sample_is_nearly_zero():
     """onnxruntime's percentile histogram keeps its first sample's bin width: a tensor first seen nearly zero and
     then at full scale asked for ~1e11 bins (859 GiB) on the trained tiny GPT. Under `_bounded_histograms` the
