@@ -21,7 +21,14 @@ from xdeploy.core.errors import ParityError, XDeployError
 from xdeploy.export.onnx_graph import TWO_GB, proto_size
 
 from .base import CachedStep, Runner, RunnerInfo, validate_feeds
-from .sessions import CPU_PROVIDERS, ORT_CPU_SLOW_FUSIONS, onnx_file, ort_session, ort_session_options
+from .sessions import (
+    CPU_PROVIDERS,
+    ORT_CPU_SLOW_FUSIONS,
+    onnx_file,
+    ort_session,
+    ort_session_options,
+    release_freed_memory,
+)
 
 # the CPU runner's options (a GPU runner's own: ort_gpu_runner.py OPTIONS)
 OPTIONS = ("opt_level", "spinning", "spin_between_runs", "stateful", "signed_prefill", "allow_saturation",
@@ -42,6 +49,7 @@ class OrtRunner(Runner):
     layerwise = True
     stateful = False
     prefill_session: Any = None  # stateful + signed_prefill, int8-dynamic on VNNI/AMX: the int8-weight session
+    # (on VNNI without AMX also `session`: it runs every call)
     fuses_cache: ClassVar[bool] = True  # `stateful`: the decode graph rewritten to keep the cache (CPU only)
     # onnxruntime optimizers left out (sessions.py ORT_CPU_SLOW_FUSIONS: slower on the CPU provider); option
     # fuse_skip_layer_norm=True keeps onnxruntime's SkipLayerNormFusion, for comparison
@@ -101,37 +109,46 @@ class OrtRunner(Runner):
                                f"rewrite to keep the KV cache in onnxruntime ({why}); keep it in the loop")
         path = self.artifact.onnx_path(self.graph.name)
         so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path.parent))
+        # the int8-weight session first: where it then runs every call, the uint8 session released below is the
+        # newest memory, which the allocator can give back
+        signed = self._signed_session(model, so, path) if self.options.get("signed_prefill", False) else None
         self.session = ort_session(model, providers=self._providers(), options=so,
                                    what=f"{path} (the KV cache kept in onnxruntime)")
         self._feeds = self.artifact.capabilities.decoding
         self.prefill_session = None
-        if self.options.get("signed_prefill", False):
-            self.prefill_session = self._signed_prefill(model, so, path)
+        if signed is None:
+            return
+        from .ort_cache import prefill_agrees, signed_steps_apply
 
-    def _signed_prefill(self, model: bytes, so: Any, path: Any) -> Any:
+        if not prefill_agrees(self.cached_step(), signed):
+            print(f"xdeploy: warning: {path}: the int8-weight prefill's logits differ from the uint8 graph's; "
+                  "prompts run on the uint8 graph", file=sys.stderr)
+            return
+        self.prefill_session = signed
+        if signed_steps_apply(self.artifact):  # VNNI without AMX: the steps too, and one copy of the weights
+            self.session = signed
+            release_freed_memory()
+
+    def _signed_session(self, model: bytes, so: Any, path: Any) -> Any:
         """Option signed_prefill=True (opt-in): on an int8-dynamic artifact where the CPU's int8 dot product is exact
-        for u8*s8 (VNNI, AMX), a second session of the rewritten graph with its uint8 weights shifted to int8
-        (deploy/ort_cache.py `signed_weights`) runs the prompts: the same integer products through onnxruntime's
-        faster u8*s8 kernels. The price: a second session's weights (GPT-2 small: RSS 380 -> 872 MB once opened),
-        which is why it is not the default. It must give the first session's logits on a prompt, or it is dropped
-        (with a line on stderr); None where it does not apply."""
+        for u8*s8 (VNNI, AMX), a session of the rewritten graph with its uint8 weights shifted to int8
+        (deploy/ort_cache.py `signed_weights`): the same integer products through onnxruntime's u8*s8 kernels. It
+        runs the prompts (faster on every such CPU) and, where one token is faster too (VNNI without AMX,
+        ort_cache.signed_steps_apply), every call, the uint8 session then released. Where it runs the prompts only,
+        the price is a second session's weights (GPT-2 small: RSS 380 -> 872 MB once opened), which is why it is
+        not the default. _load_fused opens it only if it gives the uint8 session's logits on a prompt (else a line
+        on stderr). None where it does not apply."""
         import onnx
 
-        from .ort_cache import prefill_agrees, signed_prefill_applies, signed_weights
+        from .ort_cache import signed_prefill_applies, signed_weights
 
         if not signed_prefill_applies(self.artifact):
             return None
         signed = onnx.ModelProto.FromString(model)
         if not signed_weights(signed, str(path.parent)):
             return None
-        pre = ort_session(signed.SerializeToString(), providers=self._providers(), options=so,
-                          what=f"{path} (int8 weights for the prompt)")
-        step = self.cached_step()
-        if not prefill_agrees(step, pre):
-            print(f"xdeploy: warning: {path}: the int8-weight prefill's logits differ from the uint8 graph's; "
-                  "prompts run on the uint8 graph", file=sys.stderr)
-            return None
-        return pre
+        return ort_session(signed.SerializeToString(), providers=self._providers(), options=so,
+                           what=f"{path} (int8 weights)")
 
     def cached_step(self) -> CachedStep:
         if not self.stateful:

@@ -32,7 +32,8 @@ Every system loads the same local safetensors directory (with a byte-level GPT-2
                  Generator's kv_cache="auto": a decoder's in OpenVINO's PagedAttention form, an
                  encoder-decoder's in the stateful step), `ort` int8-dynamic (also with the prompt
                  prefilled by graph `model`: Generator's prefill_graph; and, on VNNI/AMX CPUs, by a second
-                 session with the weights shifted to int8: signed_prefill), `ov` bf16 where the CPU has bf16,
+                 session with the weights shifted to int8: signed_prefill, which on VNNI without AMX runs the
+                 steps too, the uint8 session released), `ov` bf16 where the CPU has bf16,
                  `ov` f32 on the fp16 export (its IR's weights stored as fp16: the precision class "fp16");
                  `--static-int8` adds the static Q/DQ `int8` export (opt-in: slow to export at GPT-2 small)
   optimum-intel  OVModelForCausalLM(export=True, stateful: the KV cache stays inside the engine) f32, bf16 where

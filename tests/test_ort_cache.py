@@ -11,7 +11,7 @@ import pytest
 
 from xdeploy.core.errors import XDeployError
 from xdeploy.deploy.generate import GenerationConfig, Generator
-from xdeploy.deploy.ort_cache import fused_graph, signed_prefill_applies, signed_weights
+from xdeploy.deploy.ort_cache import fused_graph, signed_prefill_applies, signed_steps_apply, signed_weights
 from xdeploy.deploy.registry import open_runner, runner_class
 from xdeploy.export.artifact import load_artifact
 from xdeploy.models.spec import make_feeds
@@ -85,8 +85,9 @@ def test_the_engine_cache_generates_the_loops_tokens_and_appends_in_place(tiny_e
 
 def test_an_int8_dynamic_artifact_keeps_its_cache_in_onnxruntime(tiny_export) -> None:  # noqa: ANN001
     """int8-dynamic's attention is float: it rewrites the same way. At batch 1 (no padding rows in the dynamic
-    activation ranges) the engine cache gives the loop's tokens, and so does the opt-in int8-weight prefill session
-    (the same integer products; opened only on a VNNI/AMX CPU)."""
+    activation ranges) the engine cache gives the loop's tokens, and so does the opt-in int8-weight session (the
+    same integer products; opened only on a VNNI/AMX CPU, and running the steps too on VNNI without AMX, the uint8
+    session then released)."""
     art = tiny_export("gpt", precision="int8-dynamic")
     gc = GenerationConfig(max_new_tokens=24, eos_token_id=-1)
     with Generator(art, "ort", threads=1) as eng, Generator(art, "ort", threads=1, kv_cache="loop") as loop, \
@@ -95,6 +96,7 @@ def test_an_int8_dynamic_artifact_keeps_its_cache_in_onnxruntime(tiny_export) ->
         assert eng.decode.prefill_session is None  # opt-in: one session, one copy of the weights
         assert signed.engine_cache and (signed.decode.prefill_session is not None) == signed_prefill_applies(
             load_artifact(art))
+        assert (signed.decode.session is signed.decode.prefill_session) == signed_steps_apply(load_artifact(art))
         for p in PROMPTS:
             want = loop.generate([p], gc).tokens
             assert eng.generate([p], gc).tokens == want == signed.generate([p], gc).tokens
@@ -136,6 +138,8 @@ def test_the_int8_weight_prefill_is_exact_and_only_where_the_cpu_adds_in_int32(t
     isa = {"amx": ["avx2", "avx512f", "avx512_vnni", "amx_int8"], "vnni": ["avx2", "avx512f", "avx512_vnni"],
            "avx2": ["avx2", "fma"]}
     assert [signed_prefill_applies(art, {"isa": v}) for v in isa.values()] == [True, True, False]
+    # the steps too only where one token is faster on it: VNNI without AMX (AMX's tiles were slower at one row)
+    assert [signed_steps_apply(art, {"isa": v}) for v in isa.values()] == [False, True, False]
     assert not signed_prefill_applies(load_artifact(tiny_export("gpt")), {"isa": isa["amx"]})  # fp32: no int8
 
 

@@ -48,8 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "on ov), loop (a buffer bound into the decode graph), auto (default: the engine where it "
                         "can, on ov paged for a decoder)")
     p.add_argument("--signed-prefill", action="store_true",
-                   help="ort, int8-dynamic, VNNI/AMX CPUs: run the prompt in a second session with the weights "
-                        "shifted to int8 (the same integer products, faster kernels; a second session's memory)")
+                   help="ort, int8-dynamic, VNNI/AMX CPUs: run the prompt in a session with the weights shifted "
+                        "to int8 (the same integer products, faster kernels); on VNNI without AMX it runs the steps "
+                        "too and replaces the uint8 session, else it is a second session's memory")
     p.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
     p.add_argument("--no-verify", action="store_true",
                    help="run the artifact without checking its golden probes on this machine (says so on stderr)")
