@@ -108,15 +108,12 @@ def release_freed_memory() -> None:
     session's weights freed below newer allocations otherwise stay in the process's RSS (GPT-2 small int8-dynamic,
     the uint8 session released for the int8-weight one: 700 -> 518 MiB). A no-op where the C library has none."""
     import ctypes
-    import ctypes.util
 
-    name = ctypes.util.find_library("c")
-    try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):
-        trim = None
-    if trim is not None:
-        trim(0)
+    try:  # the process's own symbols: glibc's malloc_trim where the C library is glibc (no subprocess to find it)
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return
+    trim(0)
 
 
 @contextlib.contextmanager
