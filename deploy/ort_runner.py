@@ -44,7 +44,10 @@ class OrtRunner(Runner):
     # docs/benchmarks.md). session.force_spinning_stop keeps the pool spinning while a Run() lasts (between the
     # ops of one call, where a parked thread costs a wake-up per op) and stops it the moment the call returns:
     # the same +-4-7% intervals as no spinning at all, without its cost to onnxruntime itself (batch 1: 1-5% on
-    # MiniLM, ~7% per decode step on GPT-2 small). The record's stability block names the options.
+    # MiniLM, ~7% per decode step on GPT-2 small). The record's stability block names the options. Since the harness
+    # also waits for the process's threads to go idle before each block (bench/interleave.py wait_idle), onnxruntime's
+    # default would be fair too; the two cost the candidate the same (within +-1.2%, MiniLM b1/b8 fp32 and int8, Zen 4,
+    # docs/benchmarks.md), and with this option that wait returns in ~3 ms instead of outlasting a ~40 ms spin.
     interleaved_options: ClassVar[Mapping[str, Any]] = {"spin_between_runs": False}
     layerwise = True
     stateful = False
