@@ -355,9 +355,9 @@ def signed_prefill_applies(artifact: Any, fp: Mapping[str, Any] | None = None) -
 def signed_steps_apply(artifact: Any, fp: Mapping[str, Any] | None = None) -> bool:
     """Whether the int8-weight session also runs the one-token decode steps (the uint8 session then released: one
     copy of the weights): where signed_prefill_applies and the int8 dot product is VNNI, not AMX. On AMD Zen 4
-    (AVX-512 VNNI) a GPT-2 small int8-dynamic step took 5.66 ms on it against 6.13 ms on the uint8 session (9
-    interleaved rounds, the same tokens); on Xeon model 207 (AMX) it was slower, 0.81x [0.78-0.91] a step
-    (docs/generate.md). `fp`: the machine (default this one's; tests model the other classes)."""
+    (AVX-512 VNNI) a GPT-2 small int8-dynamic step took 6.24 ms on it against 6.78 ms on the uint8 session (1.07x
+    by the median of 12 interleaved rounds, the same tokens); on Xeon model 207 (AMX) it was slower, 0.81x
+    [0.78-0.91] a step (docs/generate.md). `fp`: the machine (default this one's; tests model the other classes)."""
     from xdeploy.core.fingerprint import fingerprint, int8_dot
 
     machine = dict(fp) if fp is not None else fingerprint()
@@ -368,7 +368,7 @@ def signed_weights(model: Any, folder: str) -> int:
     """In place: every MatMulInteger's uint8 weight and zero point (initializers) become int8, w - 128 and zp - 128,
     read from the external-data files in `folder` and stored in the graph; returns how many MatMuls. (w - zp) is
     unchanged, so the integer products are the same; onnxruntime then runs its u8*s8 kernels (VNNI/AMX), which on a
-    prompt of 32 tokens were 2.1-2.5x faster than its u8*u8 ones, and at one token 0.8x on AMX, 1.08x on AVX-512
+    prompt of 32 tokens were 2.1-2.5x faster than its u8*u8 ones, and at one token 0.8x on AMX, 1.07x on AVX-512
     VNNI (signed_steps_apply)."""
     from onnx import TensorProto, numpy_helper
     from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
