@@ -119,7 +119,9 @@ def plan_batches(lengths: Sequence[int], batch_size: int, *, d: int, pad_to: int
     "cost": the cut that minimizes the model's cost over the whole call (dynamic programming over the sorted
     lengths, at most `batch_size` rows a batch): a few long inputs no longer pad a whole batch of shorter ones to
     their length, and a batch is split only where the padding saved outweighs one more call (CALL_TOKENS).
-    Either way every batch holds inputs adjacent in length order, and the results do not depend on the cut."""
+    Either way every batch holds inputs adjacent in length order. The cut does not change the results, except
+    on an int8-dynamic artifact: its activations are quantized with one scale per tensor, the whole batch's, so an
+    input's vector depends slightly on its batch-mates (docs/embedding.md, "int8-dynamic and the batch")."""
     if batching not in BATCHING:
         raise one_of("batching", batching, BATCHING)
     n = len(lengths)

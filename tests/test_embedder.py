@@ -172,6 +172,26 @@ def test_artifact_without_tokenizer_or_pooling(tiny_bert):
         e.embed_ids(ids)
 
 
+def test_int8_dynamic_vectors_depend_on_the_batch(tiny_bert, tiny_export):
+    """An int8-dynamic artifact quantizes activations with one scale per tensor, the batch's: an input's vector
+    changes with its batch-mates (docs/embedding.md, "int8-dynamic and the batch"), where fp32's does not. One input
+    is embedded alone and beside inputs of other lengths and ids."""
+    rng = np.random.default_rng(3)
+    row = [1, 5, 9, 14, 2]
+    mates = [[1, *rng.integers(3, 90, n).tolist(), 2] for n in (3, 11, 20)]
+    for art, changes in ((tiny_bert, False), (tiny_export("bert", precision="int8-dynamic"), True)):
+        with Embedder(art, batch_size=4, batching="fixed") as e:  # one batch of all four
+            alone = e.embed_ids([row])[0]
+            together = e.embed_ids([*mates, row])
+        diff = float(np.abs(together[-1] - alone).max())
+        if changes:
+            assert diff > 1e-4, diff
+            cos = float(together[-1] @ alone / np.linalg.norm(together[-1]) / np.linalg.norm(alone))
+            assert cos > 0.9, cos  # different, not wrong
+        else:
+            assert diff < 2e-5, diff
+
+
 def test_pool_modes():
     h = np.arange(2 * 3 * 2, dtype=np.float32).reshape(2, 3, 2)  # [b=2, s=3, d=2]
     m = np.array([[1, 1, 0], [1, 0, 0]])
