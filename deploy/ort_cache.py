@@ -364,6 +364,27 @@ def signed_steps_apply(artifact: Any, fp: Mapping[str, Any] | None = None) -> bo
     return signed_prefill_applies(artifact, machine) and int8_dot(machine) == "vnni"
 
 
+# A one-token step of a graph this small (graph + weights, bytes) runs on one thread; its prompts keep the runner's.
+# Why: each node of such a step is a few microseconds of arithmetic, and splitting it over threads costs more than
+# it saves. GPT-2-shaped decoders, onnxruntime's cache, 2 threads against 1 (AMD Zen 4, 9 interleaved rounds,
+# docs/benchmarks.md): one thread took 0.59x the step's time at 0.6 MB of weights and 0.65x at 2.0 MB, a wash at
+# 13 MB (1.09x), and 1.35x at 77 MB; the prompt was faster on two threads at every size but one.
+SMALL_STEP_BYTES = 4 << 20
+
+
+def one_thread_steps(threads: int, step_bytes: int, cpus: int | None = None) -> bool:
+    """Whether the one-token steps get a session of their own on one thread (the prompts keeping `threads`, 0 = all
+    cores): where more than one thread was asked (or all of more than one core) and the step's graph and weights
+    take at most SMALL_STEP_BYTES. A second copy of weights that small costs nothing worth counting. `cpus`: the
+    cores `threads=0` means (default this process's)."""
+    import os
+
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    many = threads > 1 or threads == 0 and cpus > 1
+    return many and step_bytes <= SMALL_STEP_BYTES
+
+
 def signed_weights(model: Any, folder: str) -> int:
     """In place: every MatMulInteger's uint8 weight and zero point (initializers) become int8, w - 128 and zp - 128,
     read from the external-data files in `folder` and stored in the graph; returns how many MatMuls. (w - zp) is

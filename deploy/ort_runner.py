@@ -52,7 +52,9 @@ class OrtRunner(Runner):
     layerwise = True
     stateful = False
     prefill_session: Any = None  # stateful + signed_prefill, int8-dynamic on VNNI/AMX: the int8-weight session
-    # (on VNNI without AMX also `session`: it runs every call)
+    # (on VNNI without AMX also `session`: it runs every call); stateful on a small decoder (ort_cache
+    # one_thread_steps): the session with the runner's threads, `session` then running the steps on one thread
+    signed: bool = False  # whether the int8-weight session (option signed_prefill) is in use
     fuses_cache: ClassVar[bool] = True  # `stateful`: the decode graph rewritten to keep the cache (CPU only)
     # onnxruntime optimizers left out (sessions.py ORT_CPU_SLOW_FUSIONS: slower on the CPU provider); option
     # fuse_skip_layer_norm=True keeps onnxruntime's SkipLayerNormFusion, for comparison
@@ -82,17 +84,20 @@ class OrtRunner(Runner):
         if self.name == "ort" and not self.options.pop("allow_saturation", False):
             refuse_saturating_int8(self.artifact, self.graph.name)
         self._check_options()
-        spinning, between = self.options.get("spinning"), self.options.get("spin_between_runs")
-        keep_skip_ln = bool(self.options.get("fuse_skip_layer_norm", False))
-        so = ort_session_options(self.threads, self.options.get("opt_level", "all"),
-                                 spinning=None if spinning is None else bool(spinning),
-                                 spin_between_runs=None if between is None else bool(between),
-                                 disabled_optimizers=() if keep_skip_ln else self.slow_fusions)
+        so = self._session_options(self.threads)
         self.stateful = bool(self.options.get("stateful", False))
         if self.stateful:
             self._load_fused(so)
             return
         self.session = ort_session(self.artifact.onnx_path(self.graph.name), providers=self._providers(), options=so)
+
+    def _session_options(self, threads: int) -> Any:
+        spinning, between = self.options.get("spinning"), self.options.get("spin_between_runs")
+        keep_skip_ln = bool(self.options.get("fuse_skip_layer_norm", False))
+        return ort_session_options(threads, self.options.get("opt_level", "all"),
+                                   spinning=None if spinning is None else bool(spinning),
+                                   spin_between_runs=None if between is None else bool(between),
+                                   disabled_optimizers=() if keep_skip_ln else self.slow_fusions)
 
     def _check_options(self) -> None:
         """The CPU runner refuses an option it does not take (a GPU runner checks its own: ort_gpu_runner.py)."""
@@ -120,6 +125,7 @@ class OrtRunner(Runner):
         self._feeds = self.artifact.capabilities.decoding
         self.prefill_session = None
         if signed is None:
+            self._one_thread_steps(model, path)
             return
         from .ort_cache import prefill_agrees, signed_steps_apply
 
@@ -127,10 +133,26 @@ class OrtRunner(Runner):
             print(f"xdeploy: warning: {path}: the int8-weight prefill's logits differ from the uint8 graph's; "
                   "prompts run on the uint8 graph", file=sys.stderr)
             return
-        self.prefill_session = signed
+        self.prefill_session, self.signed = signed, True
         if signed_steps_apply(self.artifact):  # VNNI without AMX: the steps too, and one copy of the weights
             self.session = signed
             release_freed_memory()
+
+    def _one_thread_steps(self, model: bytes, path: Any) -> None:
+        """A small decoder's one-token steps on a session of their own with one thread, its prompts on `session`
+        with the runner's threads (ort_cache.one_thread_steps: the graph and its weights at most SMALL_STEP_BYTES).
+        The same graph and weights, so the same logits up to float rounding; the golden probes check the steps'
+        session (it is `self.session`)."""
+        from .ort_cache import one_thread_steps
+
+        data = path.with_name(path.name + ".data")  # the weights, where external
+        if not one_thread_steps(self.threads, len(model) + (data.stat().st_size if data.exists() else 0)):
+            return
+        so = self._session_options(1)
+        so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path.parent))
+        steps = ort_session(model, providers=self._providers(), options=so,
+                            what=f"{path} (the KV cache kept in onnxruntime; one-token steps, one thread)")
+        self.prefill_session, self.session = self.session, steps
 
     def _signed_session(self, model: bytes, so: Any, path: Any) -> Any:
         """Option signed_prefill=True (opt-in): on an int8-dynamic artifact where the CPU's int8 dot product is exact

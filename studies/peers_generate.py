@@ -396,7 +396,7 @@ def _open_xdeploy(ctx: Context, row: Row, stack: contextlib.ExitStack) -> Callab
     # opened as it is timed beside the others (deploy/base.py Runner.interleaved_options)
     g = stack.enter_context(Generator(art, runner, threads=ctx.threads, **options,
                                       **runner_class(runner).interleaved_options))
-    if options.get("signed_prefill") and g.decode.prefill_session is None:
+    if options.get("signed_prefill") and not getattr(g.decode, "signed", False):
         raise XDeployError(f"xdeploy row {row[1]!r}: no int8-weight prefill here; it needs an int8-dynamic decoder "
                            "on a CPU whose u8*s8 dot product accumulates in int32 (VNNI or AMX)")
     if options.get("kv_cache") == "auto" and not g.engine_cache:

@@ -11,7 +11,14 @@ import pytest
 
 from xdeploy.core.errors import XDeployError
 from xdeploy.deploy.generate import GenerationConfig, Generator
-from xdeploy.deploy.ort_cache import fused_graph, signed_prefill_applies, signed_steps_apply, signed_weights
+from xdeploy.deploy.ort_cache import (
+    SMALL_STEP_BYTES,
+    fused_graph,
+    one_thread_steps,
+    signed_prefill_applies,
+    signed_steps_apply,
+    signed_weights,
+)
 from xdeploy.deploy.registry import open_runner, runner_class
 from xdeploy.export.artifact import load_artifact
 from xdeploy.models.spec import make_feeds
@@ -97,9 +104,31 @@ def test_an_int8_dynamic_artifact_keeps_its_cache_in_onnxruntime(tiny_export) ->
         assert signed.engine_cache and (signed.decode.prefill_session is not None) == signed_prefill_applies(
             load_artifact(art))
         assert (signed.decode.session is signed.decode.prefill_session) == signed_steps_apply(load_artifact(art))
+        assert signed.decode.signed == signed_prefill_applies(load_artifact(art)) and not eng.decode.signed
         for p in PROMPTS:
             want = loop.generate([p], gc).tokens
             assert eng.generate([p], gc).tokens == want == signed.generate([p], gc).tokens
+
+
+def test_a_small_decoders_steps_run_on_one_thread(tiny_export) -> None:  # noqa: ANN001
+    """With more than one thread asked, a decoder whose step graph and weights fit in SMALL_STEP_BYTES runs its
+    one-token steps on a session of one thread and its prompts on one with the threads asked; the tokens are the
+    one-thread runner's and the loop's. The rule itself: sizes and thread counts either side of it."""
+    for precision in ("fp32", "int8-dynamic"):
+        art = tiny_export("gpt", precision=precision)
+        gc = GenerationConfig(max_new_tokens=24, eos_token_id=-1)
+        with Generator(art, "ort", threads=2) as two, Generator(art, "ort", threads=1) as one, \
+                Generator(art, "ort", threads=2, kv_cache="loop") as loop:
+            steps, prompts = two.decode.session, two.decode.prefill_session
+            assert prompts is not None and steps is not prompts and two.probes.passed
+            assert steps.get_session_options().intra_op_num_threads == 1
+            assert prompts.get_session_options().intra_op_num_threads == 2
+            assert one.decode.prefill_session is None  # one thread asked: one session
+            for p in PROMPTS:
+                assert two.generate([p], gc).tokens == one.generate([p], gc).tokens == loop.generate([p], gc).tokens
+    assert one_thread_steps(2, SMALL_STEP_BYTES) and one_thread_steps(0, 1 << 20, cpus=2)
+    assert not one_thread_steps(1, 1 << 20) and not one_thread_steps(0, 1 << 20, cpus=1)
+    assert not one_thread_steps(2, SMALL_STEP_BYTES + 1) and not one_thread_steps(16, 500 << 20)
 
 
 def test_the_int8_weight_prefill_is_exact_and_only_where_the_cpu_adds_in_int32(tiny_export) -> None:  # noqa: ANN001

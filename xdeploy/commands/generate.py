@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     with Generator(art, args.runner, use_cache=not args.no_cache, threads=args.threads,
                    verify=not args.no_verify, prefill_graph=args.prefill_graph, kv_cache=args.kv_cache,
                    **({"signed_prefill": True} if args.signed_prefill else {})) as g:
-        if args.signed_prefill and getattr(g.decode, "prefill_session", None) is None:
+        if args.signed_prefill and not getattr(g.decode, "signed", False):
             print("xdeploy: note: --signed-prefill is not used here: it needs runner ort keeping the cache of an "
                   "int8-dynamic decoder on a CPU with VNNI or AMX", file=sys.stderr)
         out = g.generate(rows, gc)
