@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 
 from xdeploy.core.errors import XDeployError
+from xdeploy.core.fingerprint import usable_cpus
 
 from .latency import LatencyStats, summarize
 
@@ -194,10 +195,6 @@ def _cpu_stall_us() -> float | None:
         return None
 
 
-def _affinity() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 class LoadMeter:
     """Measures the CPU time other processes used between start() and stop() (psutil)."""
 
@@ -229,12 +226,12 @@ class LoadMeter:
         except OSError:
             la = None
         if wall <= 0:
-            return Load(wall_s=0.0, loadavg_1m=la, other_cores=None, own_cores=None, cores=_affinity())
+            return Load(wall_s=0.0, loadavg_1m=la, other_cores=None, own_cores=None, cores=usable_cpus())
         stall = _cpu_stall_us()
         pressure = None if stall is None or self._stall0 is None else min(max(stall - self._stall0, 0.0) * 1e-6 / wall,
                                                                           1.0)
         return Load(wall_s=wall, loadavg_1m=la, other_cores=max(busy - own, 0.0) / wall, own_cores=own / wall,
-                    cores=_affinity(), cpu_pressure=pressure)
+                    cores=usable_cpus(), cpu_pressure=pressure)
 
 
 def free_cores(sample_s: float = 0.5) -> int:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from xdeploy.core.fingerprint import fingerprint, machine_identity
+from xdeploy.core.fingerprint import fingerprint, machine_identity, usable_cpus
 from xdeploy.core.fsutil import atomic_write_json
 from xdeploy.core.records import make_record, revise
 from xdeploy.export.cache import cache_root
@@ -181,7 +180,7 @@ def gemm_trials(precisions: tuple[str, ...] = GEMM_PRECISIONS, *, sizes: tuple[i
                 threads: tuple[int, ...] | None = None, budget: float = 0.6,
                 log: Callable[[str], None] | None = None) -> list[Trial]:
     """Every (path, precision, size, threads) combination; failures (unsupported paths) are skipped."""
-    threads = threads or tuple(sorted({1, len(os.sched_getaffinity(0))}))
+    threads = threads or tuple(sorted({1, usable_cpus()}))
     out: list[Trial] = []
     for name, (fn, precs) in GEMM_PATHS.items():
         for prec in precs:
@@ -221,13 +220,13 @@ def memory_trials(nbytes: int = 1 << 30, *, budget: float = 1.0,
     t = _best_time(lambda: np.add.reduce(a), budget)
     out.append(Trial("memory", None, f"read: numpy sum {nbytes >> 20} MiB threads=1", nbytes / t, t))
     ta = torch.from_numpy(a)
-    for th in sorted({1, len(os.sched_getaffinity(0))}):
+    for th in sorted({1, usable_cpus()}):
         with _torch_threads(th):
             t = _best_time(lambda: ta.sum(), budget)
         out.append(Trial("memory", None, f"read: torch sum {nbytes >> 20} MiB threads={th}", nbytes / t, t))
     rows = ta.numel() // 4096
     m, v = ta[: rows * 4096].view(rows, 4096), torch.ones(4096)  # fp32 matrix x vector: reads every byte once
-    for th in sorted({1, len(os.sched_getaffinity(0))}):
+    for th in sorted({1, usable_cpus()}):
         with _torch_threads(th):
             t = _best_time(lambda: torch.mv(m, v), budget)
         out.append(Trial("memory", None, f"read: torch mv {nbytes >> 20} MiB threads={th}", m.numel() * 4 / t, t))

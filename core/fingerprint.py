@@ -76,10 +76,14 @@ def _static() -> dict[str, Any]:
     }
 
 
+def usable_cpus() -> int:
+    """The logical CPUs this process may run on (its affinity mask; the machine's count where there is none)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def fingerprint() -> dict[str, Any]:
     """JSON-ready description of the machine and the threading configuration of this process now."""
-    threads: dict[str, Any] = {"affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                               else os.cpu_count() or 0}
+    threads: dict[str, Any] = {"affinity_cpus": usable_cpus()}
     torch = sys.modules.get("torch")  # only if already imported: importing torch costs seconds and memory
     if torch is not None:
         threads["torch_intra_op"] = torch.get_num_threads()

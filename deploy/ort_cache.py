@@ -377,11 +377,9 @@ def one_thread_steps(threads: int, step_bytes: int, cpus: int | None = None) -> 
     cores): where more than one thread was asked (or all of more than one core) and the step's graph and weights
     take at most SMALL_STEP_BYTES. A second copy of weights that small costs nothing worth counting. `cpus`: the
     cores `threads=0` means (default this process's)."""
-    import os
+    from xdeploy.core.fingerprint import usable_cpus
 
-    if cpus is None:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    many = threads > 1 or threads == 0 and cpus > 1
+    many = threads > 1 or threads == 0 and (cpus if cpus is not None else usable_cpus()) > 1
     return many and step_bytes <= SMALL_STEP_BYTES
 
 

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from xdeploy.core.errors import ParityError, XDeployError
+from xdeploy.core.fingerprint import usable_cpus
 from xdeploy.export.onnx_graph import TWO_GB, proto_size
 
 from .base import CachedStep, Runner, RunnerInfo, validate_feeds
@@ -241,7 +242,7 @@ class OrtRunner(Runner):
 
         so = self.session.get_session_options()
         return RunnerInfo(runner=self.name, device="cpu", precision=self.artifact.precision,
-                          threads=so.intra_op_num_threads or _cores(),
+                          threads=so.intra_op_num_threads or usable_cpus(),
                           versions={"onnxruntime": ort.__version__})
 
     def close(self) -> None:
@@ -297,9 +298,3 @@ def _weight_bound(path: str, size: int, mtime_ns: int) -> dict[str, Any]:
     from xdeploy.export.saturation import weight_bound
 
     return weight_bound(onnx.load(path))
-
-
-def _cores() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0))

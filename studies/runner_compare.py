@@ -18,7 +18,6 @@ the ORT fp32 and OpenVINO bf16 speed-ups over PyTorch eager fp32 (BERT-base b1 s
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from typing import Any
 
 from xdeploy.bench.latency import LatencyStats, summarize
 from xdeploy.core.errors import XDeployError
+from xdeploy.core.fingerprint import usable_cpus
 from xdeploy.core.targets import TARGETS
 from xdeploy.export.artifact import load_artifact
 from xdeploy.studies import finish, machine, machine_line
@@ -98,7 +98,7 @@ def compare(model: str = "bert", preset: str = "base", batch: int = 1, seq: int 
                            f"expected {', '.join(EXPORT_PRECISIONS)}")
     if runners:
         precisions = tuple(sorted({c.precision for c in cands}))
-    threads = threads or len(os.sched_getaffinity(0))
+    threads = threads or usable_cpus()
     from xdeploy.verify.sensitivity import refine  # fp16 AMP / int8 sensitivity, as `xdeploy export`
 
     arts = {p: load_artifact(cached_artifact(model, preset=preset, precision=p, root=workdir, refine=refine,

@@ -433,9 +433,10 @@ def test_budget_shares_the_run_extra_time() -> None:
 
 def test_resolve_threads_is_the_one_meaning_of_a_thread_request() -> None:
     from xdeploy.core.deps import installed
+    from xdeploy.core.fingerprint import usable_cpus
 
     assert il.resolve_threads(3) == 3 and 1 <= il.resolve_threads(0) <= il.Load(0, None, None, None,
-                                                                                il._affinity()).cores
+                                                                                usable_cpus()).cores
     for bad in (-1, 1.5, True):
         with pytest.raises(XDeployError, match="threads must be an integer >= 0"):
             il.resolve_threads(bad)  # type: ignore[arg-type]
