@@ -366,9 +366,10 @@ def signed_steps_apply(artifact: Any, fp: Mapping[str, Any] | None = None) -> bo
 
 # A one-token step of a graph this small (graph + weights, bytes) runs on one thread; its prompts keep the runner's.
 # Why: each node of such a step is a few microseconds of arithmetic, and splitting it over threads costs more than
-# it saves. GPT-2-shaped decoders, onnxruntime's cache, 2 threads against 1 (AMD Zen 4, 9 interleaved rounds,
-# docs/benchmarks.md): one thread took 0.59x the step's time at 0.6 MB of weights and 0.65x at 2.0 MB, a wash at
-# 13 MB (1.09x), and 1.35x at 77 MB; the prompt was faster on two threads at every size but one.
+# it saves. GPT-2-shaped decoders, onnxruntime's cache, 2 threads asked (AMD Zen 4, one model per process, 11
+# interleaved rounds, docs/benchmarks.md): with the steps on one thread a step took 0.80x the time at 2.1 MB of
+# graph, 0.88x at 3.7 MB, 0.96x at 4.3 MB, 1.03x at 6.1 MB and 1.33x at 13.6 MB (a whole 32 -> 128 generation:
+# 1.20x, 1.12x, 1.02x, 0.97x, 0.73x as fast), so the limit sits just below where it stops paying.
 SMALL_STEP_BYTES = 4 << 20
 
 
