@@ -240,7 +240,8 @@ class OrtRunner(Runner):
     def info(self) -> RunnerInfo:
         import onnxruntime as ort
 
-        so = self.session.get_session_options()
+        # the threads asked: a small decoder's steps session has one (one_thread_steps), its prompts' the rest
+        so = (self.prefill_session or self.session).get_session_options()
         return RunnerInfo(runner=self.name, device="cpu", precision=self.artifact.precision,
                           threads=so.intra_op_num_threads or usable_cpus(),
                           versions={"onnxruntime": ort.__version__})

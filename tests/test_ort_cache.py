@@ -122,7 +122,7 @@ def test_a_small_decoders_steps_run_on_one_thread(tiny_export) -> None:  # noqa:
             steps, prompts = two.decode.session, two.decode.prefill_session
             assert prompts is not None and steps is not prompts and two.probes.passed
             assert steps.get_session_options().intra_op_num_threads == 1
-            assert prompts.get_session_options().intra_op_num_threads == 2
+            assert prompts.get_session_options().intra_op_num_threads == 2 == two.decode.info().threads
             assert one.decode.prefill_session is None  # one thread asked: one session
             for p in PROMPTS:
                 assert two.generate([p], gc).tokens == one.generate([p], gc).tokens == loop.generate([p], gc).tokens
