@@ -364,26 +364,6 @@ def signed_steps_apply(artifact: Any, fp: Mapping[str, Any] | None = None) -> bo
     return signed_prefill_applies(artifact, machine) and int8_dot(machine) == "vnni"
 
 
-# A one-token step of a graph this small (graph + weights, bytes) runs on one thread; its prompts keep the runner's.
-# Why: each node of such a step is a few microseconds of arithmetic, and splitting it over threads costs more than
-# it saves. GPT-2-shaped decoders, onnxruntime's cache, 2 threads asked (AMD Zen 4, one model per process, 11
-# interleaved rounds, docs/benchmarks.md): with the steps on one thread a step took 0.80x the time at 2.1 MB of
-# graph, 0.88x at 3.7 MB, 0.96x at 4.3 MB, 1.03x at 6.1 MB and 1.33x at 13.6 MB (a whole 32 -> 128 generation:
-# 1.20x, 1.12x, 1.02x, 0.97x, 0.73x as fast), so the limit sits just below where it stops paying.
-SMALL_STEP_BYTES = 4 << 20
-
-
-def one_thread_steps(threads: int, step_bytes: int, cpus: int | None = None) -> bool:
-    """Whether the one-token steps get a session of their own on one thread (the prompts keeping `threads`, 0 = all
-    cores): where more than one thread was asked (or all of more than one core) and the step's graph and weights
-    take at most SMALL_STEP_BYTES. A second copy of weights that small costs nothing worth counting. `cpus`: the
-    cores `threads=0` means (default this process's)."""
-    from xdeploy.core.fingerprint import usable_cpus
-
-    many = threads > 1 or threads == 0 and (cpus if cpus is not None else usable_cpus()) > 1
-    return many and step_bytes <= SMALL_STEP_BYTES
-
-
 def signed_weights(model: Any, folder: str) -> int:
     """In place: every MatMulInteger's uint8 weight and zero point (initializers) become int8, w - 128 and zp - 128,
     read from the external-data files in `folder` and stored in the graph; returns how many MatMuls. (w - zp) is

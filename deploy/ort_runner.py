@@ -25,6 +25,7 @@ from .base import CachedStep, Runner, RunnerInfo, validate_feeds
 from .sessions import (
     CPU_PROVIDERS,
     ORT_CPU_SLOW_FUSIONS,
+    one_thread_steps,
     onnx_file,
     ort_session,
     ort_session_options,
@@ -141,11 +142,9 @@ class OrtRunner(Runner):
 
     def _one_thread_steps(self, model: bytes, path: Any) -> None:
         """A small decoder's one-token steps on a session of their own with one thread, its prompts on `session`
-        with the runner's threads (ort_cache.one_thread_steps: the graph and its weights at most SMALL_STEP_BYTES).
+        with the runner's threads (sessions.one_thread_steps: the graph and its weights at most SMALL_STEP_BYTES).
         The same graph and weights, so the same logits up to float rounding; the golden probes check the steps'
         session (it is `self.session`)."""
-        from .ort_cache import one_thread_steps
-
         data = path.with_name(path.name + ".data")  # the weights, where external
         if not one_thread_steps(self.threads, len(model) + (data.stat().st_size if data.exists() else 0)):
             return

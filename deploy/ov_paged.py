@@ -98,6 +98,8 @@ class Blocks:
     def __init__(self, size: int) -> None:
         self.size = size
         self.ref = np.zeros(0, np.int32)
+        self.version = 0  # bumped whenever the tables change: a request's block inputs are set again only when the
+        # version it last saw is older
         self.reset()
 
     def reset(self) -> None:
@@ -105,7 +107,7 @@ class Blocks:
         self.lens = np.zeros(0, np.int32)
         self.counts = np.zeros(0, np.int32)  # len(tables[r])
         self.ref[:] = 0
-        self.changed = True  # the tables changed since the caller last read them
+        self.version += 1
 
     @property
     def capacity(self) -> int:
@@ -125,7 +127,7 @@ class Blocks:
         self.tables = [[] for _ in range(rows)]
         self.lens = np.zeros(rows, np.int32)
         self.counts = np.zeros(rows, np.int32)
-        self.changed = True
+        self.version += 1
 
     def reorder(self, beam: np.ndarray) -> None:
         """Row r continues row beam[r]: the blocks are shared, not copied (`extend` copies a shared partial block
@@ -136,7 +138,7 @@ class Blocks:
         for t in self.tables:
             self.ref[t] -= 1
         self.tables, self.lens, self.counts = new, self.lens[beam], self.counts[beam]
-        self.changed = True
+        self.version += 1
 
     def extend(self, k: np.ndarray) -> list[tuple[int, int]]:
         """Room for k[r] more slots in each row r; returns the block copies (source, destination) the caller must
@@ -156,7 +158,7 @@ class Blocks:
             for _ in range(-(-int(new[r]) // self.size) - len(t)):
                 t.append(self._take())
             self.counts[r] = len(t)
-            self.changed = True
+            self.version += 1
         self.lens = new
         return copies
 
@@ -166,13 +168,29 @@ class Blocks:
         return np.asarray(self.tables[r])[s // self.size], s % self.size
 
 
+class _Lane:
+    """One infer request the step runs on: its inputs bound once (BoundInputs), the logits port it reads, and what
+    its bound inputs were last set for (the step shape `key`, the block tables' `version`)."""
+
+    def __init__(self, request: Any, logits: Any, ov: Any) -> None:
+        self.req, self.logits = request, logits
+        self.inputs = BoundInputs(request, ov)
+        self.key: tuple[int, int] | None = None
+        self.version = -1
+
+
 class PagedStep(CachedStep):
     """The decoding loop's step on the PagedAttention graph (see CachedStep): row r's real new tokens (mask 1 at the
-    step's positions) are fed; masked ones (a left-padded prompt) are not, so they never enter the cache."""
+    step's positions) are fed; masked ones (a left-padded prompt) are not, so they never enter the cache.
+
+    `steps`: (an infer request of a second compiled model of the same graph, its logits port) that runs the calls
+    feeding one token per row, while `request` runs the rest (prompts). Both requests are bound to the same cache
+    tensors and read the same block tables, so a sequence moves between them freely; OvRunner opens it for a small
+    decoder, whose steps are faster on one thread (docs/generate.md)."""
 
     def __init__(self, request: Any, compiled: Any, ids: str, positions: str, logits: Any, layers: int,
-                 ov: Any) -> None:
-        self.req, self.logits, self._ov = request, logits, ov
+                 ov: Any, steps: tuple[Any, Any] | None = None) -> None:
+        self._ov = ov
         self.names = (ids, positions)
         self.caches = cache_inputs(layers)
         ports = {n: p for p in compiled.inputs for n in p.get_names()}
@@ -184,10 +202,15 @@ class PagedStep(CachedStep):
         self.dims = {n: [s[i].get_length() for i in (1, 2, 3)] for n, s in shapes.items()}
         self.types = {n: ports[n].get_element_type() for n in self.caches}
         self.blocks = Blocks(self.dims[self.caches[1]][1])  # a value cache's (heads, block, head size)
-        self._inputs = BoundInputs(request, ov)
+        self._prompt = _Lane(request, logits, ov)
+        self._steps = self._prompt if steps is None else _Lane(*steps, ov)
         self._tensors: dict[str, Any] = {}
         self._views: list[np.ndarray] = []  # each cache tensor's memory, block-major
-        self._key: tuple[int, int] | None = None  # what subsequence_begins and logits_indices were set for
+
+    @property
+    def req(self) -> Any:
+        """The request that runs prompts (and every call, without a separate steps request)."""
+        return self._prompt.req
 
     def reset(self) -> None:
         self.blocks.reset()
@@ -197,14 +220,15 @@ class PagedStep(CachedStep):
             raise XDeployError("the PagedAttention step is a decoder's: it holds no encoder memory")
 
     def _grow(self) -> None:
-        """Cache tensors of `blocks.capacity` blocks, the filled ones copied over, bound to the request."""
+        """Cache tensors of `blocks.capacity` blocks, the filled ones copied over, bound to the request(s)."""
         n = self.blocks.capacity
         for name in self.caches:
             old = self._tensors.get(name)
             t = self._ov.Tensor(self.types[name], [n, *self.dims[name]])
             if old is not None:
                 t.data[:old.data.shape[0]] = old.data
-            self.req.set_tensor(name, t)
+            for lane in {id(x): x for x in (self._prompt, self._steps)}.values():
+                lane.req.set_tensor(name, t)
             self._tensors[name] = t
         self._views = [self._tensors[name].data for name in self.caches]
 
@@ -231,22 +255,23 @@ class PagedStep(CachedStep):
                                "expected at least one real (mask 1) token per row and step")
         blocks = self.blocks
         past = self.reserve(k)
-        inputs = self._inputs
+        lane = self._steps if key is not None and key[1] == 1 else self._prompt
+        inputs = lane.inputs
         inputs.set(self.names[0], ids)
         inputs.set(self.names[1], positions)
         inputs.set("past_lens", past)
         inputs.set("max_context_len", np.asarray(blocks.lens.max(), np.int32))
-        if key is None or key != self._key:
+        if key is None or key != lane.key:
             ends = np.cumsum(k)
             inputs.set("subsequence_begins", np.concatenate([[0], ends]).astype(np.int32))
             inputs.set(LOGITS_INDICES, (ends - 1).astype(np.int64))
-            self._key = key
-        if blocks.changed:
+            lane.key = key
+        if lane.version != blocks.version:
             inputs.set("block_indices", np.fromiter((b for t in blocks.tables for b in t), np.int32))
             inputs.set("block_indices_begins", np.concatenate([[0], np.cumsum(blocks.counts)]).astype(np.int32))
-            blocks.changed = False
-        self.req.infer()
-        return self.req.get_tensor(self.logits).data[:, 0]
+            lane.version = blocks.version
+        lane.req.infer()
+        return lane.req.get_tensor(lane.logits).data[:, 0]
 
     def __call__(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, beam: np.ndarray) -> np.ndarray:
         n, s = ids.shape
@@ -323,7 +348,8 @@ def paged_decode(step: PagedStep, ids: np.ndarray, positions: np.ndarray, cache:
     real = step_mask != 0
     fed = real | (np.cumsum(real[:, ::-1], 1)[:, ::-1] == 0)
     k = fed.sum(1)
-    logits = np.array(step.run(ids[fed], positions[fed], k)[:, None], copy=True)  # (N, 1, V): position S - 1 is fed
+    key = (n, int(k[0])) if (k == k[0]).all() else None  # one token a row: the steps' request runs it, as in a loop
+    logits = np.array(step.run(ids[fed], positions[fed], k, key)[:, None], copy=True)  # (N, 1, V): S - 1 is fed
     new = [np.zeros((n, c.shape[1], s, c.shape[3]), np.float32) for c in cache]
     for r in range(n):
         cols = np.flatnonzero(fed[r])

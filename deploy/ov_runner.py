@@ -39,7 +39,7 @@ from xdeploy.core.deps import import_quietly, installed
 from xdeploy.core.errors import XDeployError, one_of
 
 from .base import CachedStep, Runner, RunnerInfo, validate_feeds
-from .sessions import OV_PRECISION_HINTS, BoundInputs, onnx_file, ov_compile, ov_config
+from .sessions import OV_PRECISION_HINTS, BoundInputs, one_thread_steps, onnx_file, ov_compile, ov_config
 
 _OV_TO_NAME = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
 GRAPH_FORMATS = ("auto", "onnx", "ir")  # auto: the artifact's OpenVINO IR when it carries one
@@ -49,6 +49,7 @@ KV_PRECISIONS = ("f32", "bf16", "f16", "u8")  # stateful=True: the cache's eleme
 class OvRunner(Runner):
     name = "ov"
     nan_guards_dropped = 0  # NaN guards after attention removed from the compiled graph (drop_nan_guards)
+    steps_compiled: Any = None  # paged: a small decoder's one-token steps' compiled model (one thread), else None
     variants = tuple(OV_PRECISION_HINTS)
     reads_openvino_ir = True
     pages_cache = True
@@ -191,14 +192,22 @@ class OvRunner(Runner):
         self._out_ports = {n: p for p in self.compiled.outputs for n in p.get_names()}
         self.graph_format = "paged"
         self._layers = layers
+        # a small decoder's one-token steps on a second compiled model of one thread (sessions.one_thread_steps),
+        # bound to the same cache tensors as the prompts' (PagedStep `steps`)
+        if one_thread_steps(self.threads, path.stat().st_size + path.with_suffix(".bin").stat().st_size):
+            self.steps_compiled = ov_compile(model, config | {"INFERENCE_NUM_THREADS": 1}, self.device,
+                                             what=f"{path} (PagedAttention, one-token steps, one thread)")
 
     def cached_step(self) -> CachedStep:
         if self.graph_format == "paged":
             from .ov_paged import PagedStep
 
             f = self._feeds
+            steps = None if self.steps_compiled is None else \
+                (self.steps_compiled.create_infer_request(),
+                 next(p for p in self.steps_compiled.outputs if f.logits in p.get_names()))
             return PagedStep(self.compiled.create_infer_request(), self.compiled, f.step_ids, f.positions,
-                             self._out_ports[f.logits], self._layers, self._ov)
+                             self._out_ports[f.logits], self._layers, self._ov, steps=steps)
         if self.graph_format != "stateful":
             raise XDeployError("runner 'ov' keeps the KV cache in the engine only when opened with stateful=True")
         return _OvCachedStep(self.compiled.create_infer_request(), self._names, self._out_ports[self._feeds.logits],
@@ -328,6 +337,7 @@ class OvRunner(Runner):
         # the infer requests live in per-thread slots of `_local`: a fresh one drops every thread's request
         self._local = threading.local()
         self.__dict__.pop("compiled", None)
+        self.steps_compiled = None
 
 
 def drop_nan_guards(model: Any) -> int:

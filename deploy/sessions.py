@@ -38,6 +38,27 @@ OV_PRECISION_HINTS = {"": "f32", "f32": "f32", "bf16": "bf16"}  # ov variant -> 
 OV_PERFORMANCE_HINTS = {"latency": "LATENCY", "throughput": "THROUGHPUT"}
 
 
+# A one-token step of a graph this small (graph + weights, bytes) runs on one thread; its prompts keep the runner's
+# (ort: a second session, deploy/ort_runner.py; ov: a second compiled model of the PagedAttention step,
+# deploy/ov_runner.py). Why: each node of such a step is a few microseconds of arithmetic, and splitting it over
+# threads costs more than it saves. GPT-2-shaped decoders, onnxruntime's cache, 2 threads asked (AMD Zen 4, one
+# model per process, 11 interleaved rounds, docs/benchmarks.md): with the steps on one thread a step took 0.80x the
+# time at 2.1 MB of graph, 0.88x at 3.7 MB, 0.96x at 4.3 MB, 1.03x at 6.1 MB and 1.33x at 13.6 MB (a whole 32 -> 128
+# generation: 1.20x, 1.12x, 1.02x, 0.97x, 0.73x as fast), so the limit sits just below where it stops paying.
+SMALL_STEP_BYTES = 4 << 20
+
+
+def one_thread_steps(threads: int, step_bytes: int, cpus: int | None = None) -> bool:
+    """Whether the one-token steps get a session (ort) or compiled model (ov) of their own on one thread (the prompts
+    keeping `threads`, 0 = all cores): where more than one thread was asked (or all of more than one core) and the
+    step's graph and weights take at most SMALL_STEP_BYTES. A second copy of weights that small costs nothing worth
+    counting. `cpus`: the cores `threads=0` means (default this process's)."""
+    from xdeploy.core.fingerprint import usable_cpus
+
+    many = threads > 1 or threads == 0 and (cpus if cpus is not None else usable_cpus()) > 1
+    return many and step_bytes <= SMALL_STEP_BYTES
+
+
 def intra_op_threads(threads: int) -> int:
     """The thread count a runtime is given for a request (0 = the runtime's default, every core)."""
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0:

@@ -221,13 +221,16 @@ def test_the_paged_step_computes_the_decode_graph(stateful_art: Path) -> None:
     art = load_artifact(stateful_art)
     graph = art.graph("decode")
     outs = {t.name: t for t in graph.outputs}
-    for sizes in ({"batch": 3, "step": 2, "cache": 6}, {"batch": 2, "step": 5, "cache": 40}):
+    # one token a row at 2 threads: the one-thread steps' compiled model answers (what the probes check there)
+    for sizes, threads in (({"batch": 3, "step": 1, "cache": 9}, 2), ({"batch": 3, "step": 2, "cache": 6}, 1),
+                           ({"batch": 2, "step": 5, "cache": 40}, 1)):
         feeds = make_feeds(graph, sizes, seed=5)
-        assert not feeds["cache_mask"].all() and not feeds["step_mask"].all()  # padded rows
+        assert not feeds["cache_mask"].all()  # padded rows
+        assert sizes["step"] == 1 or not feeds["step_mask"].all()
         with open_runner("torch", art, "decode") as ref_runner:
             ref = ref_runner.infer(feeds)
-        with open_runner("ov", art, "decode", stateful=True, paged=True, threads=1) as r:
-            assert r.graph_format == "paged"
+        with open_runner("ov", art, "decode", stateful=True, paged=True, threads=threads) as r:
+            assert r.graph_format == "paged" and (r.steps_compiled is not None) == (threads == 2)
             got = r.infer(feeds)
         for name in ("logits", "new_kv"):
             assert got[name].shape == ref[name].shape
@@ -258,6 +261,45 @@ def test_the_paged_cache_generates_the_stateful_caches_tokens(stateful_art: Path
     assert max(len(p) for p in PROMPTS) + gc.max_new_tokens > step.blocks.size  # past the first block
     if gc.num_beams > 1:
         np.testing.assert_allclose(a.scores, b.scores, atol=1e-4)
+
+
+def test_a_small_decoders_paged_steps_run_on_one_thread(stateful_art: Path) -> None:
+    """With more than one thread asked, a decoder whose stateful IR fits in SMALL_STEP_BYTES compiles its
+    PagedAttention step twice: prompts on the threads asked, one-token steps on one thread, both requests bound to
+    one cache (a steps request that did not read the prompt's blocks would attend to an empty cache and leave its
+    tokens). Greedy, beams (shared blocks copied before writing) and a ragged batch give the one-thread runner's
+    tokens, generation after generation on the kept step."""
+    with Generator(stateful_art, "ov", threads=2) as two, Generator(stateful_art, "ov", threads=1) as one:
+        assert two.decode.graph_format == "paged" and two.probes.passed
+        assert int(two.decode.steps_compiled.get_property("INFERENCE_NUM_THREADS")) == 1
+        assert int(two.decode.compiled.get_property("INFERENCE_NUM_THREADS")) == 2 == two.decode.info().threads
+        assert one.decode.steps_compiled is None  # one thread asked: one compiled model
+        for gc in (GenerationConfig(max_new_tokens=40, eos_token_id=-1),
+                   GenerationConfig(max_new_tokens=36, num_beams=3, eos_token_id=-1)):
+            for prompts in ([PROMPTS[0]], PROMPTS, [PROMPTS[1]]):
+                assert two.generate(prompts, gc).tokens == one.generate(prompts, gc).tokens
+
+
+def test_a_generator_keeps_its_engine_step_between_generations(stateful_art: Path) -> None:
+    """Generator.cached_step is made once per thread and reset by each generation: a short prompt after a long
+    generation gives a fresh Generator's tokens (nothing of the earlier sequence is read), on OpenVINO's paged and
+    stateful steps and onnxruntime's; another thread gets a step of its own (a step is not re-entrant)."""
+    import threading
+
+    gc = GenerationConfig(max_new_tokens=30, eos_token_id=-1)
+    for runner, kv in (("ov", "paged"), ("ov", "engine"), ("ort", "engine")):
+        with Generator(stateful_art, runner, threads=1, kv_cache=kv) as g:
+            step = g.cached_step()
+            g.generate([PROMPTS[0] * 3], gc)
+            short = g.generate([PROMPTS[1]], gc).tokens
+            assert g.cached_step() is step
+            other: list[object] = []
+            t = threading.Thread(target=lambda: other.append(g.cached_step()))  # noqa: B023
+            t.start()
+            t.join()
+            assert other and other[0] is not step
+        with Generator(stateful_art, runner, threads=1, kv_cache=kv) as fresh:
+            assert fresh.generate([PROMPTS[1]], gc).tokens == short, (runner, kv)
 
 
 def test_an_fp16_artifact_decodes_in_the_engine_with_fp16_weights(stateful_art: Path, tmp_path: Path) -> None:

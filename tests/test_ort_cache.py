@@ -12,14 +12,13 @@ import pytest
 from xdeploy.core.errors import XDeployError
 from xdeploy.deploy.generate import GenerationConfig, Generator
 from xdeploy.deploy.ort_cache import (
-    SMALL_STEP_BYTES,
     fused_graph,
-    one_thread_steps,
     signed_prefill_applies,
     signed_steps_apply,
     signed_weights,
 )
 from xdeploy.deploy.registry import open_runner, runner_class
+from xdeploy.deploy.sessions import SMALL_STEP_BYTES, one_thread_steps
 from xdeploy.export.artifact import load_artifact
 from xdeploy.models.spec import make_feeds
 
