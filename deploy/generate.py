@@ -653,15 +653,15 @@ def _greedy_or_sample(engine: _Steps, b: int, gc: GenerationConfig, eos: int | N
             tok = sample(logits, rng, temperature=gc.temperature, top_k=gc.top_k, top_p=gc.top_p)
         else:
             tok = logits.argmax(-1)
-        # finished rows keep running (the batch is one graph call) but their tokens are ignored
-        tok = np.where(done, eos if eos is not None else 0, tok)
-        out[:, i] = tok
-        if eos is not None:
+        if eos is not None:  # without an EOS no row finishes early: nothing to mask (a few us a token)
+            # finished rows keep running (the batch is one graph call) but their tokens are ignored
+            tok = np.where(done, eos, tok)
             hit = (tok == eos) & ~done
             lengths[hit] = i + 1
             done |= hit
+        out[:, i] = tok
         stamps.append(time.perf_counter())
-        if done.all() or i + 1 == gc.max_new_tokens:
+        if i + 1 == gc.max_new_tokens or eos is not None and done.all():
             break
         logits = engine.step(tok)
     tokens = tuple(tuple(int(t) for t in out[r, :lengths[r]]) for r in range(b))

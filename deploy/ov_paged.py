@@ -206,6 +206,9 @@ class PagedStep(CachedStep):
         self._steps = self._prompt if steps is None else _Lane(*steps, ov)
         self._tensors: dict[str, Any] = {}
         self._views: list[np.ndarray] = []  # each cache tensor's memory, block-major
+        # staging for _one_token and _infer: past_lens, the fed count of one row, max_context_len
+        self._past, self._one = np.zeros(1, np.int32), np.ones(1, np.int64)
+        self._longest = np.zeros((), np.int32)
 
     @property
     def req(self) -> Any:
@@ -253,14 +256,21 @@ class PagedStep(CachedStep):
         if not (k > 0).all():
             raise XDeployError(f"PagedAttention step: row(s) {np.flatnonzero(k <= 0).tolist()} feed no token; "
                                "expected at least one real (mask 1) token per row and step")
-        blocks = self.blocks
         past = self.reserve(k)
+        return self._infer(ids, positions, past, int(self.blocks.lens.max()), k, key)
+
+    def _infer(self, ids: np.ndarray, positions: np.ndarray, past: np.ndarray, longest: int, k: np.ndarray,
+               key: tuple[int, int] | None) -> np.ndarray:
+        """Set the inputs of the request that runs this call (one token a row: the steps'; else the prompts') and
+        infer: `past` the rows' filled slots before, `longest` the longest row after."""
+        blocks = self.blocks
         lane = self._steps if key is not None and key[1] == 1 else self._prompt
         inputs = lane.inputs
         inputs.set(self.names[0], ids)
         inputs.set(self.names[1], positions)
         inputs.set("past_lens", past)
-        inputs.set("max_context_len", np.asarray(blocks.lens.max(), np.int32))
+        self._longest[...] = longest
+        inputs.set("max_context_len", self._longest)
         if key is None or key != lane.key:
             ends = np.cumsum(k)
             inputs.set("subsequence_begins", np.concatenate([[0], ends]).astype(np.int32))
@@ -273,9 +283,26 @@ class PagedStep(CachedStep):
         lane.req.infer()
         return lane.req.get_tensor(lane.logits).data[:, 0]
 
+    def _one_token(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """The decoding loop's step at batch 1, its most common call (one real token, the row not moved), in scalar
+        arithmetic: the general path's array bookkeeping and checks were ~25 us of a ~150 us step on the trained
+        tiny GPT (docs/generate.md). The same check of the mask, the same inputs; a step that needs a new block
+        takes the general path."""
+        blocks = self.blocks
+        used = int(blocks.lens[0])
+        if int(mask.sum()) != used + 1:
+            raise _mask_mismatch([int(mask.sum())], [used + 1])
+        if used == int(blocks.counts[0]) * blocks.size:  # the last block is full: `extend` takes one
+            return self.run(ids.reshape(-1), positions.reshape(-1), self._one, (1, 1))
+        blocks.lens[0] = used + 1  # one row names its blocks alone: nothing shared to copy
+        self._past[0] = used
+        return self._infer(ids.reshape(-1), positions.reshape(-1), self._past, used + 1, self._one, (1, 1))
+
     def __call__(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, beam: np.ndarray) -> np.ndarray:
         n, s = ids.shape
         blocks = self.blocks
+        if n == 1 == s and len(blocks.tables) == 1 and beam[0] == 0 and mask[0, -1] != 0:
+            return self._one_token(ids, positions, mask)
         fresh = not blocks.tables
         moved = not fresh and (len(beam) != len(blocks.tables) or (beam != np.arange(len(beam))).any())
         lens = np.zeros(n, np.int32) if fresh else blocks.lens[beam] if moved else blocks.lens
@@ -283,9 +310,7 @@ class PagedStep(CachedStep):
         k = np.full(n, s, np.int64) if real.all() else real.sum(1)
         # the mask says which positions are real, and the cache holds exactly those: checked before anything moves
         if (mask.sum(1) != lens + k).any():
-            raise XDeployError(f"PagedAttention step: the mask marks {mask.sum(1).tolist()} real positions per row, "
-                               f"the cache would hold {(lens + k).tolist()}; expected a mask that only ever adds "
-                               "real positions")
+            raise _mask_mismatch(mask.sum(1).tolist(), (lens + k).tolist())
         if fresh:
             blocks.start(n)
         elif moved:
@@ -306,6 +331,11 @@ class PagedStep(CachedStep):
         blocks, offsets = self.blocks.slots(r, first, n)
         return [_to_f32(view[blocks, :, offsets], self.types[name]).transpose(1, 0, 2)
                 for name, view in zip(self.caches, self._views)]
+
+
+def _mask_mismatch(marks: list[int], holds: list[int]) -> XDeployError:
+    return XDeployError(f"PagedAttention step: the mask marks {marks} real positions per row, the cache would hold "
+                        f"{holds}; expected a mask that only ever adds real positions")
 
 
 def _to_f32(a: np.ndarray, ov_type: Any) -> np.ndarray:

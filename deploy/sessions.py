@@ -204,19 +204,27 @@ class BoundInputs:
 
     def __init__(self, request: Any, ov: Any) -> None:
         self.req, self._ov = request, ov
-        # input -> (buffer, the tensor bound over it, the tensor's shape)
-        self._staged: dict[str, tuple[np.ndarray, Any, tuple[int, ...]]] = {}
+        # input -> (buffer, the tensor bound over it, the buffer's view in the tensor's current shape)
+        self._staged: dict[str, tuple[np.ndarray, Any, np.ndarray]] = {}
 
     def set(self, name: str, a: np.ndarray) -> None:
-        buf, t, shape = self._staged.get(name, (None, None, ()))
+        staged = self._staged.get(name)
+        if staged is not None:
+            view = staged[2]
+            if view.shape == a.shape and view.dtype == a.dtype:  # a decode step's every input: one copy, ~0.5 us
+                view[...] = a
+                return
+            buf, t, _ = staged
+        else:
+            buf, t = None, None
         bound = buf is not None and buf.dtype == a.dtype and buf.size >= a.size
         if not bound:
             buf = np.empty(max(a.size, 64, 0 if buf is None else 2 * buf.size), a.dtype)  # grows geometrically
             t = self._ov.Tensor(buf.reshape(1, -1), shared_memory=True)
-            shape = None
-        if a.shape != shape:  # resizing the tensor costs a call into OpenVINO: only when the shape changes
-            t.shape = list(a.shape)
-            self._staged[name] = (buf, t, a.shape)
-        np.copyto(buf[:a.size].reshape(a.shape), a)
+        # resizing the tensor costs a call into OpenVINO: only here, when the shape changes
+        t.shape = list(a.shape)
+        view = buf[:a.size].reshape(a.shape)
+        self._staged[name] = (buf, t, view)
+        np.copyto(view, a)
         if not bound:
             self.req.set_tensor(name, t)
