@@ -37,6 +37,7 @@ generates alone), transformer sources on the right (its encoder uses absolute po
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -104,7 +105,7 @@ class Generation:
     stop: tuple[str, ...]  # per row: "eos" or "length"
     scores: tuple[float, ...] | None  # beam search: the chosen hypothesis' length-penalized score
     prompt_lengths: tuple[int, ...]  # real (unpadded) prompt tokens per row
-    time_to_first_token_s: float  # prefill (or encoder + first decode step) and the first token's selection
+    time_to_first_token_s: float  # from the call: checks, prefill (or encoder + first step), the first token's choice
     step_s: tuple[float, ...]  # every later decode step, in order (context grows by one token per step)
     total_s: float
     mode: str  # "cache" (the loop's buffer) | "engine cache" (kept inside the engine) | "paged engine cache" |
@@ -577,6 +578,19 @@ class Generator:
         self.close()
 
     # -- limits --
+    @functools.cached_property
+    def _limits(self) -> tuple[int, int]:
+        """(the longest prompt or source, the positions a sequence may fill: a decoder's cache slots, an
+        encoder-decoder's target), from the graphs' axes: looked up once, not at every call (a first token's time)."""
+        f, spec, axes = self.feeds, self.artifact.spec, self.artifact.spec.axes
+        # axis names from the graphs: the prompt's length, the cache's slots, the target's length (enc-dec)
+        prompt_axis = _axis(self.prefill.graph, f.prompt_ids)
+        cache_axis = _axis(spec.graph(f.decode_graph), f.cache_mask)
+        if not self.seq2seq:
+            return axes[prompt_axis].max, min(self.cfg.max_positions, axes[cache_axis].max, axes[prompt_axis].max)
+        target_axis = _axis(spec.graph(f.full_graph), f.target_ids or "")
+        return axes[prompt_axis].max, min(self.cfg.max_positions, axes[cache_axis].max, axes[target_axis].max)
+
     def _check_sizes(self, rows: list[list[int]], gc: GenerationConfig) -> None:
         axes = self.artifact.spec.axes
         n = len(rows) * gc.num_beams
@@ -588,28 +602,24 @@ class Generator:
         if bad:
             raise XDeployError(f"prompt token id {bad[0]} is outside the vocabulary 0..{v - 1}")
         t = max(len(r) for r in rows)
-        f, spec = self.feeds, self.artifact.spec
-        # axis names from the graphs: the prompt's length, the cache's slots, the target's length (enc-dec)
-        prompt_axis = _axis(self.prefill.graph, f.prompt_ids)
-        cache_axis = _axis(spec.graph(f.decode_graph), f.cache_mask)
+        longest, limit = self._limits
         if not self.seq2seq:
             # cache slots: the prompt + every fed-back token (the last new token is never fed back)
             need = t + gc.max_new_tokens - 1
-            limit = min(self.cfg.max_positions, axes[cache_axis].max, axes[prompt_axis].max)
             if need > limit:
                 raise XDeployError(f"prompt length {t} + {gc.max_new_tokens} new tokens needs {need} positions; "
                                    f"this model has {limit} (max_positions)")
         else:
-            if t > axes[prompt_axis].max:
-                raise XDeployError(f"source length {t} exceeds the artifact's limit {axes[prompt_axis].max}")
-            target_axis = _axis(spec.graph(f.full_graph), f.target_ids or "")
-            limit = min(self.cfg.max_positions, axes[cache_axis].max, axes[target_axis].max)
+            if t > longest:
+                raise XDeployError(f"source length {t} exceeds the artifact's limit {longest}")
             if gc.max_new_tokens > limit:
                 raise XDeployError(f"{gc.max_new_tokens} new tokens exceed this model's {limit} target positions")
 
     def generate(self, prompts: Any, config: GenerationConfig | None = None, *,
                  attention_mask: np.ndarray | None = None) -> Generation:
-        """Generate for a batch of prompts (gpt: the text so far; transformer: the source sequence)."""
+        """Generate for a batch of prompts (gpt: the text so far; transformer: the source sequence). The times are
+        from this call (the prompts' checks and padding included), as AIPerf times a request's first token."""
+        t0 = time.perf_counter()
         gc = config or GenerationConfig()
         gc.check()
         rows = normalize_prompts(prompts, attention_mask)
@@ -626,7 +636,6 @@ class Generator:
         else:
             engine_cls = _Seq2SeqCached if seq2seq else _DecoderCached
         engine = engine_cls(self, ids, mask, gc.num_beams, gc.max_new_tokens)
-        t0 = time.perf_counter()
         if gc.num_beams > 1:
             tokens, stop, scores, ttft, steps = _beam_search(engine, len(rows), gc, eos, t0)
         else:
@@ -642,14 +651,15 @@ class Generator:
 
 def _greedy_or_sample(engine: _Steps, b: int, gc: GenerationConfig, eos: int | None, t0: float
                       ) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...], float, list[float]]:
-    rng = np.random.default_rng(gc.seed)
+    # made only to sample: np.random.default_rng costs ~20 us, inside the first token's time
+    rng = np.random.default_rng(gc.seed) if gc.do_sample else None
     out = np.zeros((b, gc.max_new_tokens), np.int64)
     done = np.zeros(b, bool)
     lengths = np.full(b, gc.max_new_tokens)
     stamps: list[float] = []  # perf_counter when each token was chosen
     logits = engine.start()
     for i in range(gc.max_new_tokens):
-        if gc.do_sample:
+        if rng is not None:
             tok = sample(logits, rng, temperature=gc.temperature, top_k=gc.top_k, top_p=gc.top_p)
         else:
             tok = logits.argmax(-1)
