@@ -210,11 +210,6 @@ class PagedStep(CachedStep):
         self._past, self._one = np.zeros(1, np.int32), np.ones(1, np.int64)
         self._longest = np.zeros((), np.int32)
 
-    @property
-    def req(self) -> Any:
-        """The request that runs prompts (and every call, without a separate steps request)."""
-        return self._prompt.req
-
     def reset(self) -> None:
         self.blocks.reset()
 

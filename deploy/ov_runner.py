@@ -160,7 +160,8 @@ class OvRunner(Runner):
         given = [t.name for t in self.graph.inputs if t.name.startswith(f"{f.cache}.")]
         cache = list(f.cache_names(len(given) // 2))
         if self.options.get("paged", False):
-            self._load_paged(path, config | {"KV_CACHE_PRECISION": kv}, len(given) // 2)
+            self._load_paged(path, config | {"KV_CACHE_PRECISION": kv}, len(given) // 2,
+                             path.stat().st_size + (self.artifact.path / rec["bin"]).stat().st_size)
             return
         self.compiled = ov_compile(path, config | {"KV_CACHE_PRECISION": kv}, self.device, what=str(path))
         self._in_ports = {n: p for p in self.compiled.inputs for n in p.get_names()}
@@ -175,8 +176,9 @@ class OvRunner(Runner):
                                "states")
         self._variables = dict(zip(cache, rec["variables"]))
 
-    def _load_paged(self, path: Path, config: dict[str, Any], layers: int) -> None:
-        """The stateful IR rewritten to PagedAttention (deploy/ov_paged.py): the cache in blocks the step owns."""
+    def _load_paged(self, path: Path, config: dict[str, Any], layers: int, step_bytes: int) -> None:
+        """The stateful IR rewritten to PagedAttention (deploy/ov_paged.py): the cache in blocks the step owns.
+        `step_bytes`: the IR's xml and bin, for the one-thread steps' rule."""
         f = self._feeds
         if self._held:
             raise XDeployError(f"ov option paged=True: {self.artifact.path} is an encoder-decoder; the PagedAttention "
@@ -194,7 +196,7 @@ class OvRunner(Runner):
         self._layers = layers
         # a small decoder's one-token steps on a second compiled model of one thread (sessions.one_thread_steps),
         # bound to the same cache tensors as the prompts' (PagedStep `steps`)
-        if one_thread_steps(self.threads, path.stat().st_size + path.with_suffix(".bin").stat().st_size):
+        if one_thread_steps(self.threads, step_bytes):
             self.steps_compiled = ov_compile(model, config | {"INFERENCE_NUM_THREADS": 1}, self.device,
                                              what=f"{path} (PagedAttention, one-token steps, one thread)")
 
