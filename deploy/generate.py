@@ -555,10 +555,10 @@ class Generator:
     def cached_step(self) -> CachedStep:
         """The decode runner's engine-cache step for this thread, made on first use and kept: each generation
         `reset`s it instead of making a new one. Why: a fresh step allocates and binds its cache buffers (and
-        OpenVINO a fresh infer request) before the prompt can run, which cost the trained tiny GPT's first token
-        ~30% (AMD Zen 4, 2 threads: 656 -> 496 us on ort, 1245 -> 873 us on ov, 15 interleaved rounds;
-        docs/generate.md). One per thread because a step is not re-entrant; its buffers stay as large as the
-        longest generation so far until `close`."""
+        OpenVINO a fresh infer request) before the prompt can run: kept, the trained tiny GPT's first token took
+        0.74x the time on ort (656 -> 496 us) and ~0.8x on ov (1245 -> 873 us; AMD Zen 4, 2 threads, 15
+        interleaved rounds, docs/generate.md). One per thread because a step is not re-entrant; its buffers stay as
+        large as the longest generation so far until `close`."""
         step = getattr(self._steps, "step", None)
         if step is None:
             if self.decode is None:
