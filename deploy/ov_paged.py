@@ -204,6 +204,7 @@ class PagedStep(CachedStep):
         self.blocks = Blocks(self.dims[self.caches[1]][1])  # a value cache's (heads, block, head size)
         self._prompt = _Lane(request, logits, ov)
         self._steps = self._prompt if steps is None else _Lane(*steps, ov)
+        self._lanes = (self._prompt,) if steps is None else (self._prompt, self._steps)
         self._tensors: dict[str, Any] = {}
         self._views: list[np.ndarray] = []  # each cache tensor's memory, block-major
         # staging for _one_token and _infer: past_lens, the fed count of one row, max_context_len
@@ -225,7 +226,7 @@ class PagedStep(CachedStep):
             t = self._ov.Tensor(self.types[name], [n, *self.dims[name]])
             if old is not None:
                 t.data[:old.data.shape[0]] = old.data
-            for lane in {id(x): x for x in (self._prompt, self._steps)}.values():
+            for lane in self._lanes:
                 lane.req.set_tensor(name, t)
             self._tensors[name] = t
         self._views = [self._tensors[name].data for name in self.caches]
