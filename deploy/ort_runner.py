@@ -54,7 +54,7 @@ class OrtRunner(Runner):
     layerwise = True
     stateful = False
     prefill_session: Any = None  # stateful + signed_prefill, int8-dynamic on VNNI/AMX: the int8-weight session
-    # (on VNNI without AMX also `session`: it runs every call); stateful on a small decoder (ort_cache
+    # (on VNNI without AMX also `session`: it runs every call); stateful on a small decoder (sessions
     # one_thread_steps): the session with the runner's threads, `session` then running the steps on one thread
     signed: bool = False  # whether the int8-weight session (option signed_prefill) is in use
     fuses_cache: ClassVar[bool] = True  # `stateful`: the decode graph rewritten to keep the cache (CPU only)
@@ -86,20 +86,25 @@ class OrtRunner(Runner):
         if self.name == "ort" and not self.options.pop("allow_saturation", False):
             refuse_saturating_int8(self.artifact, self.graph.name)
         self._check_options()
-        so = self._session_options(self.threads)
         self.stateful = bool(self.options.get("stateful", False))
         if self.stateful:
-            self._load_fused(so)
+            self._load_fused()
             return
-        self.session = ort_session(self.artifact.onnx_path(self.graph.name), providers=self._providers(), options=so)
+        self.session = ort_session(self.artifact.onnx_path(self.graph.name), providers=self._providers(),
+                                   options=self._session_options(self.threads))
 
-    def _session_options(self, threads: int) -> Any:
+    def _session_options(self, threads: int, weights: Any = None) -> Any:
+        """The runner's session options with `threads`; `weights`: the folder of the external-data file a graph
+        given as bytes reads its weights from (the rewritten decode graph)."""
         spinning, between = self.options.get("spinning"), self.options.get("spin_between_runs")
         keep_skip_ln = bool(self.options.get("fuse_skip_layer_norm", False))
-        return ort_session_options(threads, self.options.get("opt_level", "all"),
-                                   spinning=None if spinning is None else bool(spinning),
-                                   spin_between_runs=None if between is None else bool(between),
-                                   disabled_optimizers=() if keep_skip_ln else self.slow_fusions)
+        so = ort_session_options(threads, self.options.get("opt_level", "all"),
+                                 spinning=None if spinning is None else bool(spinning),
+                                 spin_between_runs=None if between is None else bool(between),
+                                 disabled_optimizers=() if keep_skip_ln else self.slow_fusions)
+        if weights is not None:
+            so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(weights))
+        return so
 
     def _check_options(self) -> None:
         """The CPU runner refuses an option it does not take (a GPU runner checks its own: ort_gpu_runner.py)."""
@@ -107,7 +112,7 @@ class OrtRunner(Runner):
         if unknown:
             raise XDeployError(f"unknown {self.name} option(s) {sorted(unknown)}; expected {', '.join(OPTIONS)}")
 
-    def _load_fused(self, so: Any) -> None:
+    def _load_fused(self) -> None:
         """The decode graph rewritten to keep the cache (deploy/ort_cache.py), its weights read from the artifact's
         own external-data file."""
         from .ort_cache import fused_graph
@@ -118,7 +123,7 @@ class OrtRunner(Runner):
             raise XDeployError(f"ort option stateful=True: graph {self.graph.name!r} of {self.artifact.path} does not "
                                f"rewrite to keep the KV cache in onnxruntime ({why}); keep it in the loop")
         path = self.artifact.onnx_path(self.graph.name)
-        so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path.parent))
+        so = self._session_options(self.threads, weights=path.parent)
         # the int8-weight session first: where it then runs every call, the uint8 session released below is the
         # newest memory, which the allocator can give back
         signed = self._signed_session(model, so, path) if self.options.get("signed_prefill", False) else None
@@ -148,9 +153,7 @@ class OrtRunner(Runner):
         data = path.with_name(path.name + ".data")  # the weights, where external
         if not one_thread_steps(self.threads, len(model) + (data.stat().st_size if data.exists() else 0)):
             return
-        so = self._session_options(1)
-        so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path.parent))
-        steps = ort_session(model, providers=self._providers(), options=so,
+        steps = ort_session(model, providers=self._providers(), options=self._session_options(1, weights=path.parent),
                             what=f"{path} (the KV cache kept in onnxruntime; one-token steps, one thread)")
         self.prefill_session, self.session = self.session, steps
 

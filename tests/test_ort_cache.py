@@ -11,12 +11,7 @@ import pytest
 
 from xdeploy.core.errors import XDeployError
 from xdeploy.deploy.generate import GenerationConfig, Generator
-from xdeploy.deploy.ort_cache import (
-    fused_graph,
-    signed_prefill_applies,
-    signed_steps_apply,
-    signed_weights,
-)
+from xdeploy.deploy.ort_cache import fused_graph, signed_prefill_applies, signed_steps_apply, signed_weights
 from xdeploy.deploy.registry import open_runner, runner_class
 from xdeploy.deploy.sessions import SMALL_STEP_BYTES, one_thread_steps
 from xdeploy.export.artifact import load_artifact
