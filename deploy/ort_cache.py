@@ -26,8 +26,10 @@ room for the step).
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -274,8 +276,6 @@ def _fused(path: str, size: int, mtime_ns: int, f: DecoderFeeds) -> tuple[bytes,
     """The rewritten graph of the decode graph file at `path` serialized (without weights: kilobytes), its layer
     count and '' -- or (b'', 0, why it does not rewrite). Once per file version: `keeps_cache` asks, then the
     runner opens it."""
-    from pathlib import Path
-
     from xdeploy.export.onnx_graph import read_onnx
 
     model = read_onnx(Path(path))
@@ -365,37 +365,131 @@ def signed_steps_apply(artifact: Any, fp: Mapping[str, Any] | None = None) -> bo
     return signed_prefill_applies(artifact, machine) and int8_dot(machine) == "vnni"
 
 
-def signed_weights(model: Any, folder: str) -> int:
-    """In place: every MatMulInteger's uint8 weight and zero point (initializers) become int8, w - 128 and zp - 128,
-    read from the external-data files in `folder` and stored in the graph; returns how many MatMuls. (w - zp) is
-    unchanged, so the integer products are the same; onnxruntime then runs its u8*s8 kernels (VNNI/AMX), which on a
-    prompt of 32 tokens were 2.1-2.5x faster than its u8*u8 ones, and at one token 0.8x on AMX, 1.07x on AVX-512
-    VNNI (signed_steps_apply)."""
-    from onnx import TensorProto, numpy_helper
-    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+INT8_WEIGHTS = "int8-weights.data"  # the weights' file in the folder `signed_weights` writes
+COPY_CHUNK = 16 << 20  # bytes copied (and shifted) at a time into it
 
+
+def _shifted(a: np.ndarray) -> np.ndarray:
+    """uint8 w -> int8 w - 128: the top bit flipped (w ^ 0x80 read as int8), with no wider temporary."""
+    return (a ^ np.uint8(0x80)).view(np.int8)
+
+
+def _external(t: Any, folder: Path) -> tuple[str, int, int]:
+    """(location, offset, length) of an initializer stored as external data, checked (the graph is untrusted
+    input): a file directly in `folder`, the range inside it, as long as the tensor's dims say."""
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    info = {e.key: e.value for e in t.external_data}
+    loc = info.get("location", "")
+    try:
+        want = int(np.prod(t.dims, dtype=np.int64)) * tensor_dtype_to_np_dtype(t.data_type).itemsize
+        offset, length = int(info.get("offset", 0)), int(info["length"])
+        size = (folder / loc).stat().st_size if loc and Path(loc).name == loc else -1
+    except (KeyError, ValueError, OSError):
+        want = size = offset = length = -1
+    if size < 0 or offset < 0 or length != want or offset + length > size:
+        raise XDeployError(f"initializer {t.name!r}: external data {info} must name a file in {folder} holding "
+                           f"its {want} bytes")
+    return loc, offset, length
+
+
+def signed_weights(model: Any, folder: str | Path, out: str | Path) -> int:
+    """In place: every MatMulInteger's uint8 weight and zero point (initializers) become int8, w - 128 and zp - 128;
+    returns how many MatMuls. (w - zp) is unchanged, so the integer products are the same; onnxruntime then runs
+    its u8*s8 kernels (VNNI/AMX), which on a prompt of 32 tokens were 2.1-2.5x faster than its u8*u8 ones, and at
+    one token 0.8x on AMX, 1.07x on AVX-512 VNNI (signed_steps_apply).
+
+    Inline initializers are shifted in the graph. Every initializer stored as external data (in `folder`, the
+    artifact's) is copied, one at a time and shifted where it is one of those, into `out`/INT8_WEIGHTS (all of
+    them: onnxruntime refuses external data outside the folder it reads from, links resolved). A session reading
+    its weights from `out` maps them from disk as it maps the artifact's own, packs them and lets the mapping go.
+    With the shifted weights inline in the serialized graph instead, the session held a second copy: GPT-2 small
+    int8-dynamic, opened and run, 639 against 451 MiB of RSS and an 850 MiB peak; from the file 453 MiB, peak 453
+    (AMD Zen 4, 2026-11-29)."""
+    from onnx import TensorProto, numpy_helper
+
+    folder, out = Path(folder), Path(out)
     inits = {t.name: t for t in model.graph.initializer}
-    shifted: set[str] = set()  # an initializer two MatMuls share (a zero point, a tied weight) is shifted once
+    pairs = [(inits[n.input[1]], inits[n.input[3]]) for n in model.graph.node
+             if n.op_type == "MatMulInteger" and len(n.input) >= 4 and n.input[1] in inits and n.input[3] in inits]
+    shift: set[str] = set()  # an initializer two MatMuls share (a zero point, a tied weight) is shifted once
     done = 0
-    for node in model.graph.node:
-        if node.op_type != "MatMulInteger" or len(node.input) < 4 or node.input[1] not in inits \
-                or node.input[3] not in inits:
-            continue
-        pair = [inits[node.input[1]], inits[node.input[3]]]
-        if any(t.data_type != TensorProto.UINT8 and t.name not in shifted for t in pair):
-            continue
-        for t in pair:
-            if t.name in shifted:
+    for pair in pairs:
+        if all(t.data_type == TensorProto.UINT8 or t.name in shift for t in pair):
+            shift.update(t.name for t in pair)
+            done += 1
+    if not done:
+        return 0
+    offset, buf = 0, np.empty(COPY_CHUNK, np.uint8)  # copied through one buffer: no tensor-sized temporary
+    with open(out / INT8_WEIGHTS, "wb") as f:
+        for t in model.graph.initializer:
+            if t.data_location != TensorProto.EXTERNAL:
+                if t.name in shift:
+                    t.CopyFrom(numpy_helper.from_array(_shifted(numpy_helper.to_array(t)), t.name))
                 continue
-            if uses_external_data(t):
-                load_external_data_for_tensor(t, folder)
-                del t.external_data[:]
-                t.data_location = TensorProto.DEFAULT
-            a = numpy_helper.to_array(t)
-            t.CopyFrom(numpy_helper.from_array((a.astype(np.int16) - 128).astype(np.int8), t.name))
-            shifted.add(t.name)
-        done += 1
+            loc, start, length = _external(t, folder)
+            f.write(b"\0" * (-offset % 4096))  # page-aligned, as onnx saves external data
+            offset += -offset % 4096
+            with open(folder / loc, "rb") as src:
+                src.seek(start)
+                for left in range(length, 0, -COPY_CHUNK):
+                    part = buf[:min(left, COPY_CHUNK)]
+                    if src.readinto(part) != part.size:
+                        raise XDeployError(f"{folder / loc} ended inside initializer {t.name!r}")
+                    if t.name in shift:
+                        part ^= np.uint8(0x80)
+                    f.write(part)
+            del t.external_data[:]
+            if t.name in shift:
+                t.data_type = TensorProto.INT8
+            for k, v in (("location", INT8_WEIGHTS), ("offset", str(offset)), ("length", str(length))):
+                e = t.external_data.add()
+                e.key, e.value = k, v
+            offset += length
     return done
+
+
+@contextlib.contextmanager
+def int8_weight_graph(model: bytes, folder: str | Path) -> Iterator[tuple[bytes, Path] | None]:
+    """The rewritten graph `model` (its external data in `folder`) with its MatMuls' weights shifted to int8
+    (`signed_weights`), serialized, and the temporary folder its weights are read from while sessions are opened
+    on it (onnxruntime has mapped them once the session exists; the folder is removed on exit, the mapped file
+    lives on until unmapped). None where the graph has no uint8 MatMulInteger weights."""
+    import tempfile
+
+    import onnx
+
+    with tempfile.TemporaryDirectory(prefix="xdeploy-int8-weights-") as d:
+        signed = onnx.ModelProto.FromString(model)
+        yield (signed.SerializeToString(), Path(d)) if signed_weights(signed, folder, d) else None
+
+
+@functools.lru_cache(maxsize=1)
+def u8s8_exact() -> bool:
+    """Whether this onnxruntime adds u8*s8 products exactly on this CPU, run rather than read from its ISA flags
+    (a build without the VNNI kernels, or a VM that hides them, would saturate): the int8-dynamic pattern
+    (DynamicQuantizeLinear, MatMulInteger, Cast, Mul) on all-ones activations (quantized to 255) against int8
+    weights of 127, at one row and at five. Every adjacent pair of products is 2 * 255 * 127 = 64770, beyond
+    int16: a kernel that adds pairs in saturating int16 (AVX2's vpmaddubsw) returns about half of the exact 127 * K."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from .sessions import ort_session, ort_session_options
+
+    k, n = 64, 16
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+             helper.make_node("MatMulInteger", ["xq", "w", "xz", "wz"], ["acc"]),
+             helper.make_node("Cast", ["acc"], ["accf"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["xs", "ws"], ["scale"]), helper.make_node("Mul", ["accf", "scale"], ["y"])]
+    inits = [numpy_helper.from_array(np.full((k, n), 127, np.int8), "w"), numpy_helper.from_array(np.int8(0), "wz"),
+             numpy_helper.from_array(np.float32(1.0), "ws")]
+    graph = helper.make_graph(nodes, "u8s8", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    sess = ort_session(model.SerializeToString(), options=ort_session_options(1),
+                       what=f"onnxruntime {ort.__version__}'s u8*s8 check")
+    return all(np.allclose(sess.run(None, {"x": np.ones((m, k), np.float32)})[0], 127.0 * k, rtol=1e-5)
+               for m in (1, 5))
 
 
 def prefill_agrees(step: OrtCachedStep, prefill: Any, tokens: int = 8) -> bool:

@@ -29,7 +29,6 @@ from .sessions import (
     onnx_file,
     ort_session,
     ort_session_options,
-    release_freed_memory,
 )
 
 # the CPU runner's options (a GPU runner's own: ort_gpu_runner.py OPTIONS)
@@ -53,10 +52,10 @@ class OrtRunner(Runner):
     interleaved_options: ClassVar[Mapping[str, Any]] = {"spin_between_runs": False}
     layerwise = True
     stateful = False
-    prefill_session: Any = None  # stateful + signed_prefill, int8-dynamic on VNNI/AMX: the int8-weight session
-    # (on VNNI without AMX also `session`: it runs every call); stateful on a small decoder (sessions
-    # one_thread_steps): the session with the runner's threads, `session` then running the steps on one thread
-    signed: bool = False  # whether the int8-weight session (option signed_prefill) is in use
+    prefill_session: Any = None  # stateful, int8-dynamic, signed_prefill=True on AMX: the int8-weight session for
+    # prompts; stateful on a small decoder (sessions one_thread_steps): the session with the runner's threads,
+    # `session` then running the steps on one thread
+    signed: bool = False  # whether int8 weights are in use (_int8_weights_route; on VNNI without AMX by default)
     fuses_cache: ClassVar[bool] = True  # `stateful`: the decode graph rewritten to keep the cache (CPU only)
     # onnxruntime optimizers left out (sessions.py ORT_CPU_SLOW_FUSIONS: slower on the CPU provider); option
     # fuse_skip_layer_norm=True keeps onnxruntime's SkipLayerNormFusion, for comparison
@@ -114,7 +113,7 @@ class OrtRunner(Runner):
 
     def _load_fused(self) -> None:
         """The decode graph rewritten to keep the cache (deploy/ort_cache.py), its weights read from the artifact's
-        own external-data file."""
+        own external-data file, or shifted to int8 (`_int8_weights`)."""
         from .ort_cache import fused_graph
 
         model, self._layers, why = fused_graph(self.artifact, self.graph.name) if self.fuses_cache \
@@ -123,60 +122,72 @@ class OrtRunner(Runner):
             raise XDeployError(f"ort option stateful=True: graph {self.graph.name!r} of {self.artifact.path} does not "
                                f"rewrite to keep the KV cache in onnxruntime ({why}); keep it in the loop")
         path = self.artifact.onnx_path(self.graph.name)
-        so = self._session_options(self.threads, weights=path.parent)
-        # the int8-weight session first: where it then runs every call, the uint8 session released below is the
-        # newest memory, which the allocator can give back
-        signed = self._signed_session(model, so, path) if self.options.get("signed_prefill", False) else None
-        self.session = ort_session(model, providers=self._providers(), options=so,
-                                   what=f"{path} (the KV cache kept in onnxruntime)")
         self._feeds = self.artifact.capabilities.decoding
         self.prefill_session = None
-        if signed is None:
-            self._one_thread_steps(model, path)
-            return
-        from .ort_cache import prefill_agrees, signed_steps_apply
+        data = path.with_name(path.name + ".data")  # the weights, where external
+        size = len(model) + (data.stat().st_size if data.exists() else 0)
+        route, prompts = self._int8_weights_route(path), None
+        if route:
+            from .ort_cache import int8_weight_graph
 
-        if not prefill_agrees(self.cached_step(), signed):
+            try:
+                with int8_weight_graph(model, path.parent) as signed:
+                    if signed is not None and route == "every call":
+                        self._open_fused(*signed, size, f"{path} (int8 weights)")
+                        self.signed = True
+                        return
+                    if signed is not None:
+                        prompts = ort_session(signed[0], providers=self._providers(),
+                                              options=self._session_options(self.threads, weights=signed[1]),
+                                              what=f"{path} (int8 weights)")
+            except OSError as e:  # the temporary folder of the shifted weights: no space, not writable
+                print(f"xdeploy: note: {path}: the int8 weights cannot be written to a temporary folder "
+                      f"({e.strerror or e}); the uint8 weights run every call", file=sys.stderr)
+        self._open_fused(model, path.parent, size, f"{path} (the KV cache kept in onnxruntime)")
+        if prompts is None:
+            return
+        from .ort_cache import prefill_agrees
+
+        if prefill_agrees(self.cached_step(), prompts):
+            self.prefill_session, self.signed = prompts, True
+        else:
             print(f"xdeploy: warning: {path}: the int8-weight prefill's logits differ from the uint8 graph's; "
                   "prompts run on the uint8 graph", file=sys.stderr)
-            return
-        self.prefill_session, self.signed = signed, True
-        if signed_steps_apply(self.artifact):  # VNNI without AMX: the steps too, and one copy of the weights
-            self.session = signed
-            release_freed_memory()
 
-    def _one_thread_steps(self, model: bytes, path: Any) -> None:
-        """A small decoder's one-token steps on a session of their own with one thread, its prompts on `session`
-        with the runner's threads (sessions.one_thread_steps: the graph and its weights at most SMALL_STEP_BYTES).
-        The same graph and weights, so the same logits up to float rounding; the golden probes check the steps'
-        session (it is `self.session`)."""
-        data = path.with_name(path.name + ".data")  # the weights, where external
-        if not one_thread_steps(self.threads, len(model) + (data.stat().st_size if data.exists() else 0)):
-            return
-        steps = ort_session(model, providers=self._providers(), options=self._session_options(1, weights=path.parent),
-                            what=f"{path} (the KV cache kept in onnxruntime; one-token steps, one thread)")
-        self.prefill_session, self.session = self.session, steps
+    def _int8_weights_route(self, path: Any) -> str:
+        """Where the rewritten graph's uint8 weights, shifted to int8 (deploy/ort_cache.py `signed_weights`: the
+        same integer products through onnxruntime's u8*s8 kernels), are used: "" (nowhere), "every call" or
+        "prompts". Option signed_prefill: None (default) takes them for every call where the CPU's u8*s8 dot
+        product accumulates in int32 and one token is faster on them too (VNNI without AMX, `signed_steps_apply`):
+        one session, one copy of the weights, once onnxruntime is seen to add u8*s8 exactly here (`u8s8_exact`).
+        True also takes them on AMX, for prompts only: a second session, checked against the first on a prompt
+        (`prefill_agrees`). False: never. Only on an int8-dynamic artifact whose CPU adds u8*s8 in int32
+        (`signed_prefill_applies`)."""
+        from .ort_cache import signed_prefill_applies, signed_steps_apply, u8s8_exact
 
-    def _signed_session(self, model: bytes, so: Any, path: Any) -> Any:
-        """Option signed_prefill=True (opt-in): on an int8-dynamic artifact where the CPU's int8 dot product is exact
-        for u8*s8 (VNNI, AMX), a session of the rewritten graph with its uint8 weights shifted to int8
-        (deploy/ort_cache.py `signed_weights`): the same integer products through onnxruntime's u8*s8 kernels. It
-        runs the prompts (faster on every such CPU) and, where one token is faster too (VNNI without AMX,
-        ort_cache.signed_steps_apply), every call, the uint8 session then released. Where it runs the prompts only,
-        the price is a second session's weights (GPT-2 small: RSS 380 -> 872 MB once opened), which is why it is
-        not the default. _load_fused opens it only if it gives the uint8 session's logits on a prompt (else a line
-        on stderr). None where it does not apply."""
-        import onnx
+        want = self.options.get("signed_prefill")
+        if want is False or not signed_prefill_applies(self.artifact):
+            return ""
+        if not signed_steps_apply(self.artifact):
+            return "prompts" if want else ""
+        if u8s8_exact():
+            return "every call"
+        print(f"xdeploy: warning: {path}: onnxruntime does not add u8*s8 products exactly on this CPU, although its "
+              "flags say VNNI; the uint8 weights run every call", file=sys.stderr)
+        return ""
 
-        from .ort_cache import signed_prefill_applies, signed_weights
-
-        if not signed_prefill_applies(self.artifact):
-            return None
-        signed = onnx.ModelProto.FromString(model)
-        if not signed_weights(signed, str(path.parent)):
-            return None
-        return ort_session(signed.SerializeToString(), providers=self._providers(), options=so,
-                           what=f"{path} (int8 weights)")
+    def _open_fused(self, model: bytes, folder: Any, size: int, what: str) -> None:
+        """`session` on the rewritten graph `model` (its weights read from `folder`; `size`: the graph's and its
+        weights' bytes) with the runner's threads, or, for a small decoder, with one thread and its prompts on
+        `prefill_session` with the runner's threads (sessions.one_thread_steps: at most SMALL_STEP_BYTES). The same
+        graph and weights, so the same logits up to float rounding; the golden probes check the steps' session
+        (it is `self.session`)."""
+        self.session = ort_session(model, providers=self._providers(),
+                                   options=self._session_options(self.threads, weights=folder), what=what)
+        if one_thread_steps(self.threads, size):
+            steps = ort_session(model, providers=self._providers(), options=self._session_options(1, weights=folder),
+                                what=f"{what}; one-token steps, one thread")
+            self.prefill_session, self.session = self.session, steps
 
     def cached_step(self) -> CachedStep:
         if not self.stateful:

@@ -126,19 +126,6 @@ def ort_session(model: str | Path | bytes, *, threads: int = 0, opt_level: str =
         raise XDeployError(f"onnxruntime cannot load {name}: {str(e).splitlines()[0]}") from None
 
 
-def release_freed_memory() -> None:
-    """Give the C heap's free pages back to the OS (glibc's malloc_trim) after a large engine object is dropped: a
-    session's weights freed below newer allocations otherwise stay in the process's RSS (GPT-2 small int8-dynamic,
-    the uint8 session released for the int8-weight one: 700 -> 518 MiB). A no-op where the C library has none."""
-    import ctypes
-
-    try:  # the process's own symbols: glibc's malloc_trim where the C library is glibc (no subprocess to find it)
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError, TypeError):
-        return
-    trim(0)
-
-
 @contextlib.contextmanager
 def onnx_file(model: Any) -> Iterator[Path]:
     """An in-memory onnx.ModelProto saved to a temporary model.onnx (weights as external data beyond 2 GB), for

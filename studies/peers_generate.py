@@ -31,9 +31,9 @@ Every system loads the same local safetensors directory (with a byte-level GPT-2
                  `ov` f32 (the artifact's stateful OpenVINO IR: the KV cache kept in the engine,
                  Generator's kv_cache="auto": a decoder's in OpenVINO's PagedAttention form, an
                  encoder-decoder's in the stateful step), `ort` int8-dynamic (also with the prompt
-                 prefilled by graph `model`: Generator's prefill_graph; and, on VNNI/AMX CPUs, by a second
-                 session with the weights shifted to int8: signed_prefill, which on VNNI without AMX runs the
-                 steps too, the uint8 session released), `ov` bf16 where the CPU has bf16,
+                 prefilled by graph `model`: Generator's prefill_graph; its default route runs the weights
+                 shifted to int8 on VNNI without AMX, and the row with signed_prefill=True also on AMX, for
+                 the prompt in a second session), `ov` bf16 where the CPU has bf16,
                  `ov` f32 on the fp16 export (its IR's weights stored as fp16: the precision class "fp16");
                  `--static-int8` adds the static Q/DQ `int8` export (opt-in: slow to export at GPT-2 small)
   optimum-intel  OVModelForCausalLM(export=True, stateful: the KV cache stays inside the engine) f32, bf16 where
@@ -142,8 +142,9 @@ XDEPLOY_ROUTE = {"ort fp32": ("fp32", "ort", {}), "ov f32": ("fp32", "ov:f32", _
                  # the prompt through graph `model` (7-bit int8 weights: VNNI/AMX kernels) instead of the decode
                  # graph (uint8 weights, U8U8): a faster first token there, a second copy of the weights
                  "ort int8 dynamic, model-graph prefill": ("int8-dynamic", "ort", {"prefill_graph": "model"}),
-                 # the prompt through a second session of the decode graph whose uint8 weights are shifted to int8
-                 # (the same integer products, u8*s8 kernels: VNNI/AMX CPUs only), a second copy of the weights
+                 # the decode graph's uint8 weights shifted to int8 (the same integer products, u8*s8 kernels:
+                 # VNNI/AMX CPUs only): on VNNI without AMX the default row's route too; on AMX the prompt only,
+                 # through a second session (a second copy of the weights)
                  "ort int8 dynamic, int8-weight prefill": ("int8-dynamic", "ort", {"signed_prefill": True}),
                  "ort int8 static": ("int8", "ort", {})}
 # the README sentence whose first bytes prompt the trained tiny model (fixed here: an edit of the README must not

@@ -10,8 +10,16 @@ import numpy as np
 import pytest
 
 from xdeploy.core.errors import XDeployError
+from xdeploy.core.fingerprint import fingerprint, int8_dot
 from xdeploy.deploy.generate import GenerationConfig, Generator
-from xdeploy.deploy.ort_cache import fused_graph, signed_prefill_applies, signed_steps_apply, signed_weights
+from xdeploy.deploy.ort_cache import (
+    INT8_WEIGHTS,
+    fused_graph,
+    signed_prefill_applies,
+    signed_steps_apply,
+    signed_weights,
+    u8s8_exact,
+)
 from xdeploy.deploy.registry import open_runner, runner_class
 from xdeploy.deploy.sessions import SMALL_STEP_BYTES, one_thread_steps
 from xdeploy.export.artifact import load_artifact
@@ -86,22 +94,58 @@ def test_the_engine_cache_generates_the_loops_tokens_and_appends_in_place(tiny_e
 
 def test_an_int8_dynamic_artifact_keeps_its_cache_in_onnxruntime(tiny_export) -> None:  # noqa: ANN001
     """int8-dynamic's attention is float: it rewrites the same way. At batch 1 (no padding rows in the dynamic
-    activation ranges) the engine cache gives the loop's tokens, and so does the opt-in int8-weight session (the
-    same integer products; opened only on a VNNI/AMX CPU, and running the steps too on VNNI without AMX, the uint8
-    session then released)."""
+    activation ranges) the engine cache gives the loop's tokens, whichever weights run: by default the uint8 ones,
+    or on a CPU with VNNI and without AMX the weights shifted to int8 for every call (one session); option
+    signed_prefill=True also on AMX, for prompts only (a second session); False never (every class modelled by
+    its rule, this machine's route checked)."""
     art = tiny_export("gpt", precision="int8-dynamic")
+    a = load_artifact(art)
+    every_call = signed_steps_apply(a) and u8s8_exact()
     gc = GenerationConfig(max_new_tokens=24, eos_token_id=-1)
     with Generator(art, "ort", threads=1) as eng, Generator(art, "ort", threads=1, kv_cache="loop") as loop, \
-            Generator(art, "ort", threads=1, signed_prefill=True) as signed:
+            Generator(art, "ort", threads=1, signed_prefill=True) as signed, \
+            Generator(art, "ort", threads=1, signed_prefill=False) as uint8:
         assert eng.engine_cache and eng.probes is not None and eng.probes.passed
-        assert eng.decode.prefill_session is None  # opt-in: one session, one copy of the weights
-        assert signed.engine_cache and (signed.decode.prefill_session is not None) == signed_prefill_applies(
-            load_artifact(art))
-        assert (signed.decode.session is signed.decode.prefill_session) == signed_steps_apply(load_artifact(art))
-        assert signed.decode.signed == signed_prefill_applies(load_artifact(art)) and not eng.decode.signed
+        assert eng.decode.prefill_session is None and uint8.decode.prefill_session is None  # one session each
+        assert eng.decode.signed == every_call and not uint8.decode.signed
+        assert signed.engine_cache and signed.decode.signed == signed_prefill_applies(a)
+        # a second session for prompts only where the steps stay on the uint8 weights (AMX)
+        assert (signed.decode.prefill_session is not None) == (signed_prefill_applies(a) and not every_call)
         for p in PROMPTS:
             want = loop.generate([p], gc).tokens
-            assert eng.generate([p], gc).tokens == want == signed.generate([p], gc).tokens
+            assert eng.generate([p], gc).tokens == want == signed.generate([p], gc).tokens \
+                == uint8.generate([p], gc).tokens
+
+
+def test_int8_weights_read_from_disk_give_the_uint8_tokens(tiny_export, tmp_path: Path) -> None:  # noqa: ANN001
+    """An artifact whose decode graph keeps its weights in external data (as every graph from 32 MiB does): the
+    weights and the other external tensors go to a temporary folder of their own, gone once the sessions are
+    open. Two threads asked: a small decoder's
+    one-thread steps take the same weights."""
+    import json
+    import shutil
+
+    import onnx
+
+    from xdeploy.core.fsutil import atomic_write_json
+    from xdeploy.export.artifact import write_manifest_files
+
+    art = shutil.copytree(tiny_export("gpt", precision="int8-dynamic"), tmp_path / "art")
+    path = art / "decode.onnx"
+    onnx.save_model(onnx.load(str(path)), str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="decode.onnx.data")
+    manifest = json.loads((art / "manifest.json").read_text())
+    atomic_write_json(art / "manifest.json", write_manifest_files(art, manifest))
+    a = load_artifact(art)
+    gc = GenerationConfig(max_new_tokens=24, eos_token_id=-1)
+    tmp = Path(__import__("tempfile").gettempdir())
+    before = set(tmp.glob("xdeploy-int8-weights-*"))
+    with Generator(art, "ort", threads=2) as eng, Generator(art, "ort", threads=2, signed_prefill=False) as uint8:
+        assert eng.decode.signed == (signed_steps_apply(a) and u8s8_exact()) and not uint8.decode.signed
+        assert eng.decode.prefill_session is not None  # the one-thread steps' companion, same weights
+        assert set(tmp.glob("xdeploy-int8-weights-*")) == before
+        for p in PROMPTS:
+            assert eng.generate([p], gc).tokens == uint8.generate([p], gc).tokens
 
 
 def test_a_small_decoders_steps_run_on_one_thread(tiny_export) -> None:  # noqa: ANN001
@@ -125,18 +169,27 @@ def test_a_small_decoders_steps_run_on_one_thread(tiny_export) -> None:  # noqa:
     assert not one_thread_steps(2, SMALL_STEP_BYTES + 1) and not one_thread_steps(16, 500 << 20)
 
 
-def test_the_int8_weight_prefill_is_exact_and_only_where_the_cpu_adds_in_int32(tiny_export) -> None:  # noqa: ANN001
+def test_the_int8_weight_prefill_is_exact_and_only_where_the_cpu_adds_in_int32(tiny_export,  # noqa: ANN001
+                                                                                 tmp_path: Path) -> None:
     """uint8 weights w with zero point zp become int8 w - 128 and zp - 128: w - zp is unchanged, so every integer
     product is too. Only on the classes whose u8*s8 dot product accumulates in int32 (VNNI, AMX); on AVX2 8-bit
     int8 weights could saturate its int16 pairs (modeled: every class, whatever this machine is)."""
     import onnx
     from onnx import numpy_helper
+    from onnx.external_data_helper import load_external_data_for_model
 
     art = load_artifact(tiny_export("gpt", precision="int8-dynamic"))
     path = art.onnx_path("decode")
     plain = onnx.load(str(path))
-    signed = onnx.load(str(path), load_external_data=False)
-    assert signed_weights(signed, str(path.parent)) == sum(n.op_type == "MatMulInteger" for n in plain.graph.node) > 0
+    # the tensors stored as external data, as a graph from 32 MiB has them: shifted into a file of their own
+    onnx.save_model(onnx.load(str(path)), str(tmp_path / "decode.onnx"), save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="decode.onnx.data")
+    signed = onnx.load(str(tmp_path / "decode.onnx"), load_external_data=False)
+    out = tmp_path / "out"
+    out.mkdir()
+    assert signed_weights(signed, tmp_path, out) == sum(n.op_type == "MatMulInteger" for n in plain.graph.node) > 0
+    assert (out / INT8_WEIGHTS).stat().st_size >= (tmp_path / "decode.onnx.data").stat().st_size  # all copied
+    load_external_data_for_model(signed, str(out))
     before = {t.name: numpy_helper.to_array(t) for t in plain.graph.initializer}
     after = {t.name: numpy_helper.to_array(t) for t in signed.graph.initializer}
     for n in plain.graph.node:
@@ -145,6 +198,10 @@ def test_the_int8_weight_prefill_is_exact_and_only_where_the_cpu_adds_in_int32(t
             assert before[w].dtype == np.uint8 and after[w].dtype == np.int8 and after[zp].dtype == np.int8
             np.testing.assert_array_equal(before[w].astype(np.int16) - before[zp].astype(np.int16),
                                           after[w].astype(np.int16) - after[zp].astype(np.int16))
+        else:  # every other tensor as it was
+            for t in n.input:
+                if t in before:
+                    np.testing.assert_array_equal(before[t], after[t])
     # an initializer two MatMuls share is shifted once, so each MatMul's w - zp still holds
     from onnx import TensorProto, helper
 
@@ -155,7 +212,7 @@ def test_the_int8_weight_prefill_is_exact_and_only_where_the_cpu_adds_in_int32(t
         nodes, "g", [helper.make_tensor_value_info(x, TensorProto.UINT8, [1, 2]) for x in ("a", "b")],
         [helper.make_tensor_value_info(f"y{x}", TensorProto.INT32, [1, 2]) for x in ("a", "b")],
         [numpy_helper.from_array(w, "w"), numpy_helper.from_array(zp, "zp")]))
-    assert signed_weights(shared, str(path.parent)) == 2
+    assert signed_weights(shared, tmp_path, out) == 2
     got = {t.name: numpy_helper.to_array(t).astype(np.int16) for t in shared.graph.initializer}
     np.testing.assert_array_equal(got["w"] - got["zp"], w.astype(np.int16) - zp.astype(np.int16))
     isa = {"amx": ["avx2", "avx512f", "avx512_vnni", "amx_int8"], "vnni": ["avx2", "avx512f", "avx512_vnni"],
@@ -164,6 +221,9 @@ def test_the_int8_weight_prefill_is_exact_and_only_where_the_cpu_adds_in_int32(t
     # the steps too only where one token is faster on it: VNNI without AMX (AMX's tiles were slower at one row)
     assert [signed_steps_apply(art, {"isa": v}) for v in isa.values()] == [False, True, False]
     assert not signed_prefill_applies(load_artifact(tiny_export("gpt")), {"isa": isa["amx"]})  # fp32: no int8
+    # and onnxruntime's kernel here agrees with the flags: all-ones activations against weights of 127 overflow
+    # every int16 pair, so a saturating kernel (AVX2) gives about half; this fails on a class where it disagrees
+    assert u8s8_exact() == (int8_dot(fingerprint()) in ("vnni", "amx"))
 
 
 def test_graphs_that_do_not_rewrite_keep_the_loops_cache(tiny_export, tmp_path: Path) -> None:  # noqa: ANN001
@@ -198,8 +258,9 @@ def test_cli_signed_prefill_gives_the_same_tokens_and_says_where_it_is_not_used(
     args = ["--runner", "ort", "--prompt-ids", "72,101,108,108,111", "--new-tokens", "8", "--ignore-eos"]
     assert main(["generate", str(int8), *args, "--json", str(tmp_path / "a.json")]) == 0
     assert main(["generate", str(int8), *args, "--signed-prefill", "--json", str(tmp_path / "b.json")]) == 0
-    a, b = (json.loads((tmp_path / n).read_text())["tokens"] for n in ("a.json", "b.json"))
-    assert a == b
+    assert main(["generate", str(int8), *args, "--no-signed-prefill", "--json", str(tmp_path / "c.json")]) == 0
+    a, b, c = (json.loads((tmp_path / n).read_text())["tokens"] for n in ("a.json", "b.json", "c.json"))
+    assert a == b == c
     used = int8_dot(fingerprint()) in ("vnni", "amx")
     assert ("--signed-prefill is not used here" in capsys.readouterr().err) != used
     assert main(["generate", str(tiny_export("gpt")), *args, "--signed-prefill"]) == 0  # fp32: nothing to shift

@@ -47,10 +47,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "GroupQueryAttention), paged (the engine's cache in OpenVINO's PagedAttention form, decoders "
                         "on ov), loop (a buffer bound into the decode graph), auto (default: the engine where it "
                         "can, on ov paged for a decoder)")
-    p.add_argument("--signed-prefill", action="store_true",
-                   help="ort, int8-dynamic, VNNI/AMX CPUs: run the prompt in a session with the weights shifted "
-                        "to int8 (the same integer products, faster kernels); on VNNI without AMX it runs the steps "
-                        "too and replaces the uint8 session, else it is a second session's memory")
+    p.add_argument("--signed-prefill", action=argparse.BooleanOptionalAction, default=None,
+                   help="ort, int8-dynamic: the decode graph's weights shifted to int8 (the same integer products, "
+                        "onnxruntime's faster u8*s8 kernels). Default: for every call on a CPU with VNNI and without "
+                        "AMX (one copy of the weights), nowhere else. --signed-prefill also on AMX, for prompts "
+                        "only (a second session's memory); --no-signed-prefill: never")
     p.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
     p.add_argument("--no-verify", action="store_true",
                    help="run the artifact without checking its golden probes on this machine (says so on stderr)")
@@ -137,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     rows, tokenizer = _prompts(args, art)
     with Generator(art, args.runner, use_cache=not args.no_cache, threads=args.threads,
                    verify=not args.no_verify, prefill_graph=args.prefill_graph, kv_cache=args.kv_cache,
-                   **({"signed_prefill": True} if args.signed_prefill else {})) as g:
+                   **({} if args.signed_prefill is None else {"signed_prefill": args.signed_prefill})) as g:
         if args.signed_prefill and not getattr(g.decode, "signed", False):
             print("xdeploy: note: --signed-prefill is not used here: it needs runner ort keeping the cache of an "
                   "int8-dynamic decoder on a CPU with VNNI or AMX", file=sys.stderr)
