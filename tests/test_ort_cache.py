@@ -117,11 +117,9 @@ def test_an_int8_dynamic_artifact_keeps_its_cache_in_onnxruntime(tiny_export) ->
                 == uint8.generate([p], gc).tokens
 
 
-def test_int8_weights_read_from_disk_give_the_uint8_tokens(tiny_export, tmp_path: Path) -> None:  # noqa: ANN001
-    """An artifact whose decode graph keeps its weights in external data (as every graph from 32 MiB does): the
-    weights and the other external tensors go to a temporary folder of their own, gone once the sessions are
-    open. Two threads asked: a small decoder's
-    one-thread steps take the same weights."""
+def _with_external_data(artifact: Path, to: Path) -> Path:
+    """A copy of `artifact` whose decode graph keeps its weights in decode.onnx.data, as every graph from 32 MiB
+    does (the tiny ones are inline), its manifest's hashes rewritten."""
     import json
     import shutil
 
@@ -130,12 +128,21 @@ def test_int8_weights_read_from_disk_give_the_uint8_tokens(tiny_export, tmp_path
     from xdeploy.core.fsutil import atomic_write_json
     from xdeploy.export.artifact import write_manifest_files
 
-    art = shutil.copytree(tiny_export("gpt", precision="int8-dynamic"), tmp_path / "art")
+    art = shutil.copytree(artifact, to)
     path = art / "decode.onnx"
     onnx.save_model(onnx.load(str(path)), str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                     location="decode.onnx.data")
     manifest = json.loads((art / "manifest.json").read_text())
     atomic_write_json(art / "manifest.json", write_manifest_files(art, manifest))
+    return art
+
+
+def test_int8_weights_read_from_disk_give_the_uint8_tokens(tiny_export, tmp_path: Path) -> None:  # noqa: ANN001
+    """An artifact whose decode graph keeps its weights in external data (as every graph from 32 MiB does): the
+    weights and the other external tensors go to a temporary folder of their own, gone once the sessions are
+    open. Two threads asked: a small decoder's
+    one-thread steps take the same weights."""
+    art = _with_external_data(tiny_export("gpt", precision="int8-dynamic"), tmp_path / "art")
     a = load_artifact(art)
     gc = GenerationConfig(max_new_tokens=24, eos_token_id=-1)
     tmp = Path(__import__("tempfile").gettempdir())
@@ -146,6 +153,32 @@ def test_int8_weights_read_from_disk_give_the_uint8_tokens(tiny_export, tmp_path
         assert set(tmp.glob("xdeploy-int8-weights-*")) == before
         for p in PROMPTS:
             assert eng.generate([p], gc).tokens == uint8.generate([p], gc).tokens
+
+
+def test_int8_weights_that_cannot_be_written_leave_the_uint8_route(tiny_export, tmp_path: Path) -> None:  # noqa: ANN001
+    """Where the temporary folder cannot take the shifted weights (here: a child process whose files may not grow
+    past 1 KiB), the runner says so in one line and runs the uint8 weights; the tokens are the same. Only where
+    the route applies (VNNI without AMX); elsewhere the child checks that nothing was tried."""
+    import subprocess
+    import sys
+
+    art = _with_external_data(tiny_export("gpt", precision="int8-dynamic"), tmp_path / "art")
+    child = f"""
+import resource, signal
+from xdeploy.deploy.generate import GenerationConfig, Generator
+gc = GenerationConfig(max_new_tokens=12, eos_token_id=-1)
+with Generator({str(art)!r}, "ort", threads=1, signed_prefill=False) as g:
+    want = g.generate([[72, 101, 108]], gc).tokens
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of killing
+resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
+with Generator({str(art)!r}, "ort", threads=1) as g:
+    assert not g.decode.signed
+    assert g.generate([[72, 101, 108]], gc).tokens == want
+"""
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    noted = "the int8 weights cannot be written to a temporary folder" in out.stderr
+    assert noted == (signed_steps_apply(load_artifact(art)) and u8s8_exact()), out.stderr[-2000:]
 
 
 def test_a_small_decoders_steps_run_on_one_thread(tiny_export) -> None:  # noqa: ANN001
