@@ -459,7 +459,7 @@ def int8_weight_graph(model: bytes, folder: str | Path) -> Iterator[tuple[bytes,
 
     import onnx
 
-    with tempfile.TemporaryDirectory(prefix="xdeploy-int8-weights-") as d:
+    with tempfile.TemporaryDirectory(prefix="xdeploy-int8-weights-", ignore_cleanup_errors=True) as d:
         signed = onnx.ModelProto.FromString(model)
         yield (signed.SerializeToString(), Path(d)) if signed_weights(signed, folder, d) else None
 

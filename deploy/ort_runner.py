@@ -113,7 +113,7 @@ class OrtRunner(Runner):
 
     def _load_fused(self) -> None:
         """The decode graph rewritten to keep the cache (deploy/ort_cache.py), its weights read from the artifact's
-        own external-data file, or shifted to int8 (`_int8_weights`)."""
+        own external-data file, or shifted to int8 (`_int8_weights_route`)."""
         from .ort_cache import fused_graph
 
         model, self._layers, why = fused_graph(self.artifact, self.graph.name) if self.fuses_cache \

@@ -208,7 +208,7 @@ def test_the_int8_weight_prefill_is_exact_and_only_where_the_cpu_adds_in_int32(t
     product is too. Only on the classes whose u8*s8 dot product accumulates in int32 (VNNI, AMX); on AVX2 8-bit
     int8 weights could saturate its int16 pairs (modeled: every class, whatever this machine is)."""
     import onnx
-    from onnx import numpy_helper
+    from onnx import TensorProto, helper, numpy_helper
     from onnx.external_data_helper import load_external_data_for_model
 
     art = load_artifact(tiny_export("gpt", precision="int8-dynamic"))
@@ -235,8 +235,14 @@ def test_the_int8_weight_prefill_is_exact_and_only_where_the_cpu_adds_in_int32(t
             for t in n.input:
                 if t in before:
                     np.testing.assert_array_equal(before[t], after[t])
+    # external data is untrusted input: a range past its file, or a file outside the folder, is one clear line
+    for key, value in (("length", str(10**9)), ("location", "../decode.onnx.data")):
+        bad = onnx.load(str(tmp_path / "decode.onnx"), load_external_data=False)
+        t = next(t for t in bad.graph.initializer if t.data_location == TensorProto.EXTERNAL)
+        next(e for e in t.external_data if e.key == key).value = value
+        with pytest.raises(XDeployError, match=f"initializer '{t.name}': external data .* must name a file in"):
+            signed_weights(bad, tmp_path, out)
     # an initializer two MatMuls share is shifted once, so each MatMul's w - zp still holds
-    from onnx import TensorProto, helper
 
     w = np.array([[0, 255], [128, 7]], np.uint8)
     zp = np.array([128, 3], np.uint8)
