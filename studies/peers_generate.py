@@ -403,6 +403,9 @@ def _open_xdeploy(ctx: Context, row: Row, stack: contextlib.ExitStack) -> Callab
     if options.get("kv_cache") == "auto" and not g.engine_cache:
         raise XDeployError(f"xdeploy row {row[1]!r}: {art} keeps no KV cache in OpenVINO; expected an fp32 export "
                            "with its stateful OpenVINO IR")
+    if getattr(g.decode, "signed", False) and "signed_prefill" not in options:
+        ctx.log(f"{ctx.w.name}: xdeploy {row[1]}: the default route runs the decode graph's weights shifted to int8 "
+                "on this CPU (VNNI without AMX)")
     gc = GenerationConfig(max_new_tokens=ctx.w.new_tokens, eos_token_id=-1)
 
     def call() -> Trace:
