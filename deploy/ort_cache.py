@@ -374,23 +374,25 @@ def _shifted(a: np.ndarray) -> np.ndarray:
     return (a ^ np.uint8(0x80)).view(np.int8)
 
 
-def _external(t: Any, folder: Path) -> tuple[str, int, int]:
-    """(location, offset, length) of an initializer stored as external data, checked (the graph is untrusted
-    input): a file directly in `folder`, the range inside it, as long as the tensor's dims say."""
+def _external(t: Any, folder: Path) -> tuple[Path, int, int]:
+    """(file, offset, length) of an initializer stored as external data, checked (the graph is untrusted input): a
+    file inside `folder` (export/onnx_graph.py `check_external_data`'s rule), the range inside it, as long as the
+    tensor's dims say."""
     from onnx.helper import tensor_dtype_to_np_dtype
 
     info = {e.key: e.value for e in t.external_data}
-    loc = info.get("location", "")
+    src = (folder / info.get("location", "")).resolve()
     try:
         want = int(np.prod(t.dims, dtype=np.int64)) * tensor_dtype_to_np_dtype(t.data_type).itemsize
         offset, length = int(info.get("offset", 0)), int(info["length"])
-        size = (folder / loc).stat().st_size if loc and Path(loc).name == loc else -1
+        inside = src != folder.resolve() and src.is_relative_to(folder.resolve())
+        size = src.stat().st_size if inside and src.is_file() else -1
     except (KeyError, ValueError, OSError):
         want = size = offset = length = -1
     if size < 0 or offset < 0 or length != want or offset + length > size:
         raise XDeployError(f"initializer {t.name!r}: external data {info} must name a file in {folder} holding "
                            f"its {want} bytes")
-    return loc, offset, length
+    return src, offset, length
 
 
 def signed_weights(model: Any, folder: str | Path, out: str | Path) -> int:
@@ -427,15 +429,15 @@ def signed_weights(model: Any, folder: str | Path, out: str | Path) -> int:
                 if t.name in shift:
                     t.CopyFrom(numpy_helper.from_array(_shifted(numpy_helper.to_array(t)), t.name))
                 continue
-            loc, start, length = _external(t, folder)
+            path, start, length = _external(t, folder)
             f.write(b"\0" * (-offset % 4096))  # page-aligned, as onnx saves external data
             offset += -offset % 4096
-            with open(folder / loc, "rb") as src:
+            with open(path, "rb") as src:
                 src.seek(start)
                 for left in range(length, 0, -COPY_CHUNK):
                     part = buf[:min(left, COPY_CHUNK)]
                     if src.readinto(part) != part.size:
-                        raise XDeployError(f"{folder / loc} ended inside initializer {t.name!r}")
+                        raise XDeployError(f"{path} ended inside initializer {t.name!r}")
                     if t.name in shift:
                         part ^= np.uint8(0x80)
                     f.write(part)
