@@ -49,7 +49,8 @@ Every system loads the same local safetensors directory (with a byte-level GPT-2
                  the vocabulary, so EOS is kept from stopping it by min_length = max_length (which also masks the
                  EOS logit: a divergence only where EOS would be the argmax)
   openvino-genai LLMPipeline (f32; bf16, its default, where the CPU has it) on optimum-intel's f32 IR (f32 on
-                 its fp16-weight IR for the fp16 row), its
+                 its fp16-weight IR for the fp16 row, and on its int8 weight-only IR for the int8 row, run with
+                 OpenVINO's defaults for such a model), its
                  tokenizer converted by openvino_tokenizers, fed token ids (TokenizedInputs),
                  GenerationConfig(max_new_tokens, ignore_eos=True, greedy), its prefix cache off (the rounds repeat
                  one prompt: every row computes it every time)
@@ -127,7 +128,8 @@ CTRANSLATE2: tuple[Row, ...] = (("ctranslate2", "float32", "ctranslate2", "fp32"
 ORT_GENAI: tuple[Row, ...] = (("onnxruntime-genai", "fp32 (optimum-onnx export)", "onnxruntime", "fp32"),)
 OV_GENAI: tuple[Row, ...] = (("openvino-genai", "LLMPipeline f32", "openvino", "fp32"),
                              ("openvino-genai", "LLMPipeline bf16", "openvino", "bf16"),
-                             ("openvino-genai", "LLMPipeline f32, fp16 weights", "openvino", "fp16"))
+                             ("openvino-genai", "LLMPipeline f32, fp16 weights", "openvino", "fp16"),
+                             ("openvino-genai", "LLMPipeline f32, int8 weights", "openvino", "int8"))
 SYSTEMS = ("transformers", "xdeploy", "optimum-intel", "ctranslate2", "onnxruntime-genai", "openvino-genai")
 # xdeploy config -> (artifact precision, runner, runner options)
 # the ov rows keep the KV cache in the engine (the artifact's stateful IR; refused in one line if it has none), as
@@ -623,7 +625,7 @@ def _open_ov_genai(ctx: Context, row: Row, stack: contextlib.ExitStack) -> Calla
         from xdeploy.studies import peers_seq2seq
 
         return peers_seq2seq.open_ov_genai(ctx, _ov_options(row[3], ctx.threads) | _kv_cache(row[3]))
-    d = _optimum_intel_dir(ctx, "fp16" if row[3] == "fp16" else "fp32")
+    d = _optimum_intel_dir(ctx, _ov_genai_ir(row))
     if not (d / "openvino_tokenizer.xml").exists():
         from openvino_tokenizers import convert_tokenizer
         from transformers import AutoTokenizer
@@ -697,7 +699,13 @@ def prepare(ctx: Context, row: Row) -> None:
     elif system == "onnxruntime-genai":
         _ort_genai_dir(ctx)
     elif system == "openvino-genai":
-        _optimum_intel_dir(ctx, "fp32")
+        _optimum_intel_dir(ctx, _ov_genai_ir(row))
+
+
+def _ov_genai_ir(row: Row) -> str:
+    """The precision of optimum-intel's IR an openvino-genai row runs: its fp16-weight and int8 weight-only IRs for
+    those rows; the f32 IR for f32 and bf16 (bf16 is a compile hint)."""
+    return row[3] if row[3] in ("fp16", "int8") else "fp32"
 
 
 def one_line(e: BaseException) -> str:
