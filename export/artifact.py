@@ -34,6 +34,7 @@ from xdeploy.models.spec import (
 )
 
 from .onnx_graph import check_external_data, read_onnx, view_manifest  # noqa: F401 - read_onnx: re-exported
+from .openvino_ir import IR_WEIGHTS
 
 FORMAT = "xdeploy-artifact"
 SCHEMA_VERSION = 1
@@ -317,9 +318,9 @@ def parse_manifest(root: Path, m: Any, mpath: Path, *, verify: bool = True) -> A
     if ov_ir is not None:
         _need(isinstance(ov_ir, dict) and isinstance(ov_ir.get("graphs"), dict), mpath,
               "openvino must be an object with a graphs object")
-        # fp32 artifacts carry the reference's IR, fp16 ones the same with fp16 weights, static int8 ones an
-        # NNCF-quantized IR (export/openvino_ir.py, export/convert.py): the weights are the artifact's precision
-        _need(m["precision"] in ("fp32", "fp16", "int8") and ov_ir.get("weights", "fp32") == m["precision"], mpath,
+        # fp32 artifacts carry the reference's IR, fp16 ones the same with fp16 weights, int8-dynamic ones with
+        # int8-compressed weights, static int8 ones an NNCF-quantized IR (export/openvino_ir.py, export/convert.py)
+        _need(m["precision"] in IR_WEIGHTS and ov_ir.get("weights", "fp32") == IR_WEIGHTS[m["precision"]], mpath,
               f"an OpenVINO IR of {ov_ir.get('weights', 'fp32')} weights in a {m['precision']} artifact")
         for name, g in ov_ir["graphs"].items():
             _need(name in m["graphs"] and isinstance(g, dict), mpath, f"openvino graph {name!r} is not a graph")

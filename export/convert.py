@@ -11,7 +11,8 @@ graph's fp32 IR quantized by NNCF from the same calibration samples (export/open
 shipped only when the measured check `check_ir` passes (verify/sensitivity.py `check_int8_ir`, passed by
 xdeploy/api.py); the manifest's "openvino" section records it, or per graph why it was left out ("skipped"),
 in which case the `ov` runner compiles the Q/DQ ONNX graph. An fp16 artifact derived from one gets the same IRs
-(the stateful step too) with their weights stored as fp16 (export/openvino_ir.py `compress_irs`).
+(the stateful step too) with their weights stored as fp16, an int8-dynamic one with their weights compressed to
+int8 by nncf where it is installed (export/openvino_ir.py `compress_irs`).
 """
 
 from __future__ import annotations
@@ -125,8 +126,10 @@ def convert_artifact(src: str | Path, out: str | Path, precision: str, *, optimi
             elif rel not in graph_files and rel.removesuffix(".data") not in graph_files and rel not in ir_files:
                 w.add_file(rel, art.path / rel)
         ir_section = _int8_ir_section(art, check_ir) if precision == "int8" and ir_graphs else None
-        if precision == "fp16" and ir_graphs:  # the same IRs, their weights stored as fp16 (the graphs' rounding)
-            ir_section = openvino_ir.compress_irs(w, art.path, art.manifest["openvino"])
+        if precision in openvino_ir.IR_SOURCES and ir_graphs and (precision == "fp16" or openvino_ir.nncf_available()):
+            # the same IRs, their weights stored as fp16 (the graphs' rounding) or compressed to int8 by nncf (without
+            # nncf an int8-dynamic artifact carries none: the ov runner compiles its ONNX graphs)
+            ir_section = openvino_ir.compress_irs(w, art.path, art.manifest["openvino"], precision)
         for graph in art.spec.graphs:
             proto = onnx.load(str(art.onnx_path(graph.name)))
             make_ir = precision == "int8" and ir_section is not None and "reason" not in ir_section
@@ -155,15 +158,16 @@ def convert_artifact(src: str | Path, out: str | Path, precision: str, *, optimi
 
 def _int8_ir_section(art: Any, check_ir: IrCheck | None) -> dict[str, Any]:
     """The int8 artifact's "openvino" section before any graph: its settings, or why no IR is made at all."""
-    none = {"graphs": {}, "weights": "int8"}
+    none = {"graphs": {}, "weights": openvino_ir.IR_WEIGHTS["int8"]}
     if not openvino_ir.nncf_available():
         return none | {"reason": "nncf is not installed (pip install 'xdeploy[openvino]')"}
     if check_ir is None:
         return none | {"reason": "no check given (an int8 IR ships only after its measured check; "
                                  "xdeploy.api.convert_artifact runs it)"}
-    return {"graphs": {}, "skipped": {}, "source": "nncf.quantize(fp32 artifact's openvino IR)", "weights": "int8",
-            "quantizer": f"nncf {openvino_ir.nncf_version()}", "preset": openvino_ir.NNCF_PRESET,
-            "model_type": openvino_ir.NNCF_MODEL_TYPE, "calibration": {}, "check": {}}
+    return {"graphs": {}, "skipped": {}, "source": "nncf.quantize(fp32 artifact's openvino IR)",
+            "weights": openvino_ir.IR_WEIGHTS["int8"], "quantizer": f"nncf {openvino_ir.nncf_version()}",
+            "preset": openvino_ir.NNCF_PRESET, "model_type": openvino_ir.NNCF_MODEL_TYPE, "calibration": {},
+            "check": {}}
 
 
 def _add_int8_ir(w: Any, section: dict[str, Any], art: Any, graph: Any, fp32: onnx.ModelProto,

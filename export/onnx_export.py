@@ -331,7 +331,8 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
     graph, truncating to the pooling max_length or the seq axis), verified against Hugging Face tokenizers by
     the builder, which refuses when ids differ unless told to accept them.
 
-    `openvino_ir` (fp32 and fp16: its weights stored as fp16) also writes openvino/<graph>.xml + .bin converted
+    `openvino_ir` (fp32; fp16: its weights stored as fp16; int8-dynamic: compressed to int8 by nncf) also writes
+    openvino/<graph>.xml + .bin converted
     from the same module by openvino.convert_model (export/openvino_ir.py), which the `ov` runner compiles instead
     of the ONNX graph.
 
@@ -349,7 +350,8 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
     from .openvino_ir import IR_PRECISIONS
 
     if openvino_ir and precision not in IR_PRECISIONS:
-        raise XDeployError(f"an OpenVINO IR is carried by fp32 and fp16 artifacts only; got precision {precision}")
+        raise XDeployError(f"an OpenVINO IR is carried by {', '.join(IR_PRECISIONS)} artifacts only; got precision "
+                           f"{precision}")
     src = resolve_source(model, preset=preset, checkpoint=checkpoint, attn_impl=attn_impl, seed=seed,
                          config_overrides=config_overrides)
     spec = src.family.spec(src.config)

@@ -21,8 +21,15 @@ A static int8 artifact derived from such an fp32 artifact (export/convert.py) ma
 quantized by NNCF (`quantize_ir`: OpenVINO's own post-training quantizer, FakeQuantize on the MatMul inputs
 that the CPU plugin folds into its int8 kernels) from the same calibration samples as the Q/DQ graph. It is
 shipped only when a measured check (verify/sensitivity.py `check_int8_ir`) finds it within the int8 tolerance;
-otherwise the section says why and the `ov` runner compiles the Q/DQ ONNX graph. int8-dynamic artifacts carry no
-IR (their weights differ from the IR's and no quantizer makes theirs).
+otherwise the section says why and the `ov` runner compiles the Q/DQ ONNX graph.
+
+An int8-dynamic artifact may carry the same IRs with their weights compressed to int8 (`nncf.compress_weights`,
+INT8_ASYM: per output channel, asymmetric, data-free; what optimum-intel's `OVWeightQuantizationConfig(bits=8)`
+and openvino-genai users run): OpenVINO's int8 route. Its weights are rounded by NNCF, not by onnxruntime's
+quantizer, so they are not the ONNX graphs' int8 weights; each is checked against the reference (the golden
+probes, at the int8 tolerance) on its own runtime. The CPU plugin computes such a layer with its int8 weights and,
+by its defaults, activations quantized at run time in groups (`DYNAMIC_QUANTIZATION_GROUP_SIZE`). On GPT-2 small
+(AMD Zen 4) the decode step reads ~125 MB instead of ~500 MB (docs/benchmarks.md).
 
 A decoder that declares an engine-cache step (models/spec.py EngineCache: gpt's `step`) also gets
 openvino/<decode graph>.stateful.xml: that step converted the same way and made stateful (`stateful_ir`), so
@@ -190,29 +197,59 @@ def stateful_ir(ir: Any, ec: EngineCache) -> tuple[Any, list[str]]:
     return ir, variables
 
 
-IR_PRECISIONS = ("fp32", "fp16")  # the artifact precisions whose weights an IR converted from the module can hold
+# the weights an artifact's IR holds, by the artifact's precision (the manifest's openvino.weights; a static int8
+# artifact's IR is NNCF-quantized from the fp32 one, export/convert.py), and the precisions whose IR is converted
+# from the module
+IR_WEIGHTS = {"fp32": "fp32", "fp16": "fp16", "int8-dynamic": "int8 weight-only", "int8": "int8"}
+IR_PRECISIONS = ("fp32", "fp16", "int8-dynamic")
 FP16_SOURCE = "weights stored as fp16 (openvino.save_model compress_to_fp16=True)"
+INT8_WEIGHTS_MODE = "INT8_ASYM"  # nncf.CompressWeightsMode: per output channel, asymmetric (nncf's int8 default)
+INT8_WEIGHTS_SOURCE = f"weights compressed to int8 (nncf.compress_weights {INT8_WEIGHTS_MODE})"
+IR_SOURCES = {"fp16": FP16_SOURCE, "int8-dynamic": INT8_WEIGHTS_SOURCE}
+
+
+def compress_int8_weights(ir: Any) -> Any:
+    """`ir` (an ov.Model of fp32 weights) with its weights compressed to int8 by nncf.compress_weights (module
+    docstring); one XDeployError line when nncf is missing or refuses the model."""
+    try:
+        nncf = import_quietly("nncf")
+    except ImportError:
+        raise XDeployError("an int8-weight OpenVINO IR needs nncf: pip install 'xdeploy[openvino]'") from None
+    nncf.set_log_level(logging.ERROR)
+    # nncf draws rich tables and progress bars on stdout/stderr: not ours to print
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
+            contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        try:
+            return nncf.compress_weights(ir, mode=getattr(nncf.CompressWeightsMode, INT8_WEIGHTS_MODE))
+        except Exception as e:  # nncf raises assorted types; keep the first line
+            raise XDeployError(f"nncf.compress_weights failed: "
+                               f"{str(e).strip().splitlines()[0] if str(e).strip() else e!r}") from e
 
 
 def save_ir(ir: Any, path: str | Path, precision: str) -> None:
-    """openvino.save_model with the artifact's weights: fp32 as converted, fp16 compressed (module docstring)."""
+    """openvino.save_model with the artifact's weights: fp32 as converted, fp16 compressed, int8 compressed by nncf
+    for an int8-dynamic artifact (module docstring)."""
     ov = import_quietly("openvino")
 
     if precision not in IR_PRECISIONS:
-        raise XDeployError(f"an OpenVINO IR holds fp32 or fp16 weights; this artifact is {precision}")
+        raise XDeployError(f"an OpenVINO IR holds fp32, fp16 or int8-compressed weights (artifacts "
+                           f"{', '.join(IR_PRECISIONS)}); this artifact is {precision}")
+    if precision == "int8-dynamic":
+        ir = compress_int8_weights(ir)
     ov.save_model(ir, str(path), compress_to_fp16=precision == "fp16")
 
 
 def write_ir(writer: Any, spec: ExportSpec, graph_module: Callable[[Graph], nn.Module],
              sizes: Mapping[str, int]) -> None:
     """Every graph of `spec` as openvino/<graph>.xml + .bin through the artifact writer, and the manifest
-    section that points at them (fp32 and fp16 artifacts: the reference's weights, as fp16 in an fp16 one).
-    `graph_module(graph)` is the module the ONNX exporter traces for that graph (onnx_export passes it, so
-    both formats come from the same wrapper at the same example sizes)."""
+    section that points at them (fp32, fp16 and int8-dynamic artifacts: the reference's weights, as fp16 in an fp16
+    one, compressed to int8 in an int8-dynamic one). `graph_module(graph)` is the module the ONNX exporter traces
+    for that graph (onnx_export passes it, so both formats come from the same wrapper at the same example sizes)."""
     precision = writer.manifest["precision"]
     if precision not in IR_PRECISIONS:
-        raise XDeployError(f"an OpenVINO IR is carried by fp32 and fp16 artifacts only (it holds the reference's "
-                           f"weights); this artifact is {precision}")
+        raise XDeployError(f"an OpenVINO IR is carried by {', '.join(IR_PRECISIONS)} artifacts only (it holds the "
+                           f"reference's weights); this artifact is {precision}")
     graphs = {}
     for graph in spec.graphs:
         ir = convert_graph_ir(graph_module(graph), graph, sizes)
@@ -220,8 +257,8 @@ def write_ir(writer: Any, spec: ExportSpec, graph_module: Callable[[Graph], nn.M
         save_ir(ir, writer.path(xml), precision)
         graphs[graph.name] = {"xml": xml, "bin": xml.removesuffix(".xml") + ".bin"}
     source = "openvino.convert_model(reference module)"
-    section: dict[str, Any] = {"graphs": graphs, "weights": precision,
-                               "source": source + ("; " + FP16_SOURCE if precision == "fp16" else "")}
+    section: dict[str, Any] = {"graphs": graphs, "weights": IR_WEIGHTS[precision],
+                               "source": source + ("; " + IR_SOURCES[precision] if precision in IR_SOURCES else "")}
     ec = spec.engine_cache
     if ec is not None:
         # P cached positions beside the step's S: the example sizes must differ (else convert_model may fold them)
@@ -236,16 +273,19 @@ def write_ir(writer: Any, spec: ExportSpec, graph_module: Callable[[Graph], nn.M
     writer.add_section(SECTION, section, versions=["openvino"])
 
 
-def compress_irs(writer: Any, source: Path, section: Mapping[str, Any]) -> dict[str, Any]:
+def compress_irs(writer: Any, source: Path, section: Mapping[str, Any], precision: str = "fp16") -> dict[str, Any]:
     """The "openvino" `section` of the fp32 artifact at `source` (its graphs' IRs and a stateful step) written
-    again through `writer` (the fp16 artifact converted from it, export/convert.py) with the weights stored as
-    fp16, at the same relative paths; returns the new artifact's section."""
+    again through `writer` (the fp16 or int8-dynamic artifact converted from it, export/convert.py) with the
+    weights stored as that `precision` stores them (save_ir), at the same relative paths; returns the new
+    artifact's section."""
     ov = import_quietly("openvino")
 
+    if precision not in IR_SOURCES:
+        raise XDeployError(f"an fp32 IR is compressed for {', '.join(IR_SOURCES)} artifacts; got {precision}")
     core = ov.Core()
-    out = dict(section) | {"weights": "fp16",
-                           "source": f"the fp32 artifact's IR ({section.get('source', '?')}); {FP16_SOURCE}"}
+    out = dict(section) | {"weights": IR_WEIGHTS[precision],
+                           "source": f"the fp32 artifact's IR ({section.get('source', '?')}); {IR_SOURCES[precision]}"}
     records = [*section.get("graphs", {}).values(), *([section["stateful"]] if section.get("stateful") else [])]
     for rec in records:
-        save_ir(core.read_model(str(source / rec["xml"])), writer.path(rec["xml"]), "fp16")
+        save_ir(core.read_model(str(source / rec["xml"])), writer.path(rec["xml"]), precision)
     return out

@@ -33,7 +33,8 @@ Every system loads the same local safetensors directory (with a byte-level GPT-2
                  encoder-decoder's in the stateful step), `ort` int8-dynamic (also with the prompt
                  prefilled by graph `model`: Generator's prefill_graph; its default route runs the weights
                  shifted to int8 on VNNI without AMX, and the row with signed_prefill=True also on AMX, for
-                 the prompt in a second session), `ov` bf16 where the CPU has bf16,
+                 the prompt in a second session), `ov` f32 on the int8-dynamic export's IR (its weights
+                 compressed to int8 by nncf: OpenVINO's int8 route), `ov` bf16 where the CPU has bf16,
                  `ov` f32 on the fp16 export (its IR's weights stored as fp16: the precision class "fp16");
                  `--static-int8` adds the static Q/DQ `int8` export (opt-in: slow to export at GPT-2 small)
   optimum-intel  OVModelForCausalLM(export=True, stateful: the KV cache stays inside the engine) f32, bf16 where
@@ -117,7 +118,8 @@ XDEPLOY: tuple[Row, ...] = (("xdeploy", "ort fp32", "onnxruntime", "fp32"), ("xd
                             ("xdeploy", "ov f32, fp16 weights", "openvino", "fp16"),
                             ("xdeploy", "ort int8 dynamic", "onnxruntime", "int8"),
                             ("xdeploy", "ort int8 dynamic, model-graph prefill", "onnxruntime", "int8"),
-                            ("xdeploy", "ort int8 dynamic, int8-weight prefill", "onnxruntime", "int8"))
+                            ("xdeploy", "ort int8 dynamic, int8-weight prefill", "onnxruntime", "int8"),
+                            ("xdeploy", "ov f32, int8 weights", "openvino", "int8"))
 XDEPLOY_STATIC: tuple[Row, ...] = (("xdeploy", "ort int8 static", "onnxruntime", "int8"),)
 OPTIMUM_INTEL: tuple[Row, ...] = (("optimum-intel", "ov stateful f32", "openvino", "fp32"),
                                   ("optimum-intel", "ov stateful bf16", "openvino", "bf16"),
@@ -148,6 +150,9 @@ XDEPLOY_ROUTE = {"ort fp32": ("fp32", "ort", {}), "ov f32": ("fp32", "ov:f32", _
                  # VNNI/AMX CPUs only): on VNNI without AMX the default row's route too; on AMX the prompt only,
                  # through a second session (a second copy of the weights)
                  "ort int8 dynamic, int8-weight prefill": ("int8-dynamic", "ort", {"signed_prefill": True}),
+                 # the int8-dynamic artifact's IR, its weights compressed to int8 by nncf (OpenVINO's int8 route, the
+                 # one openvino-genai and optimum-intel's int8 weight-only rows run), computed in f32
+                 "ov f32, int8 weights": ("int8-dynamic", "ov:f32", _OV_ENGINE),
                  "ort int8 static": ("int8", "ort", {})}
 # the README sentence whose first bytes prompt the trained tiny model (fixed here: an edit of the README must not
 # change the workload)

@@ -76,14 +76,21 @@ def test_tampered_or_misplaced_ir_is_refused(ir_artifact: Path, tmp_path: Path) 
         load_artifact(out)
 
 
-def test_only_fp32_fp16_and_checked_static_int8_artifacts_carry_an_ir(ir_artifact: Path, tmp_path: Path) -> None:
-    """An int8 export refuses the reference's IR; an int8 conversion drops the fp32 IR (its weights are not the
-    converted graph's). Only static int8 may carry one of its own, NNCF-quantized and checked
+def test_only_fp32_fp16_int8_dynamic_and_checked_static_int8_artifacts_carry_an_ir(
+        ir_artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A static int8 export refuses the reference's IR; a static int8 conversion drops the fp32 IR (its weights are
+    not the converted graph's) and may carry one of its own, NNCF-quantized and checked
     (test_int8_artifact_carries_a_checked_nncf_ir): without a check none is made, and the reason is recorded.
-    (fp16: test_an_fp16_artifact_carries_the_ir_with_fp16_weights.)"""
-    with pytest.raises(XDeployError, match="fp32 and fp16 artifacts only"):
+    An int8-dynamic conversion without nncf carries none. (fp16:
+    test_an_fp16_artifact_carries_the_ir_with_fp16_weights; int8-dynamic with nncf:
+    test_an_int8_dynamic_artifact_carries_the_ir_with_int8_weights.)"""
+    with pytest.raises(XDeployError, match="carried by fp32, fp16, int8-dynamic artifacts only"):
         export(MODEL, preset="tiny", out=tmp_path / "i8", precision="int8", openvino_ir=True)
-    dyn = load_artifact(convert_artifact(ir_artifact, tmp_path / "d8", "int8-dynamic"))
+    from xdeploy.export import openvino_ir
+
+    with monkeypatch.context() as m:
+        m.setattr(openvino_ir, "nncf_available", lambda: False)  # as on an install without the extra
+        dyn = load_artifact(convert_artifact(ir_artifact, tmp_path / "d8", "int8-dynamic"))
     assert "openvino" not in dyn.manifest and not any(f.startswith("openvino/") for f in dyn.manifest["files"])
     assert open_runner("ov", dyn, threads=1).graph_format == "onnx"
     conv = load_artifact(convert_artifact(ir_artifact, tmp_path / "c8", "int8"))  # no check_ir: no IR
@@ -134,6 +141,74 @@ def test_an_fp16_artifact_carries_the_ir_with_fp16_weights(ir_artifact: Path, tm
             for t, r_ in zip(graph.outputs, ref):
                 assert not np.array_equal(got[t.name], r_.numpy()), f"{t.name}: fp16 weights changed nothing"
                 np.testing.assert_allclose(got[t.name], r_.numpy(), atol=tol.atol, rtol=tol.rtol, err_msg=t.name)
+
+
+def _u8_matmul_weights(model) -> tuple[int, int]:  # noqa: ANN001
+    """(MatMuls whose weight is a constant subgraph, those of them whose weight is stored as u8)."""
+    def source(node):  # noqa: ANN001, ANN202 - the Constant behind a decompression chain
+        while node.get_type_name() in ("Convert", "Subtract", "Multiply", "Reshape"):
+            node = node.input_value(0).get_node()
+        return node
+
+    weights = [source(m.input_value(1).get_node()) for m in model.get_ops() if m.get_type_name() == "MatMul"]
+    weights = [w for w in weights if w.get_type_name() == "Constant"]
+    return len(weights), sum(str(w.get_element_type()) == "<Type: 'uint8_t'>" for w in weights)
+
+
+def test_an_int8_dynamic_artifact_carries_the_ir_with_int8_weights(ir_artifact: Path, tmp_path: Path) -> None:
+    """int8-dynamic from the fp32 artifact (`xdeploy convert`) and straight from PyTorch (`export --precision
+    int8-dynamic --openvino-ir`) both carry every graph's IR with the weights compressed to int8 by nncf (every
+    constant MatMul weight stored as u8, the bin about a third of the fp32 one's). The ov runner compiles it and
+    computes the module's outputs within the int8 tolerance, not bit-equal to f32."""
+    import openvino as ov
+
+    src = load_artifact(ir_artifact)
+    conv = load_artifact(convert_artifact(ir_artifact, tmp_path / "d8", "int8-dynamic"))
+    direct = load_artifact(export(MODEL, preset="tiny", out=tmp_path / "e8", precision="int8-dynamic",
+                                  openvino_ir=True))
+    torch.manual_seed(0)
+    module = registry.build(MODEL, registry.get_config(MODEL, "tiny"), seed=0)
+    for art in (conv, direct):
+        sec = art.manifest["openvino"]
+        assert sec["weights"] == "int8 weight-only" and "nncf.compress_weights INT8_ASYM" in sec["source"]
+        assert set(sec["graphs"]) == {g.name for g in art.spec.graphs}
+        for name, g in sec["graphs"].items():
+            assert g["xml"] in art.manifest["files"] and g["bin"] in art.manifest["files"]
+            fp32_bin = (src.path / src.manifest["openvino"]["graphs"][name]["bin"]).stat().st_size
+            assert (art.path / g["bin"]).stat().st_size < 0.45 * fp32_bin
+            n, u8 = _u8_matmul_weights(ov.Core().read_model(str(art.path / g["xml"])))
+            assert n and u8 == n, (name, n, u8)
+        for graph in art.spec.graphs:
+            feeds = _feeds(art, graph)
+            with open_runner("ov:f32", art, graph=graph.name, threads=1) as r:
+                assert r.graph_format == "ir"
+                got = r.infer(feeds)
+            with torch.no_grad():
+                ref = getattr(module, graph.method)(*(torch.from_numpy(feeds[t.name]) for t in graph.inputs))
+            ref = ref if isinstance(ref, tuple) else (ref,)
+            tol = art.tolerance  # int8-dynamic's
+            for t, r_ in zip(graph.outputs, ref):
+                assert not np.array_equal(got[t.name], r_.numpy()), f"{t.name}: int8 weights changed nothing"
+                np.testing.assert_allclose(got[t.name], r_.numpy(), atol=tol.atol, rtol=tol.rtol, err_msg=t.name)
+
+
+def test_a_decoders_stateful_step_gets_int8_weights_and_decodes(tmp_path: Path) -> None:
+    """A decoder's int8-dynamic export with the IR: the stateful step (the `ov` decoding loop's engine cache) is
+    compressed too, its golden probes pass on `ov` (the Generator verifies before it decodes), and it decodes
+    through OpenVINO's PagedAttention form."""
+    import openvino as ov
+
+    from xdeploy.deploy.generate import GenerationConfig, Generator
+
+    art = load_artifact(export("gpt", preset="tiny", out=tmp_path / "g8", precision="int8-dynamic",
+                               openvino_ir=True))
+    st = art.manifest["openvino"]["stateful"]
+    n, u8 = _u8_matmul_weights(ov.Core().read_model(str(art.path / st["xml"])))
+    assert n and u8 == n
+    with Generator(art.path, "ov:f32", threads=1) as g:
+        assert g.decode.graph_format == "paged"
+        out = g.generate([[5, 6, 7, 8]], GenerationConfig(max_new_tokens=6, eos_token_id=-1))
+    assert len(out.tokens[0]) == 6
 
 
 def test_the_ir_is_the_default_where_a_runner_reads_it() -> None:

@@ -39,7 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--openvino-ir", action=argparse.BooleanOptionalAction, default=None,
                    help="also write openvino/<graph>.xml converted from the reference module (openvino."
                         "convert_model), which the ov runner compiles instead of the ONNX graph (fewer layout "
-                        "ops); default: on for fp32 and fp16 when openvino is installed (fp16: weights stored as fp16)")
+                        "ops); default: on for fp32 and fp16 when openvino is installed (fp16: weights stored as "
+                        "fp16); int8-dynamic when asked (weights compressed to int8 by nncf: OpenVINO's int8 route)")
     add_json_option(p)
 
 
@@ -109,12 +110,13 @@ def precision_options(args: argparse.Namespace) -> PrecisionOptions:
 
 def openvino_ir(args: argparse.Namespace) -> bool:
     """--openvino-ir as asked; unset: on for fp32 and fp16 exports where openvino is installed (the IR holds the
-    reference's weights, fp16 in an fp16 artifact; int8 gets its own from `xdeploy convert`)."""
+    reference's weights, fp16 in an fp16 artifact; int8 gets its own from `xdeploy convert`; int8-dynamic's, its
+    weights compressed by nncf, only when asked)."""
     if args.openvino_ir is not None:
         return bool(args.openvino_ir)
-    from xdeploy.export.openvino_ir import IR_PRECISIONS, available
+    from xdeploy.export.openvino_ir import available
 
-    return args.precision in IR_PRECISIONS and available()
+    return args.precision in ("fp32", "fp16") and available()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -164,7 +166,8 @@ def print_openvino_ir(manifest: dict) -> None:
             print(f"OpenVINO int8 IR: {files} ({sec['quantizer']}, checked on ov and ov:bf16, worst cosine "
                   f"{worst:.4f}; the ov runner compiles it){'; ' + left if left else ''}")
         else:
-            weights = " with fp16 weights" if sec.get("weights") == "fp16" else ""
+            weights = {"fp16": " with fp16 weights", "int8 weight-only": " with int8 weights (nncf)"}.get(
+                sec.get("weights"), "")
             print(f"OpenVINO IR{weights}: {files} (the ov runner compiles it; every other runtime reads the ONNX)")
 
 
