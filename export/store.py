@@ -40,8 +40,8 @@ LEGACY_ROOT = "artifacts"
 
 
 # libraries whose version changes the exported bytes or the measured keep-float choices
-EXPORT_LIBRARIES = ("torch", "onnx", "onnxscript", "onnxruntime", "onnxruntime-extensions", "openvino", "numpy",
-                    "safetensors", "tokenizers")
+EXPORT_LIBRARIES = ("torch", "onnx", "onnxscript", "onnxruntime", "onnxruntime-extensions", "openvino", "nncf",
+                    "numpy", "safetensors", "tokenizers")  # nncf: an int8-dynamic artifact's int8-weight IR
 
 
 # source the artifact depends on, relative to the package root (the folder holding export/)
