@@ -332,9 +332,8 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
     the builder, which refuses when ids differ unless told to accept them.
 
     `openvino_ir` (fp32; fp16: its weights stored as fp16; int8-dynamic: compressed to int8 by nncf) also writes
-    openvino/<graph>.xml + .bin converted
-    from the same module by openvino.convert_model (export/openvino_ir.py), which the `ov` runner compiles instead
-    of the ONNX graph.
+    openvino/<graph>.xml + .bin converted from the same module by openvino.convert_model (export/openvino_ir.py),
+    which the `ov` runner compiles instead of the ONNX graph.
 
     Each graph's torch.onnx trace is kept in the trace cache (export/store.py `cached_trace`, $XDEPLOY_CACHE/traces)
     and reused by any later export of the same module, graph and opset, whatever its precision and options;
