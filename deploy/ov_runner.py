@@ -103,10 +103,6 @@ class OvRunner(Runner):
             raise one_of("ov graph format", fmt, GRAPH_FORMATS)
         config = ov_config(self.variant, hint=self.options.get("hint", "latency"), threads=self.threads,
                            cache_dir=self.options.get("cache_dir"), pinning=self.options.get("pinning"))
-        # an int8-weight IR's activation group (export/openvino_ir.py ACTIVATION_GROUPS), for the IR only
-        group = (self.artifact.manifest.get("openvino") or {}).get("activation_group_size")
-        if group and fmt != "onnx":
-            config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = int(group)
         self.device = str(self.options.get("device", "CPU"))
         # One infer request per thread (`_local`): an OpenVINO request is not re-entrant ("Infer Request is
         # busy"), while the compiled model is thread-safe and shares its weights between requests.

@@ -322,9 +322,6 @@ def parse_manifest(root: Path, m: Any, mpath: Path, *, verify: bool = True) -> A
         # int8-compressed weights, static int8 ones an NNCF-quantized IR (export/openvino_ir.py, export/convert.py)
         _need(m["precision"] in IR_WEIGHTS and ov_ir.get("weights", "fp32") == IR_WEIGHTS[m["precision"]], mpath,
               f"an OpenVINO IR of {ov_ir.get('weights', 'fp32')} weights in a {m['precision']} artifact")
-        group = ov_ir.get("activation_group_size")
-        _need(group is None or isinstance(group, int) and not isinstance(group, bool) and 0 < group <= 1 << 16,
-              mpath, "openvino activation_group_size must be a positive integer")
         for name, g in ov_ir["graphs"].items():
             _need(name in m["graphs"] and isinstance(g, dict), mpath, f"openvino graph {name!r} is not a graph")
             _ir_files(root, g, files, mpath)

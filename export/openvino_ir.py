@@ -227,39 +227,6 @@ def compress_int8_weights(ir: Any) -> Any:
                                f"{str(e).strip().splitlines()[0] if str(e).strip() else e!r}") from e
 
 
-# OpenVINO's CPU plugin quantizes the activations of an int8-weight layer in groups along its input width (32 by
-# default). Coarser groups cost less: on GPT-2 small (AMD Zen 4, one process, 8 alternating rounds of a 128-token
-# generation) groups of 64, 128 and 256 took 0.96x, 0.93x and 0.92x the default's time a token and cut the first
-# token from 17.7 to 16.7, 16.5 and 14.8 ms; 1024, which does not divide GPT-2's 768-wide inputs, gave a 28.6 ms
-# first token (docs/benchmarks.md). So an int8-weight IR records the largest of these that divides every layer's
-# input width, and the `ov` runner compiles it with that (`activation_group_size`).
-ACTIVATION_GROUPS = (256, 128, 64, 32)
-
-
-def activation_group(irs: Sequence[Any]) -> int | None:
-    """The largest of ACTIVATION_GROUPS that divides the input width of every MatMul of the ov.Models `irs` whose
-    weights are constants (their last input dimension, static after conversion); None if none does (OpenVINO's
-    default then)."""
-    widths = set()
-    for ir in irs:
-        for op in ir.get_ops():
-            if op.get_type_name() != "MatMul" or not _constant_weights(op.input_value(1).get_node()):
-                continue
-            shape = op.get_input_partial_shape(0)
-            if shape.rank.is_dynamic or not shape[shape.rank.get_length() - 1].is_static:
-                return None
-            widths.add(shape[shape.rank.get_length() - 1].get_length())
-    return next((g for g in ACTIVATION_GROUPS if widths and all(w % g == 0 for w in widths)), None)
-
-
-def _constant_weights(node: Any) -> bool:
-    """Whether `node` is a Constant, or a chain of Converts / Subtracts / Multiplies / Reshapes from one (a
-    compressed weight's decompression)."""
-    while node.get_type_name() in ("Convert", "Subtract", "Multiply", "Reshape"):
-        node = node.input_value(0).get_node()
-    return node.get_type_name() == "Constant"
-
-
 def save_ir(ir: Any, path: str | Path, precision: str) -> None:
     """openvino.save_model with the artifact's weights: fp32 as converted, fp16 compressed, int8 compressed by nncf
     for an int8-dynamic artifact (module docstring)."""
@@ -284,11 +251,9 @@ def write_ir(writer: Any, spec: ExportSpec, graph_module: Callable[[Graph], nn.M
         raise XDeployError(f"an OpenVINO IR is carried by {', '.join(IR_PRECISIONS)} artifacts only (it holds the "
                            f"reference's weights); this artifact is {precision}")
     graphs = {}
-    groups: list[int | None] = []  # each IR's activation group (int8-dynamic)
     for graph in spec.graphs:
         ir = convert_graph_ir(graph_module(graph), graph, sizes)
         xml = f"{FOLDER}/{graph.name}.xml"
-        groups.append(activation_group([ir]))
         save_ir(ir, writer.path(xml), precision)
         graphs[graph.name] = {"xml": xml, "bin": xml.removesuffix(".xml") + ".bin"}
     source = "openvino.convert_model(reference module)"
@@ -301,20 +266,11 @@ def write_ir(writer: Any, spec: ExportSpec, graph_module: Callable[[Graph], nn.M
         ex = dict(sizes) | {ec.past_axis: 3, ec.total_axis: (step if isinstance(step, int) else sizes[step]) + 3}
         ir, variables = stateful_ir(convert_graph_ir(graph_module(ec.graph), ec.graph, ex), ec)
         xml = f"{FOLDER}/{ec.replaces}.stateful.xml"
-        groups.append(activation_group([ir]))
         save_ir(ir, writer.path(xml), precision)
         section["stateful"] = {"replaces": ec.replaces, "method": ec.graph.method, "xml": xml,
                                "bin": xml.removesuffix(".xml") + ".bin", "mask": ec.mask, "beam": ec.beam,
                                "variables": variables}
-    if precision == "int8-dynamic":
-        section |= _group_record(groups)
-    writer.add_section(SECTION, section, versions=["openvino"] + (["nncf"] if precision == "int8-dynamic" else []))
-
-
-def _group_record(groups: Sequence[int | None]) -> dict[str, Any]:
-    """The section's activation_group_size: the smallest of the IRs' groups (it divides them all, each being a
-    power of two), absent where some IR has none."""
-    return {"activation_group_size": min(groups)} if groups and all(groups) else {}
+    writer.add_section(SECTION, section, versions=["openvino"])
 
 
 def compress_irs(writer: Any, source: Path, section: Mapping[str, Any], precision: str = "fp16") -> dict[str, Any]:
@@ -330,9 +286,6 @@ def compress_irs(writer: Any, source: Path, section: Mapping[str, Any], precisio
     out = dict(section) | {"weights": IR_WEIGHTS[precision],
                            "source": f"the fp32 artifact's IR ({section.get('source', '?')}); {IR_SOURCES[precision]}"}
     records = [*section.get("graphs", {}).values(), *([section["stateful"]] if section.get("stateful") else [])]
-    groups = []
     for rec in records:
-        ir = core.read_model(str(source / rec["xml"]))
-        groups.append(activation_group([ir]))
-        save_ir(ir, writer.path(rec["xml"]), precision)
-    return out | (_group_record(groups) if precision == "int8-dynamic" else {})
+        save_ir(core.read_model(str(source / rec["xml"])), writer.path(rec["xml"]), precision)
+    return out

@@ -172,25 +172,16 @@ def test_an_int8_dynamic_artifact_carries_the_ir_with_int8_weights(ir_artifact: 
         sec = art.manifest["openvino"]
         assert sec["weights"] == "int8 weight-only" and "nncf.compress_weights INT8_ASYM" in sec["source"]
         assert set(sec["graphs"]) == {g.name for g in art.spec.graphs}
-        assert "nncf" in art.manifest["versions"]
-        group = sec["activation_group_size"]  # the largest of 256..32 dividing every layer's input width
         for name, g in sec["graphs"].items():
             assert g["xml"] in art.manifest["files"] and g["bin"] in art.manifest["files"]
             fp32_bin = (src.path / src.manifest["openvino"]["graphs"][name]["bin"]).stat().st_size
             assert (art.path / g["bin"]).stat().st_size < 0.45 * fp32_bin
-            model = ov.Core().read_model(str(art.path / g["xml"]))
-            n, u8 = _u8_matmul_weights(model)
+            n, u8 = _u8_matmul_weights(ov.Core().read_model(str(art.path / g["xml"])))
             assert n and u8 == n, (name, n, u8)
-            widths = {m.get_input_partial_shape(0)[-1].get_length() for m in model.get_ops()
-                      if m.get_type_name() == "MatMul"
-                      and m.input_value(1).get_node().get_type_name() in ("Convert", "Multiply", "Subtract")}
-            assert widths and all(w % group == 0 for w in widths)
-            assert group == 256 or any(w % (2 * group) for w in widths), (group, widths)
         for graph in art.spec.graphs:
             feeds = _feeds(art, graph)
             with open_runner("ov:f32", art, graph=graph.name, threads=1) as r:
                 assert r.graph_format == "ir"
-                assert int(r.compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE")) == group
                 got = r.infer(feeds)
             with torch.no_grad():
                 ref = getattr(module, graph.method)(*(torch.from_numpy(feeds[t.name]) for t in graph.inputs))
@@ -214,10 +205,8 @@ def test_a_decoders_stateful_step_gets_int8_weights_and_decodes(tmp_path: Path) 
     st = art.manifest["openvino"]["stateful"]
     n, u8 = _u8_matmul_weights(ov.Core().read_model(str(art.path / st["xml"])))
     assert n and u8 == n
-    assert art.manifest["openvino"]["activation_group_size"] == 64  # tiny gpt: widths 64 and 256
     with Generator(art.path, "ov:f32", threads=1) as g:
         assert g.decode.graph_format == "paged"
-        assert int(g.decode.compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE")) == 64
         out = g.generate([[5, 6, 7, 8]], GenerationConfig(max_new_tokens=6, eos_token_id=-1))
     assert len(out.tokens[0]) == 6
 
