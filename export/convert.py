@@ -152,7 +152,7 @@ def convert_artifact(src: str | Path, out: str | Path, precision: str, *, optimi
                          reference_name=foreign_graphs.REFERENCE)
         if ir_section is not None:
             w.add_section(openvino_ir.SECTION, ir_section, versions=["openvino"] + (
-                ["nncf"] if "quantizer" in ir_section else []))
+                ["nncf"] if "quantizer" in ir_section or precision == "int8-dynamic" else []))
     return out
 
 

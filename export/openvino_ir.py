@@ -270,7 +270,7 @@ def write_ir(writer: Any, spec: ExportSpec, graph_module: Callable[[Graph], nn.M
         section["stateful"] = {"replaces": ec.replaces, "method": ec.graph.method, "xml": xml,
                                "bin": xml.removesuffix(".xml") + ".bin", "mask": ec.mask, "beam": ec.beam,
                                "variables": variables}
-    writer.add_section(SECTION, section, versions=["openvino"])
+    writer.add_section(SECTION, section, versions=["openvino"] + (["nncf"] if precision == "int8-dynamic" else []))
 
 
 def compress_irs(writer: Any, source: Path, section: Mapping[str, Any], precision: str = "fp16") -> dict[str, Any]:

@@ -172,6 +172,7 @@ def test_an_int8_dynamic_artifact_carries_the_ir_with_int8_weights(ir_artifact: 
         sec = art.manifest["openvino"]
         assert sec["weights"] == "int8 weight-only" and "nncf.compress_weights INT8_ASYM" in sec["source"]
         assert set(sec["graphs"]) == {g.name for g in art.spec.graphs}
+        assert "nncf" in art.manifest["versions"]
         for name, g in sec["graphs"].items():
             assert g["xml"] in art.manifest["files"] and g["bin"] in art.manifest["files"]
             fp32_bin = (src.path / src.manifest["openvino"]["graphs"][name]["bin"]).stat().st_size
