@@ -104,6 +104,23 @@ def test_only_fp32_fp16_int8_dynamic_and_checked_static_int8_artifacts_carry_an_
         open_runner("ov", conv, threads=1, format="xml")
 
 
+def _ov_ir_matches_module(art, module, what: str) -> None:  # noqa: ANN001
+    """Every graph on `ov` (f32) compiles the artifact's IR and computes the module's outputs within the artifact's
+    tolerance, not bit-equal to them (`what` changed the weights)."""
+    for graph in art.spec.graphs:
+        feeds = _feeds(art, graph)
+        with open_runner("ov:f32", art, graph=graph.name, threads=1) as r:
+            assert r.graph_format == "ir"
+            got = r.infer(feeds)
+        with torch.no_grad():
+            ref = getattr(module, graph.method)(*(torch.from_numpy(feeds[t.name]) for t in graph.inputs))
+        ref = ref if isinstance(ref, tuple) else (ref,)
+        tol = art.tolerance  # the artifact precision's
+        for t, r_ in zip(graph.outputs, ref):
+            assert not np.array_equal(got[t.name], r_.numpy()), f"{t.name}: {what} changed nothing"
+            np.testing.assert_allclose(got[t.name], r_.numpy(), atol=tol.atol, rtol=tol.rtol, err_msg=t.name)
+
+
 def test_an_fp16_artifact_carries_the_ir_with_fp16_weights(ir_artifact: Path, tmp_path: Path) -> None:
     """fp16 from the fp32 artifact (`xdeploy convert`) and fp16 straight from PyTorch (`export --precision fp16
     --openvino-ir`) both carry every graph's IR with the weights stored as fp16: each MatMul weight an fp16
@@ -129,18 +146,7 @@ def test_an_fp16_artifact_carries_the_ir_with_fp16_weights(ir_artifact: Path, tm
                        and m.input_value(1).get_node().get_type_name() == "Convert"]
             assert weights and all("decompression_0" in c.get_rt_info() and
                                    c.input_value(0).get_element_type() == ov.Type.f16 for c in weights)
-        for graph in art.spec.graphs:
-            feeds = _feeds(art, graph)
-            with open_runner("ov:f32", art, graph=graph.name, threads=1) as r:
-                assert r.graph_format == "ir"
-                got = r.infer(feeds)
-            with torch.no_grad():
-                ref = getattr(module, graph.method)(*(torch.from_numpy(feeds[t.name]) for t in graph.inputs))
-            ref = ref if isinstance(ref, tuple) else (ref,)
-            tol = art.tolerance  # fp16's
-            for t, r_ in zip(graph.outputs, ref):
-                assert not np.array_equal(got[t.name], r_.numpy()), f"{t.name}: fp16 weights changed nothing"
-                np.testing.assert_allclose(got[t.name], r_.numpy(), atol=tol.atol, rtol=tol.rtol, err_msg=t.name)
+        _ov_ir_matches_module(art, module, "fp16 weights")
 
 
 def _u8_matmul_weights(model) -> tuple[int, int]:  # noqa: ANN001
@@ -179,18 +185,7 @@ def test_an_int8_dynamic_artifact_carries_the_ir_with_int8_weights(ir_artifact: 
             assert (art.path / g["bin"]).stat().st_size < 0.45 * fp32_bin
             n, u8 = _u8_matmul_weights(ov.Core().read_model(str(art.path / g["xml"])))
             assert n and u8 == n, (name, n, u8)
-        for graph in art.spec.graphs:
-            feeds = _feeds(art, graph)
-            with open_runner("ov:f32", art, graph=graph.name, threads=1) as r:
-                assert r.graph_format == "ir"
-                got = r.infer(feeds)
-            with torch.no_grad():
-                ref = getattr(module, graph.method)(*(torch.from_numpy(feeds[t.name]) for t in graph.inputs))
-            ref = ref if isinstance(ref, tuple) else (ref,)
-            tol = art.tolerance  # int8-dynamic's
-            for t, r_ in zip(graph.outputs, ref):
-                assert not np.array_equal(got[t.name], r_.numpy()), f"{t.name}: int8 weights changed nothing"
-                np.testing.assert_allclose(got[t.name], r_.numpy(), atol=tol.atol, rtol=tol.rtol, err_msg=t.name)
+        _ov_ir_matches_module(art, module, "int8 weights")
 
 
 def test_a_decoders_stateful_step_gets_int8_weights_and_decodes(tmp_path: Path) -> None:
