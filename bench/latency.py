@@ -63,6 +63,13 @@ def summarize(samples: Sequence[float]) -> LatencyStats:
 def measure(call: Callable[[], Any], *, warmup: int = 3, min_iters: int = 10, max_iters: int = 1000,
             max_seconds: float = 5.0) -> LatencyStats:
     """Time `call()` after `warmup` untimed calls; see the module docstring for the stopping rule."""
+    return summarize(timed_samples(call, warmup=warmup, min_iters=min_iters, max_iters=max_iters,
+                                   max_seconds=max_seconds))
+
+
+def timed_samples(call: Callable[[], Any], *, warmup: int = 3, min_iters: int = 10, max_iters: int = 1000,
+                  max_seconds: float = 5.0) -> list[float]:
+    """Each timed call's duration in seconds, in call order (`measure`'s samples, with its stopping rule)."""
     if warmup < 0 or min_iters < 1 or max_iters < min_iters or not max_seconds > 0:
         raise XDeployError(f"need warmup >= 0, 1 <= min_iters <= max_iters and max_seconds > 0; got warmup={warmup}"
                            f", min_iters={min_iters}, max_iters={max_iters}, max_seconds={max_seconds}")
@@ -85,4 +92,4 @@ def measure(call: Callable[[], Any], *, warmup: int = 3, min_iters: int = 10, ma
     finally:
         if was_enabled:
             gc.enable()
-    return summarize([s * 1e-9 for s in samples])
+    return [s * 1e-9 for s in samples]
