@@ -104,6 +104,16 @@ def test_only_fp32_fp16_int8_dynamic_and_checked_static_int8_artifacts_carry_an_
         open_runner("ov", conv, threads=1, format="xml")
 
 
+def _converted_and_exported(ir_artifact: Path, tmp_path: Path, precision: str):  # noqa: ANN202
+    """(the fp32 source, [`precision` converted from it, `precision` exported from PyTorch with the IR], the seeded
+    reference module)."""
+    conv = load_artifact(convert_artifact(ir_artifact, tmp_path / f"c-{precision}", precision))
+    direct = load_artifact(export(MODEL, preset="tiny", out=tmp_path / f"e-{precision}", precision=precision,
+                                  openvino_ir=True))
+    torch.manual_seed(0)
+    return load_artifact(ir_artifact), [conv, direct], registry.build(MODEL, registry.get_config(MODEL, "tiny"), seed=0)
+
+
 def _ov_ir_matches_module(art, module, what: str) -> None:  # noqa: ANN001
     """Every graph on `ov` (f32) compiles the artifact's IR and computes the module's outputs within the artifact's
     tolerance, not bit-equal to them (`what` changed the weights)."""
@@ -128,12 +138,8 @@ def test_an_fp16_artifact_carries_the_ir_with_fp16_weights(ir_artifact: Path, tm
     it and computes the module's outputs to fp16 rounding."""
     import openvino as ov
 
-    src = load_artifact(ir_artifact)
-    conv = load_artifact(convert_artifact(ir_artifact, tmp_path / "c16", "fp16"))
-    direct = load_artifact(export(MODEL, preset="tiny", out=tmp_path / "e16", precision="fp16", openvino_ir=True))
-    torch.manual_seed(0)
-    module = registry.build(MODEL, registry.get_config(MODEL, "tiny"), seed=0)
-    for art in (conv, direct):
+    src, arts, module = _converted_and_exported(ir_artifact, tmp_path, "fp16")
+    for art in arts:
         sec = art.manifest["openvino"]
         assert sec["weights"] == "fp16" and "compress_to_fp16" in sec["source"]
         assert set(sec["graphs"]) == {g.name for g in art.spec.graphs}
@@ -168,13 +174,8 @@ def test_an_int8_dynamic_artifact_carries_the_ir_with_int8_weights(ir_artifact: 
     computes the module's outputs within the int8 tolerance, not bit-equal to f32."""
     import openvino as ov
 
-    src = load_artifact(ir_artifact)
-    conv = load_artifact(convert_artifact(ir_artifact, tmp_path / "d8", "int8-dynamic"))
-    direct = load_artifact(export(MODEL, preset="tiny", out=tmp_path / "e8", precision="int8-dynamic",
-                                  openvino_ir=True))
-    torch.manual_seed(0)
-    module = registry.build(MODEL, registry.get_config(MODEL, "tiny"), seed=0)
-    for art in (conv, direct):
+    src, arts, module = _converted_and_exported(ir_artifact, tmp_path, "int8-dynamic")
+    for art in arts:
         sec = art.manifest["openvino"]
         assert sec["weights"] == "int8 weight-only" and "nncf.compress_weights INT8_ASYM" in sec["source"]
         assert set(sec["graphs"]) == {g.name for g in art.spec.graphs}
