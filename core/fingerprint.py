@@ -55,10 +55,44 @@ def _version(dist: str) -> str | None:
         return None
 
 
+# /proc/cpuinfo's flag -> numpy's name for it in the features numpy reads with CPUID itself (what instructions this
+# process may execute). They differ under an emulator: QEMU user mode (verify/emulate.py) gives the process the
+# emulated CPU's CPUID but leaves /proc/cpuinfo the host's.
+_CPUID_NAMES = {"avx2": "AVX2", "fma": "FMA3", "f16c": "F16C", "sse4_2": "SSE42", "avx512f": "AVX512F",
+                "avx512cd": "AVX512CD", "avx512bw": "AVX512BW", "avx512dq": "AVX512DQ", "avx512vl": "AVX512VL",
+                "avx512_vnni": "AVX512VNNI", "avx512_bf16": "AVX512BF16", "avx512_fp16": "AVX512FP16",
+                "avx512ifma": "AVX512IFMA", "avx512vbmi": "AVX512VBMI", "avx512_vbmi2": "AVX512VBMI2",
+                "avx512_bitalg": "AVX512BITALG", "avx512_vpopcntdq": "AVX512VPOPCNTDQ"}
+EMULATED_ENV = "XDEPLOY_EMULATED_CPU"  # set by verify/emulate.py in the emulated process: the QEMU CPU model
+
+
+def _cpuid_features() -> dict[str, bool] | None:
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__
+    except ImportError:  # numpy < 2, or a build without runtime dispatch: /proc/cpuinfo alone
+        return None
+    return dict(__cpu_features__)
+
+
+def confirmed_isa(flags: list[str], cpuid: Mapping[str, bool] | None, emulated: bool) -> list[str]:
+    """The /proc/cpuinfo ISA `flags` this process can use: a flag CPUID (`cpuid`, numpy's names) denies is dropped,
+    and the AMX flags with AVX-512 (no CPU has AMX without it). Under an emulator (`emulated`) only what CPUID
+    confirms is kept: the host's AVX-VNNI or SHA flags say nothing about the emulated CPU."""
+    if cpuid is None:
+        return flags
+    known = {f: cpuid.get(_CPUID_NAMES[f], False) for f in flags if f in _CPUID_NAMES}
+    kept = [f for f in flags if known.get(f, not emulated)]
+    if not known.get("avx512f", False):
+        kept = [f for f in kept if not f.startswith("amx")]
+    return kept
+
+
 @functools.cache
 def _static() -> dict[str, Any]:
     info = _cpuinfo()
-    flags = sorted(f for f in info.get("flags", "").split() if ISA_PATTERN.match(f))
+    emulated = os.environ.get(EMULATED_ENV) or None
+    flags = confirmed_isa(sorted(f for f in info.get("flags", "").split() if ISA_PATTERN.match(f)),
+                          _cpuid_features(), emulated is not None)
     import xdeploy
 
     return {
@@ -69,6 +103,7 @@ def _static() -> dict[str, Any]:
         "arch": platform.machine(),
         "logical_cpus": os.cpu_count() or 0,
         "isa": flags,
+        "emulated": emulated,  # the QEMU CPU model this process runs on (verify/emulate.py), None natively
         "memory_bytes": _mem_total(),
         "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),
@@ -128,7 +163,7 @@ def summary(fp: dict[str, Any]) -> str:
 # per-call thread settings). The journal's resume check (core/journal.py), the roofline cache (bench/roofline.py)
 # and machine_class's label all read it, so they cannot disagree about which machine a figure is from.
 MACHINE_FIELDS = ("cpu_model", "cpu_vendor", "cpu_family", "cpu_model_id", "arch", "logical_cpus", "isa",
-                  "memory_bytes", "os", "python", "versions", "gpu")
+                  "emulated", "memory_bytes", "os", "python", "versions", "gpu")
 
 
 def machine_identity(fp: Mapping[str, Any]) -> dict[str, Any]:
@@ -164,6 +199,7 @@ def machine_class(fp: Mapping[str, Any]) -> str:
     cpus = fp.get("affinity_cpus") or fp.get("logical_cpus")
     name = f"{_VENDORS.get(vendor, vendor or 'unknown vendor')}: {fp.get('cpu_model')}"
     return (name + (f" ({where})" if where else "") + f"; {'; '.join(parts) or 'no AVX-512 or AMX'}"
+            + (f"; emulated by QEMU as {fp['emulated']}" if fp.get("emulated") else "")
             + (f"; {cpus} CPUs" if cpus else ""))
 
 
@@ -200,6 +236,8 @@ _ZEN = ((23, range(0x00, 0x30), 1), (23, range(0x30, 0x100), 2), (25, range(0x00
 def class_slug(fp: Mapping[str, Any]) -> str:
     """A short folder name for a machine class (reports/peers-<slug>/): 'zen3', 'zen5', 'xeon' (an Intel Xeon with
     AMX, the class met here), else vendor and matrix ISA ('intel-avx512-vnni', 'amd-avx2', 'x86_64')."""
+    if fp.get("emulated"):  # the host's /proc/cpuinfo names the vendor and model, not the emulated CPU
+        return "emulated-" + re.sub(r"[^a-z0-9]+", "-", str(fp["emulated"]).lower()).strip("-")
     vendor = _VENDORS.get(str(fp.get("cpu_vendor", "")), "")
     isa = set(fp.get("isa") or [])
     try:

@@ -10,18 +10,18 @@ parity check the rewritten graph as the decode graph.
 
 from __future__ import annotations
 
-import functools
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
-from xdeploy.core.errors import ParityError, XDeployError
+from xdeploy.core.errors import XDeployError
 from xdeploy.core.fingerprint import usable_cpus
 from xdeploy.export.onnx_graph import TWO_GB, proto_size
 
 from .base import CachedStep, Runner, RunnerInfo, validate_feeds
+from .saturation_guard import refuse_saturating_int8
 from .sessions import (
     CPU_PROVIDERS,
     ORT_CPU_SLOW_FUSIONS,
@@ -83,7 +83,7 @@ class OrtRunner(Runner):
 
     def _load(self) -> None:
         if self.name == "ort" and not self.options.pop("allow_saturation", False):
-            refuse_saturating_int8(self.artifact, self.graph.name)
+            refuse_saturating_int8(self.artifact, self.graph.name, runtime="onnxruntime")
         self._check_options()
         self.stateful = bool(self.options.get("stateful", False))
         if self.stateful:
@@ -275,40 +275,3 @@ class _BoundCall:
             self.session.run_with_iobinding(self.binding)
         except Exception as e:  # onnxruntime's own exception types
             raise XDeployError(f"onnxruntime run of graph {self.graph!r} failed: {str(e).splitlines()[0]}") from None
-
-
-def refuse_saturating_int8(artifact: Any, graph: str, fp: dict[str, Any] | None = None) -> None:
-    """Refuse an int8 graph this CPU would compute wrongly: on x86 without VNNI or AMX, onnxruntime adds adjacent
-    u8*s8 products in saturating int16, so 8-bit weights can be clipped (export/saturation.py). The proof is read
-    from the graph's own weights (not the manifest, which is untrusted), only on such a CPU and only for int8
-    artifacts. `allow_saturation=True` (runner option) opts out. `fp`: the machine (default this one's
-    fingerprint; tests model the other classes with it)."""
-    if artifact.precision not in ("int8", "int8-dynamic"):
-        return
-    from xdeploy.core.fingerprint import fingerprint, int8_dot, machine_class
-
-    fp = fp if fp is not None else fingerprint()
-    if int8_dot(fp) != "avx2":
-        return
-    path = artifact.onnx_path(graph)
-    st = path.stat()
-    bound = _weight_bound(str(path), st.st_size, st.st_mtime_ns)
-    if not bound["portable"]:
-        raise ParityError(  # exit 1: a verdict (this artifact computes wrongly here), not a usage error
-            f"graph {graph!r} of {artifact.path} has 8-bit int8 weights (a pair of products reaches "
-            f"{bound['worst_pair_bound']} > {bound['limit']} at {bound['worst_node']}), which onnxruntime on this CPU "
-            f"({machine_class(fp)}: no VNNI or AMX) saturates into wrong outputs; expected an artifact exported with "
-            "--int8-weight-bits 7 (the default) or int8-dynamic's default uint8 weights, or run it on OpenVINO (ov), "
-            "or pass allow_saturation=True")
-
-
-@functools.lru_cache(maxsize=32)
-def _weight_bound(path: str, size: int, mtime_ns: int) -> dict[str, Any]:
-    """export/saturation.weight_bound of the graph file at `path`, once per file version (size, mtime): the
-    Embedder and the benchmarks open several runners on one graph, and loading a base model's graph costs
-    seconds."""
-    import onnx
-
-    from xdeploy.export.saturation import weight_bound
-
-    return weight_bound(onnx.load(path))

@@ -39,6 +39,7 @@ from xdeploy.core.deps import import_quietly, installed
 from xdeploy.core.errors import XDeployError, one_of
 
 from .base import CachedStep, Runner, RunnerInfo, validate_feeds
+from .saturation_guard import refuse_saturating_int8
 from .sessions import OV_PRECISION_HINTS, BoundInputs, one_thread_steps, onnx_file, ov_compile, ov_config
 
 _OV_TO_NAME = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
@@ -91,10 +92,11 @@ class OvRunner(Runner):
             raise XDeployError("runner 'ov' needs the openvino package: pip install 'xdeploy[openvino]'") from None
         self._ov = ov
         unknown = set(self.options) - {"hint", "cache_dir", "device", "format", "pinning", "stateful", "kv_precision",
-                                       "paged"}
+                                       "paged", "allow_saturation"}
         if unknown:
             raise XDeployError(f"unknown ov option(s) {sorted(unknown)}; expected hint, cache_dir, device, format, "
-                               "pinning, stateful, kv_precision, paged")
+                               "pinning, stateful, kv_precision, paged, allow_saturation")
+        self._allow_saturation = bool(self.options.pop("allow_saturation", False))
         if self.options.get("paged", False) and not self.options.get("stateful", False):
             raise XDeployError(f"ov option paged=True rewrites a decoder's stateful decode step: expected "
                                f"stateful=True too (graph {self.graph.name!r})")
@@ -118,6 +120,7 @@ class OvRunner(Runner):
                                "export it with --openvino-ir (fp32) or use format='onnx'")
         path = ir if ir is not None and fmt != "onnx" else self.artifact.onnx_path(self.graph.name)
         self.graph_format = "ir" if path == ir else "onnx"
+        self._refuse_saturation(path if self.graph_format == "ir" else None)
         # Compiling from the path (not a read_model result) lets the cache skip reading the ONNX file
         # entirely when a blob for this model + config exists; with an `outputs` subset the unused results
         # are removed first, so the plugin prunes the branches that only fed them. An ONNX graph of our own
@@ -138,6 +141,14 @@ class OvRunner(Runner):
         if missing:
             raise XDeployError(f"{path} does not match its manifest: OpenVINO finds no tensor(s) {missing}")
 
+    def _refuse_saturation(self, ir: Path | None) -> None:
+        """On x86 without VNNI or AMX, refuse int8 weights the CPU plugin would saturate (deploy/saturation_guard.py):
+        those of a static int8 artifact's IR at `ir`, or of its Q/DQ ONNX graph. int8-dynamic graphs are not
+        refused: OpenVINO computes MatMulInteger in f32 (exact on every class; 8-bit weights passed on Zen 3 and
+        as that class under QEMU) and their IR holds weight-only uint8."""
+        if self.artifact.precision == "int8" and not self._allow_saturation:
+            refuse_saturating_int8(self.artifact, self.graph.name, runtime="OpenVINO", ir=ir)
+
     def _load_stateful(self, config: dict[str, Any], fmt: str) -> None:
         """Compile the stateful IR that replaces this decode graph, and check it is the engine the loop feeds:
         inputs = the step's ids and positions, the mask, the beam index; one state per cache input."""
@@ -148,6 +159,7 @@ class OvRunner(Runner):
                                f"{self.graph.name!r} (ov option stateful=True): re-export it (fp32) with --openvino-ir")
         path = self.artifact.path / rec["xml"]
         self.graph_format = "stateful"
+        self._refuse_saturation(path)
         # The cache is stored in the compute precision unless asked otherwise: the CPU plugin's own default is u8
         # (a quantized cache in OpenVINO 2026.4), which would make ov "f32" something other than f32
         kv = self.options.get("kv_precision", config["INFERENCE_PRECISION_HINT"])

@@ -29,7 +29,7 @@ from xdeploy.core.fsutil import require_space
 from xdeploy.models.spec import ExportSpec, Graph
 
 from . import foreign as foreign_graphs
-from . import openvino_ir
+from . import openvino_ir, saturation
 from . import precision as prec
 from .artifact import load_artifact
 from .attention_layout import attention_3d
@@ -166,8 +166,8 @@ def _int8_ir_section(art: Any, check_ir: IrCheck | None) -> dict[str, Any]:
                                  "xdeploy.api.convert_artifact runs it)"}
     return {"graphs": {}, "skipped": {}, "source": "nncf.quantize(fp32 artifact's openvino IR)",
             "weights": openvino_ir.IR_WEIGHTS["int8"], "quantizer": f"nncf {openvino_ir.nncf_version()}",
-            "preset": openvino_ir.NNCF_PRESET, "model_type": openvino_ir.NNCF_MODEL_TYPE, "calibration": {},
-            "check": {}}
+            "preset": openvino_ir.NNCF_PRESET, "model_type": openvino_ir.NNCF_MODEL_TYPE,
+            "overflow_fix": openvino_ir.NNCF_OVERFLOW_FIX, "calibration": {}, "check": {}, "saturation": {}}
 
 
 def _add_int8_ir(w: Any, section: dict[str, Any], art: Any, graph: Any, fp32: onnx.ModelProto,
@@ -194,6 +194,8 @@ def _add_int8_ir(w: Any, section: dict[str, Any], art: Any, graph: Any, fp32: on
     xml = f"{openvino_ir.FOLDER}/{graph.name}.xml"
     files = {"xml": xml, "bin": xml.removesuffix(".xml") + ".bin"}
     ov.save_model(ir, str(w.path(xml)), compress_to_fp16=False)
+    # the IR's own proof for AVX2-only x86 (what the ov runner checks again there from the file, not from here)
+    section["saturation"][graph.name] = saturation.ir_weight_bound(ir)
     kept = [k["node"] for k in info.get("kept_fp32", [])]
     try:
         record = check_ir(fp32, w.path(xml), graph=graph, spec=art.spec, calibration=samples, qdq=q,

@@ -78,9 +78,14 @@ def nncf_available() -> bool:
 
 # nncf.quantize settings of the int8 IR: symmetric int8 activations (PERFORMANCE: zero point 0, the int8 x int8
 # kernels of VNNI / AMX-int8) and the transformer scheme (SmoothQuant, no quantizers on the LayerNorm/Softmax
-# paths whose int8 error costs accuracy for no speed).
+# paths whose int8 error costs accuracy for no speed). Weights of 7 bits in every layer (NNCF's overflow fix,
+# "enable"; its default fixes the first layer only): OpenVINO's CPU plugin adds int8 products in saturating int16
+# pairs on x86 without VNNI or AMX exactly as onnxruntime does (tests/test_emulate.py, run as an AVX2-only Zen 3),
+# so 8-bit weights could be clipped there; with |w| <= 64 no pair can be (export/saturation.py, the ONNX graphs'
+# rule since issue #27), and the IR is portable by construction.
 NNCF_PRESET = "performance"
 NNCF_MODEL_TYPE = "transformer"
+NNCF_OVERFLOW_FIX = "enable"
 
 
 def quantize_ir(xml: str | Path, graph: Graph, samples: Sequence[Mapping[str, np.ndarray]]) -> Any:
@@ -103,7 +108,9 @@ def quantize_ir(xml: str | Path, graph: Graph, samples: Sequence[Mapping[str, np
         warnings.simplefilter("ignore")
         try:
             return nncf.quantize(model, nncf.Dataset(data), preset=nncf.QuantizationPreset(NNCF_PRESET),
-                                 model_type=nncf.ModelType(NNCF_MODEL_TYPE), subset_size=len(data))
+                                 model_type=nncf.ModelType(NNCF_MODEL_TYPE), subset_size=len(data),
+                                 advanced_parameters=nncf.AdvancedQuantizationParameters(
+                                     overflow_fix=nncf.OverflowFix(NNCF_OVERFLOW_FIX)))
         except Exception as e:  # nncf raises assorted types; keep the first line
             raise XDeployError(f"nncf.quantize failed for graph {graph.name!r}: "
                                f"{str(e).strip().splitlines()[0] if str(e).strip() else e!r}") from e

@@ -168,6 +168,34 @@ def weight_bound(q: onnx.ModelProto, nodes: list[Int8Node] | None = None) -> dic
             "worst_pair_bound": worst, "worst_node": worst_node, "limit": INT16_MAX, "portable": worst <= INT16_MAX}
 
 
+# what lies between an int8 weight Constant and the MatMul/Convolution that reads it in an OpenVINO int8 IR
+_IR_DEQUANT_CHAIN = ("Convert", "Subtract", "Multiply", "Reshape", "Transpose", "Unsqueeze", "Squeeze")
+
+
+def ir_weight_bound(model: Any) -> dict[str, Any]:
+    """The proof for an OpenVINO int8 IR (an ov.Model, e.g. NNCF's): the int8 weights each MatMul / Convolution
+    dequantizes (Constant i8 -> Convert -> Multiply by its scale ...). OpenVINO's CPU plugin adds int8 products in
+    saturating int16 pairs on x86 without VNNI or AMX as onnxruntime does (tests/test_emulate.py), but in a K
+    order of its own choosing, so the bound pairs the two largest weights: 2 * 255 * max|w| against the int16
+    limit (portable iff |w| <= 64, NNCF's overflow fix in every layer)."""
+    max_w, worst_node, nodes = 0, None, 0
+    for op in model.get_ordered_ops():
+        if op.get_type_name() not in ("MatMul", "Convolution", "GroupConvolution"):
+            continue
+        src = op.input_value(1).get_node()
+        while src.get_type_name() in _IR_DEQUANT_CHAIN:
+            src = src.input_value(0).get_node()
+        if src.get_type_name() != "Constant" or src.get_element_type().get_type_name() != "i8":
+            continue
+        nodes += 1
+        w = int(np.abs(src.get_data().astype(np.int32)).max(initial=0))
+        if w > max_w:
+            max_w, worst_node = w, op.get_friendly_name()
+    worst = 2 * U8_MAX * max_w
+    return {"int8_nodes": nodes, "max_abs_weight": max_w, "worst_pair_bound": worst, "worst_node": worst_node,
+            "limit": INT16_MAX, "portable": worst <= INT16_MAX}
+
+
 def quantize_activation(n: Int8Node, x: np.ndarray) -> tuple[np.ndarray, int]:
     """x (float) as the uint8 the kernel reads (int32 array), as onnxruntime computes it, and its zero point
     on that uint8 scale."""

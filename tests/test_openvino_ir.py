@@ -13,6 +13,7 @@ import torch
 
 from xdeploy.core.errors import XDeployError
 from xdeploy.deploy.registry import open_runner
+from xdeploy.export import saturation
 from xdeploy.export.artifact import load_artifact
 from xdeploy.export.convert import convert_artifact
 from xdeploy.export.onnx_export import export
@@ -283,8 +284,11 @@ def _ir_ops(xml: Path) -> dict[str, int]:
 
 def test_int8_artifact_carries_a_checked_nncf_ir(ir_artifact: Path, tmp_path: Path) -> None:
     """xdeploy.api's convert (the measured one) quantizes the fp32 IR with NNCF on the Q/DQ graph's calibration
-    data, checks it and ships it: FakeQuantize (256 levels) and int8 weights in the xml, the files hash-checked at
-    load, compiled by the ov runner, passing parity against PyTorch on ov and ov:bf16."""
+    data, checks it and ships it: FakeQuantize (256 levels) and int8 weights in the xml (7-bit: portable to AVX2-only
+    x86), the files hash-checked at load, compiled by the ov runner, passing parity against PyTorch on ov and
+    ov:bf16."""
+    import openvino as ov
+
     from xdeploy import api
 
     src = load_artifact(ir_artifact)
@@ -293,6 +297,7 @@ def test_int8_artifact_carries_a_checked_nncf_ir(ir_artifact: Path, tmp_path: Pa
     assert set(sec["graphs"]) == {g.name for g in art.spec.graphs} and not sec["skipped"]
     assert sec["quantizer"].startswith("nncf ") and "nncf" in art.manifest["versions"]
     assert (sec["preset"], sec["model_type"], sec["weights"]) == ("performance", "transformer", "int8")
+    assert sec["overflow_fix"] == "enable"  # 7-bit weights in every layer: portable to AVX2-only x86
     for g in art.spec.graphs:
         # the same calibration data as the Q/DQ graph (its hash), and the check that let it ship
         assert sec["calibration"][g.name]["sha256"] == art.manifest["conversion"][g.name]["calibration"]["sha256"]
@@ -303,6 +308,9 @@ def test_int8_artifact_carries_a_checked_nncf_ir(ir_artifact: Path, tmp_path: Pa
         assert files["xml"] in art.manifest["files"] and files["bin"] in art.manifest["files"]
         ops, fp32_ops = _ir_ops(art.openvino_ir(g.name)), _ir_ops(src.openvino_ir(g.name))
         assert ops.get("FakeQuantize", 0) > 0 and ops["int8 Const"] > 0  # NNCF quantized activations and weights
+        bound = saturation.ir_weight_bound(ov.Core().read_model(str(art.openvino_ir(g.name))))
+        assert bound["int8_nodes"] > 0 and bound["max_abs_weight"] <= 64 and bound["portable"]
+        assert sec["saturation"][g.name] == bound
         assert fp32_ops.get("FakeQuantize", 0) == 0 and fp32_ops["int8 Const"] == 0
         assert (art.path / files["bin"]).stat().st_size < (src.path / files["bin"]).stat().st_size
         for spec in ("ov", "ov:bf16"):
@@ -330,6 +338,36 @@ def test_int8_artifact_carries_a_checked_nncf_ir(ir_artifact: Path, tmp_path: Pa
         f.write(b"\x00\x01\x02\x03")
     with pytest.raises(XDeployError, match="corrupted: sha256 of openvino/model.bin"):
         load_artifact(bad)
+
+
+def test_ov_refuses_an_8_bit_int8_ir_where_it_saturates(ir_artifact: Path, tmp_path: Path) -> None:
+    """An int8 IR quantized by NNCF without its overflow fix (8-bit weights, what xdeploy wrote before) is refused by
+    the ov runner's check on AVX2-only x86 (modeled by a Zen 3 fingerprint; tests/test_emulate.py runs that class),
+    in one line naming the bound and the runtime; the 7-bit IR xdeploy writes passes there, and VNNI / AMX classes
+    take either. The bound is read from the IR file itself."""
+    import nncf
+    import openvino as ov
+    from test_saturation import XEON_AMX, ZEN3, ZEN5
+
+    from xdeploy import api
+    from xdeploy.deploy.saturation_guard import refuse_saturating_int8
+
+    art = load_artifact(ir_artifact)
+    g = art.spec.graphs[0]
+    samples = [_feeds(art, g) for _ in range(2)]
+    ir8 = nncf.quantize(ov.Core().read_model(str(art.openvino_ir(g.name))), nncf.Dataset(samples),
+                        preset=nncf.QuantizationPreset.PERFORMANCE, model_type=nncf.ModelType.TRANSFORMER,
+                        subset_size=len(samples), advanced_parameters=nncf.AdvancedQuantizationParameters(
+                            overflow_fix=nncf.OverflowFix.DISABLE))
+    ov.save_model(ir8, str(tmp_path / "ir8.xml"), compress_to_fp16=False)
+    assert saturation.ir_weight_bound(ir8)["max_abs_weight"] > 64
+    int8 = load_artifact(api.convert_artifact(ir_artifact, tmp_path / "c8", "int8"))
+    with pytest.raises(XDeployError, match=r"> 32767 .* which OpenVINO on this CPU .*no VNNI or AMX") as e:
+        refuse_saturating_int8(int8, g.name, ZEN3, runtime="OpenVINO", ir=tmp_path / "ir8.xml")
+    assert "\n" not in str(e.value) and e.value.exit_code == 1
+    refuse_saturating_int8(int8, g.name, ZEN3, runtime="OpenVINO", ir=int8.openvino_ir(g.name))
+    for fp in (ZEN5, XEON_AMX):
+        refuse_saturating_int8(int8, g.name, fp, runtime="OpenVINO", ir=tmp_path / "ir8.xml")
 
 
 def test_an_int8_ir_that_fails_its_check_is_left_out(ir_artifact: Path, tmp_path: Path) -> None:

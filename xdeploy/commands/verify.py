@@ -2,7 +2,10 @@
 
 Exit 0: every probe passes (remembered, so the runtimes' next open here runs nothing); 1: a probe fails (one
 line per failing output: graph, output, cosine, machine class); 2: a usage or input error, e.g. an artifact
-exported before probes existed."""
+exported before probes existed, or `--emulate` without QEMU >= 10.
+
+`--emulate avx2` runs the same check as an AVX2-only AMD Zen 3 under QEMU user mode (verify/emulate.py): the
+kernels that class runs, on this machine."""
 
 from __future__ import annotations
 
@@ -16,6 +19,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "exporter (probed now against onnxruntime CPU fp32)")
     p.add_argument("--runner", default="ort", help="runner spec: ort, ov, ov:bf16, ... (default ort)")
     p.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
+    p.add_argument("--emulate", metavar="CLASS", default=None,
+                   help="run the check as CPU class CLASS under QEMU user mode (avx2: an AVX2-only AMD Zen 3, "
+                        "no AVX-512/VNNI/AMX; needs qemu-user >= 10); its kernels, not its speed")
     add_json_option(p)
 
 
@@ -26,6 +32,8 @@ def run(args: argparse.Namespace) -> int:
     from xdeploy.verify.parity import ParityReport
 
     check_spec(args.runner)  # a typo is a usage error (exit 2), before the artifact is read
+    if args.emulate is not None:
+        return _emulated(args)
     art = load_artifact(args.artifact)
     rep = verify_artifact(art, args.runner, threads=args.threads)
     cases = len({(c.graph, c.case) for c in rep.checks})
@@ -39,3 +47,16 @@ def run(args: argparse.Namespace) -> int:
                            "machine": rep.machine, "covered": list(rep.covered)}
                | ParityReport(rep.checks).to_json())  # the checks as `xdeploy parity --json` writes them
     return 0 if rep.passed else 1
+
+
+def _emulated(args: argparse.Namespace) -> int:
+    """This command without --emulate, in a process emulating that class; its output and exit code are ours."""
+    import sys
+
+    from xdeploy.verify.emulate import run_emulated
+
+    argv = ["-m", "xdeploy.cli", "verify", args.artifact, "--runner", args.runner, "--threads", str(args.threads)]
+    done = run_emulated(args.emulate, argv + (["--json", args.json] if args.json else []))
+    sys.stdout.write(done.stdout)
+    sys.stderr.write(done.stderr)
+    return done.returncode

@@ -1,0 +1,140 @@
+"""The AVX2-only class (AMD Zen 3), run on whatever machine runs the tests: QEMU user mode gives a process Zen 3's
+CPUID, so numpy, onnxruntime and OpenVINO pick that class's kernels (verify/emulate.py). What used to be a model of
+the class (export/saturation.py) is checked against the class's own kernels here, and an artifact's golden probes
+run on it (`xdeploy verify --emulate avx2`).
+
+Skipped without qemu-user >= 10 (the reason names the install), unless XDEPLOY_REQUIRE_EMULATION=1 (.ci/run sets
+it): then a missing emulator fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from xdeploy.core.errors import XDeployError
+from xdeploy.core.fingerprint import confirmed_isa
+from xdeploy.verify import emulate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _emulator_or_skip() -> None:
+    try:
+        emulate.emulator("avx2")
+    except XDeployError as e:
+        if os.environ.get("XDEPLOY_REQUIRE_EMULATION") == "1":
+            raise
+        pytest.skip(str(e))
+
+
+def _run(code: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    done = emulate.run_emulated("avx2", ["-c", code, *args], timeout=timeout)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done
+
+
+ZEN4_FLAGS = ["avx2", "avx512_bf16", "avx512_vnni", "avx512bw", "avx512f", "fma", "sha_ni"]
+ZEN3_CPUID = {"AVX2": True, "FMA3": True, "AVX512F": False, "AVX512BW": False, "AVX512VNNI": False,
+              "AVX512BF16": False}
+
+
+def test_cpuid_decides_the_isa_over_proc_cpuinfo():
+    """/proc/cpuinfo is the host's under QEMU: what CPUID denies goes (AMX with AVX-512), and an emulated process
+    keeps only what CPUID confirms; natively a flag numpy cannot check (sha_ni) stays."""
+    assert confirmed_isa(ZEN4_FLAGS, ZEN3_CPUID, emulated=False) == ["avx2", "fma", "sha_ni"]
+    assert confirmed_isa(ZEN4_FLAGS, ZEN3_CPUID, emulated=True) == ["avx2", "fma"]
+    assert confirmed_isa(ZEN4_FLAGS + ["amx_int8"], ZEN3_CPUID, emulated=False) == ["avx2", "fma", "sha_ni"]
+    zen4 = ZEN3_CPUID | {"AVX512F": True, "AVX512BW": True, "AVX512VNNI": True, "AVX512BF16": True}
+    assert confirmed_isa(ZEN4_FLAGS, zen4, emulated=False) == ZEN4_FLAGS
+    assert confirmed_isa(ZEN4_FLAGS, None, emulated=True) == ZEN4_FLAGS  # no CPUID reading: /proc/cpuinfo alone
+
+
+def test_emulator_refuses_a_qemu_older_than_10(tmp_path, monkeypatch):
+    """QEMU 7.2 (Debian 12's own) computes OpenVINO's AVX2 tanh wrongly: refused in one line naming the install."""
+    fake = tmp_path / "qemu-x86_64"
+    fake.write_text("#!/bin/sh\necho 'qemu-x86_64 version 7.2.0 (Debian 1:7.2+dfsg-7+deb12u18)'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    with pytest.raises(XDeployError, match=r"QEMU 7\.2\.0; .* needs QEMU >= 10\.0 .*bookworm-backports"):
+        emulate.emulator("avx2")
+    with pytest.raises(XDeployError, match="expected one of: avx2"):
+        emulate.emulator("avx512")
+
+
+def test_the_emulated_process_is_the_avx2_class():
+    """Its CPUID has AVX2 and no AVX-512, its fingerprint says so (int8 class avx2) and its machine class says
+    "emulated": the host (any class) runs the AVX2-only class's kernels."""
+    _emulator_or_skip()
+    out = _run("import json; from numpy._core._multiarray_umath import __cpu_features__ as f; "
+               "from xdeploy.core.fingerprint import fingerprint, int8_dot, machine_class; fp = fingerprint(); "
+               "print(json.dumps({'avx2': f['AVX2'], 'avx512f': f['AVX512F'], 'isa': fp['isa'], "
+               "'int8': int8_dot(fp), 'class': machine_class(fp)}))").stdout
+    got = json.loads(out.strip().splitlines()[-1])
+    assert got["avx2"] and not got["avx512f"]
+    assert got["int8"] == "avx2" and not any(f.startswith(("avx512", "amx")) for f in got["isa"])
+    assert "emulated by QEMU as EPYC-Milan" in got["class"]
+
+
+def test_saturation_model_is_the_avx2_kernel():
+    """tests/test_saturation.py's kernel checks, run as the AVX2 class: onnxruntime's own AVX2 int8 GEMM is
+    bit-identical to export/saturation.py's pairwise model (8-bit weights saturate, 7-bit and uint8 are exact),
+    a Q/DQ MatMul's int8 activations are shifted to uint8 there too, and OpenVINO's int8 MatMul saturates 8-bit
+    weights there like onnxruntime (exact with 7-bit). On a VNNI or AMX host these tests otherwise only see the
+    exact product."""
+    _emulator_or_skip()
+    done = emulate.run_emulated("avx2", ["-m", "pytest", str(ROOT / "tests" / "test_saturation.py"), "-q",
+                                         "-p", "no:cacheprovider", "-p", "no:xdist", "-k", "here or shifts"],
+                                timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "9 passed" in done.stdout, done.stdout[-1000:]
+
+
+def _verify(art: Path, runner: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "xdeploy.cli", "verify", str(art), "--runner", runner,
+                           "--emulate", "avx2"], capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def int8_7_and_8_bit(tiny_export, tmp_path_factory):
+    """A tiny GPT's default int8 conversion (7-bit weights), the same with 8-bit weights, and its int8-dynamic
+    conversion with 8-bit int8 weights everywhere."""
+    from xdeploy.api import convert_artifact
+    from xdeploy.export.precision import PrecisionOptions
+
+    src, root = tiny_export("gpt"), tmp_path_factory.mktemp("emulated")
+    good = convert_artifact(src, root / "int8", "int8", measured=False)
+    bad = convert_artifact(src, root / "int8-w8", "int8", measured=False, options=PrecisionOptions(int8_weight_bits=8))
+    dyn = convert_artifact(src, root / "dyn-w8", "int8-dynamic", measured=False,
+                           options=PrecisionOptions(int8_weight_bits=8, int8_dynamic_weights="int8"))
+    return good, bad, dyn
+
+
+@pytest.mark.parametrize("runner", ["ort", "ov"])
+def test_verify_emulate_runs_the_probes_on_the_avx2_class(int8_7_and_8_bit, runner):
+    """`xdeploy verify --emulate avx2`: the default (7-bit) int8 export passes its golden probes as the AVX2 class;
+    the same graph quantized with 8-bit weights is refused there (exit 1, naming the saturation), on both runtimes."""
+    _emulator_or_skip()
+    good, bad, _ = int8_7_and_8_bit
+    done = _verify(good, runner)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"pass on {runner}" in done.stdout and "emulated by QEMU as EPYC-Milan" in done.stdout
+    done = _verify(bad, runner)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "saturates" in done.stderr and "emulated by QEMU as EPYC-Milan" in done.stderr
+
+
+def test_openvino_takes_int8_dynamic_8_bit_weights_on_avx2(int8_7_and_8_bit):
+    """int8-dynamic's MatMulInteger graph with 8-bit int8 weights: OpenVINO computes it in f32 (its golden probes
+    pass as the AVX2 class, so ov does not refuse it; as on a real Zen 3 in issue #27), while onnxruntime's int8
+    kernel would saturate it there (refused)."""
+    _emulator_or_skip()
+    dyn = int8_7_and_8_bit[2]
+    done = _verify(dyn, "ov")
+    assert done.returncode == 0 and "pass on ov" in done.stdout, done.stdout + done.stderr
+    done = _verify(dyn, "ort")
+    assert done.returncode == 1 and "which onnxruntime on this CPU" in done.stderr, done.stdout + done.stderr
