@@ -28,6 +28,7 @@ Option `paged` rewrites a decoder's stateful IR to OpenVINO's PagedAttention for
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -39,12 +40,13 @@ from xdeploy.core.deps import import_quietly, installed
 from xdeploy.core.errors import XDeployError, one_of
 
 from .base import CachedStep, Runner, RunnerInfo, validate_feeds
-from .saturation_guard import refuse_saturating_int8
+from .saturation_guard import refuse_saturating_int8, saturating_bound
 from .sessions import OV_PRECISION_HINTS, BoundInputs, one_thread_steps, onnx_file, ov_compile, ov_config
 
 _OV_TO_NAME = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
 GRAPH_FORMATS = ("auto", "onnx", "ir")  # auto: the artifact's OpenVINO IR when it carries one
 KV_PRECISIONS = ("f32", "bf16", "f16", "u8")  # stateful=True: the cache's element type (default: the compute's)
+_IR_FALLBACKS_SAID: set[str] = set()  # int8 IRs this process fell back from (the stderr line once per file)
 
 
 class OvRunner(Runner):
@@ -118,6 +120,8 @@ class OvRunner(Runner):
         if fmt == "ir" and ir is None:
             raise XDeployError(f"artifact {self.artifact.path} carries no OpenVINO IR for graph {self.graph.name!r}; "
                                "export it with --openvino-ir (fp32) or use format='onnx'")
+        if ir is not None and fmt == "auto" and self._ir_saturates(ir):
+            ir = None  # the 7-bit Q/DQ ONNX graph instead of an 8-bit int8 IR this CPU would saturate (one line said)
         path = ir if ir is not None and fmt != "onnx" else self.artifact.onnx_path(self.graph.name)
         self.graph_format = "ir" if path == ir else "onnx"
         self._refuse_saturation(path if self.graph_format == "ir" else None)
@@ -140,6 +144,20 @@ class OvRunner(Runner):
                   [n for n in self.output_names if n not in self._out_ports]
         if missing:
             raise XDeployError(f"{path} does not match its manifest: OpenVINO finds no tensor(s) {missing}")
+
+    def _ir_saturates(self, ir: Path) -> bool:
+        """A static int8 artifact's NNCF IR (8-bit weights: NNCF's default fixes the first layer only) that this
+        CPU would saturate (x86 without VNNI or AMX): the runner then compiles the artifact's Q/DQ ONNX graph, whose
+        7-bit weights cannot saturate, and says so on stderr once per graph file."""
+        if self.artifact.precision != "int8" or self._allow_saturation:
+            return False
+        bound = saturating_bound(self.artifact, self.graph.name, ir=ir)
+        if bound is not None and str(ir) not in _IR_FALLBACKS_SAID:
+            _IR_FALLBACKS_SAID.add(str(ir))
+            print(f"xdeploy: {ir} has 8-bit int8 weights (a pair reaches {bound['worst_pair_bound']} > "
+                  f"{bound['limit']}) that OpenVINO saturates on this CPU (no VNNI or AMX); compiling the "
+                  "artifact's Q/DQ ONNX graph (7-bit weights) instead", file=sys.stderr)
+        return bound is not None
 
     def _refuse_saturation(self, ir: Path | None) -> None:
         """On x86 without VNNI or AMX, refuse int8 weights the CPU plugin would saturate (deploy/saturation_guard.py):

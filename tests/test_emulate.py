@@ -138,3 +138,26 @@ def test_openvino_takes_int8_dynamic_8_bit_weights_on_avx2(int8_7_and_8_bit):
     assert done.returncode == 0 and "pass on ov" in done.stdout, done.stdout + done.stderr
     done = _verify(dyn, "ort")
     assert done.returncode == 1 and "which onnxruntime on this CPU" in done.stderr, done.stdout + done.stderr
+
+
+def test_ov_compiles_the_qdq_graph_where_the_int8_ir_would_saturate(tmp_path):
+    """A static int8 artifact carrying NNCF's IR (8-bit weights past the first layer): as the AVX2 class the ov
+    runner says on stderr that it compiles the 7-bit Q/DQ ONNX graph instead, and the probes pass; natively (this
+    host has VNNI or AMX, or is the AVX2 class itself: then the same line) it compiles the IR."""
+    _emulator_or_skip()
+    from xdeploy import api
+    from xdeploy.core.fingerprint import fingerprint, int8_dot
+    from xdeploy.export.artifact import load_artifact
+    from xdeploy.export.onnx_export import export
+
+    src = export("bert", preset="tiny", out=tmp_path / "fp32", openvino_ir=True)
+    art = load_artifact(api.convert_artifact(src, tmp_path / "int8", "int8"))
+    if art.openvino_ir("model") is None:
+        pytest.skip(f"the int8 IR failed its check on this machine: {art.manifest['openvino']['skipped']}")
+    done = _verify(art.path, "ov")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "compiling the artifact's Q/DQ ONNX graph (7-bit weights) instead" in done.stderr
+    native = subprocess.run([sys.executable, "-m", "xdeploy.cli", "verify", str(art.path), "--runner", "ov"],
+                            capture_output=True, text=True, timeout=600)
+    assert native.returncode == 0, native.stdout + native.stderr
+    assert ("Q/DQ ONNX graph" in native.stderr) == (int8_dot(fingerprint()) == "avx2")
