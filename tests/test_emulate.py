@@ -54,8 +54,9 @@ def test_cpuid_decides_the_isa_over_proc_cpuinfo():
     assert confirmed_isa(ZEN4_FLAGS, None, emulated=True) == ZEN4_FLAGS  # no CPUID reading: /proc/cpuinfo alone
 
 
-def test_emulator_refuses_a_qemu_older_than_10(tmp_path, monkeypatch):
-    """QEMU 7.2 (Debian 12's own) computes OpenVINO's AVX2 tanh wrongly: refused in one line naming the install."""
+def test_emulator_refuses_a_qemu_older_than_10(tmp_path, monkeypatch, capsys):
+    """QEMU 7.2 (Debian 12's own) computes OpenVINO's AVX2 tanh wrongly: refused in one line naming the install,
+    and `xdeploy doctor` says the class cannot be emulated here and why."""
     fake = tmp_path / "qemu-x86_64"
     fake.write_text("#!/bin/sh\necho 'qemu-x86_64 version 7.2.0 (Debian 1:7.2+dfsg-7+deb12u18)'\n")
     fake.chmod(0o755)
@@ -64,6 +65,10 @@ def test_emulator_refuses_a_qemu_older_than_10(tmp_path, monkeypatch):
         emulate.emulator("avx2")
     with pytest.raises(XDeployError, match="expected one of: avx2"):
         emulate.emulator("avx512")
+    from xdeploy.cli import main
+
+    assert main(["doctor"]) == 0
+    assert "emulate  avx2: unavailable: " in capsys.readouterr().out
 
 
 def test_the_emulated_process_is_the_avx2_class():

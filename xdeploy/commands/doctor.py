@@ -1,4 +1,5 @@
-"""xdeploy doctor: which runners can open on this machine, and (--gpu) the GPU ready check of `make gpu-check`."""
+"""xdeploy doctor: which runners can open on this machine, which CPU classes it can emulate (`verify --emulate`),
+and (--gpu) the GPU ready check of `make gpu-check`."""
 
 from __future__ import annotations
 
@@ -37,4 +38,12 @@ def run(args: argparse.Namespace) -> int:
         return gpu_check.full_check(Path(args.out))
     for name, gaps in runner_gaps().items():
         print(f"{name:9s} {'ok' if not gaps else 'unavailable: ' + '; '.join(gaps)}")
+    from xdeploy.verify.emulate import EMULATED_CPUS, emulator
+
+    for cls, model in EMULATED_CPUS.items():
+        try:
+            emulator(cls)
+            print(f"emulate  {cls}: ok (QEMU as {model}: xdeploy verify ARTIFACT --emulate {cls})")
+        except XDeployError as e:
+            print(f"emulate  {cls}: unavailable: {e}")
     return 0
