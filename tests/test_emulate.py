@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from xdeploy.core.errors import XDeployError
@@ -166,3 +167,46 @@ def test_ov_compiles_the_qdq_graph_where_the_int8_ir_would_saturate(tmp_path):
                             capture_output=True, text=True, timeout=600)
     assert native.returncode == 0, native.stdout + native.stderr
     assert ("Q/DQ ONNX graph" in native.stderr) == (int8_dot(fingerprint()) == "avx2")
+
+
+def test_cpp_runtime_as_the_avx2_class(tmp_path_factory):
+    """The C++ runtime (deploy/cpp's xdeploy-embed, onnxruntime's C API) as the AVX2 class: it checks the artifact's
+    golden probes at every start and passes them there, and its vectors equal the host's for a tiny text encoder at
+    fp32 and at the default (7-bit) int8; an 8-bit int8 artifact is refused there, as the Python ort runner
+    refuses it (its class read from CPUID, its proof from the manifest)."""
+    _emulator_or_skip()
+    from cpp_build import build_cpp
+    from tiny_text import tiny_text_artifact
+
+    from xdeploy.api import convert_artifact
+
+    binary = build_cpp() / "xdeploy-embed"
+    fp32 = tiny_text_artifact(tmp_path_factory.getbasetemp())
+    int8 = convert_artifact(fp32, tmp_path_factory.mktemp("cpp-int8") / "int8", "int8", measured=False)
+    ids = "101 2023 2003 1037 3231 102\n101 7592 2088 102\n101 102\n"
+    for art in (fp32, int8):
+        runs = [subprocess.run([*prefix, str(binary), str(art)], input=ids, capture_output=True, text=True,
+                               timeout=600) for prefix in ([], emulate.emulator("avx2"))]
+        for r in runs:
+            assert r.returncode == 0 and "sentences -> " in r.stderr, r.stderr[-2000:]
+        native, emulated = (np.array([[float(x) for x in line.split()] for line in r.stdout.splitlines()])
+                            for r in runs)
+        assert native.shape == emulated.shape == (3, native.shape[1])
+        assert np.abs(native - emulated).max() <= 1e-5, (art, np.abs(native - emulated).max())
+    # an int8 artifact with 8-bit weights (proven for vnni and amx only): refused as the AVX2 class (exit 1, one
+    # line), run on the host when it is not that class, and run there too with --allow-saturation
+    from xdeploy.core.fingerprint import fingerprint, int8_dot
+    from xdeploy.export.precision import PrecisionOptions
+
+    w8 = convert_artifact(fp32, tmp_path_factory.mktemp("cpp-int8-w8") / "int8", "int8", measured=False,
+                          options=PrecisionOptions(int8_weight_bits=8))
+    avx2 = emulate.emulator("avx2")
+    r = subprocess.run([*avx2, str(binary), str(w8)], input=ids, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1 and r.stdout == "", r.stderr[-2000:]
+    assert "is proven exact only on CPU classes [vnni, amx]" in r.stderr and "is class avx2" in r.stderr
+    assert r.stderr.count("xdeploy-embed: error:") == 1
+    r = subprocess.run([*avx2, str(binary), str(w8), "--allow-saturation"], input=ids, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 3, r.stderr[-2000:]
+    r = subprocess.run([str(binary), str(w8)], input=ids, capture_output=True, text=True, timeout=600)
+    assert (r.returncode == 0) == (int8_dot(fingerprint()) != "avx2"), r.stderr[-2000:]

@@ -118,6 +118,7 @@ struct Embedder::Impl {
   std::string graph_sha, precision;        // model graph sha256 (engine cache key), artifact precision
   json probes;                             // the manifest's "probes" section (null: made before probes existed)
   json tolerance;                          // the manifest's tolerances[precision] (atol, rtol, cosine)
+  std::vector<std::string> int8_proven_for;  // int8 artifacts: the CPU classes graph "model" is exact on
   std::string probe_note;                  // why the probes did not run ("" when they ran and passed)
   std::unique_ptr<Ort::Session> session;
   std::string tokenizer_file;  // tokenizer/tokenizer.json (relative to dir), "" when the artifact has none
@@ -169,6 +170,17 @@ struct Embedder::Impl {
       if (!found) throw Error("artifact " + dir.string() + " is not a text encoder: no last_hidden_state output");
       axes = m.at("axes");
       precision = m.value("precision", "fp32");
+      if (precision == "int8" || precision == "int8-dynamic") {
+        // export/saturation.py's proof for graph "model" (absent in artifacts made before it: proven for nothing)
+        const json* sat = nullptr;
+        if (m.contains("conversion") && m.at("conversion").is_object() && m.at("conversion").contains("model") &&
+            m.at("conversion").at("model").is_object() && m.at("conversion").at("model").contains("saturation"))
+          sat = &m.at("conversion").at("model").at("saturation");
+        if (sat != nullptr && sat->is_object() && sat->contains("proven_for")) {
+          if (!sat->at("proven_for").is_array()) bad(mpath, "conversion.model.saturation.proven_for must be a list");
+          for (const json& c : sat->at("proven_for")) int8_proven_for.push_back(c.get<std::string>());
+        }
+      }
       probes = m.contains("probes") ? m.at("probes") : json();
       if (!probes.is_null()) {
         if (!probes.is_object() || !probes.contains("cases") || !probes.at("cases").is_array())
@@ -457,6 +469,37 @@ struct Embedder::Impl {
     return "unknown CPU";
   }
 
+  // How this CPU adds int8 products, as core/fingerprint.py int8_dot names it (CPUID: right under an emulator too).
+  static std::string int8_class() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("amx-int8")) return "amx";
+    if (__builtin_cpu_supports("avx512vnni") || __builtin_cpu_supports("avxvnni")) return "vnni";
+    if (__builtin_cpu_supports("avx2") || __builtin_cpu_supports("avx512f")) return "avx2";
+#endif
+    return "unknown";
+  }
+
+  // An int8 artifact on onnxruntime's CPU provider where its int8 weights are not proven exact: refused (a verdict,
+  // ProbeFailure: exit 1), as the Python ort runner refuses it (deploy/saturation_guard.py). The GPU providers
+  // accumulate int8 in int32.
+  void check_int8_class() {
+    if ((precision != "int8" && precision != "int8-dynamic") || provider != "cpu" || opt.allow_saturation) return;
+    const std::string cls = int8_class();
+    if (cls == "unknown" || std::find(int8_proven_for.begin(), int8_proven_for.end(), cls) != int8_proven_for.end())
+      return;
+    std::string proven;
+    for (const std::string& c : int8_proven_for) proven += (proven.empty() ? "" : ", ") + c;
+    const std::string what = proven.empty() ? "carries no proof that its int8 weights cannot saturate (made before "
+                                              "xdeploy recorded one: re-export it)"
+                                            : "is proven exact only on CPU classes [" + proven + "]";
+    throw ProbeFailure("artifact " + dir.string() + " (" + precision + ") " + what + "; this CPU (" + cpu_model() +
+                       ") is class " + cls +
+                       " (no VNNI or AMX: int8 products added in saturating int16 pairs), where its int8 weights "
+                       "can be clipped into wrong outputs; expected an artifact exported with --int8-weight-bits 7 "
+                       "(the default), or pass --allow-saturation");
+  }
+
   // Graph "model"'s probe cases (their raw copies) through the session, judged as parity judges an output
   // (deploy/metrics.py compare): no NaN/Inf, and every real token's value within atol + rtol*|ref| or the cosine
   // over the real tokens >= the tolerance's. Throws ProbeFailure naming the case, the cosine and the machine.
@@ -616,6 +659,7 @@ Embedder::Embedder(const std::string& artifact_dir, const Options& options) : im
   if (options.threads < 0) throw Error("threads must be >= 0");
   impl_->read_manifest();
   impl_->open_session();
+  impl_->check_int8_class();
   impl_->check_probes();
 }
 

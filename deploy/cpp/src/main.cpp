@@ -12,6 +12,8 @@
 // (special tokens included) separated by spaces or commas; a JSON array per line ("[101, 7592, 102]") also works.
 // stdout: one line per sentence, dim() floats printed with 9 significant digits (float32 round-trips exactly).
 // --no-verify skips the artifact's golden probes (checked at load; a failing one refuses the artifact: exit 1).
+// --allow-saturation runs an int8 artifact on a CPU its manifest does not prove it exact on (x86 without VNNI or
+// AMX; refused otherwise: exit 1).
 // Errors: one line on stderr, exit 2.
 #include <cerrno>
 #include <chrono>
@@ -83,7 +85,7 @@ int run(int argc, char** argv) {
   if (args.empty() || args[0] == "-h" || args[0] == "--help") {
     std::cerr << "usage: xdeploy-embed ARTIFACT --text [--print-ids] [options] < sentences.txt > vectors.txt\n"
                  "       xdeploy-embed ARTIFACT [--provider auto|cpu|cuda|tensorrt] [--threads N] [--batch N] "
-                 "[--pad-to N] [--batching cost|fixed] [--no-verify] < ids.txt > vectors.txt\n       xdeploy-embed --providers\n";
+                 "[--pad-to N] [--batching cost|fixed] [--no-verify] [--allow-saturation] < ids.txt > vectors.txt\n       xdeploy-embed --providers\n";
     return args.empty() ? 2 : 0;
   }
   if (args[0] == "--providers") {
@@ -111,6 +113,10 @@ int run(int argc, char** argv) {
       opt.verify = false;
       continue;
     }
+    if (a == "--allow-saturation") {
+      opt.allow_saturation = true;
+      continue;
+    }
     if (i + 1 >= args.size()) throw xdeploy::Error("unknown or incomplete option \"" + a + "\"");
     const char* v = args[++i].c_str();
     if (a == "--provider") opt.provider = v;
@@ -120,7 +126,7 @@ int run(int argc, char** argv) {
     else if (a == "--batching") opt.batching = v;
     else if (a == "--time") time_reps = to_int(a, v);
     else throw xdeploy::Error("unknown option \"" + a + "\"; expected --text, --print-ids, --provider, --threads, "
-                              "--batch, --pad-to, --batching, --no-verify");
+                              "--batch, --pad-to, --batching, --no-verify, --allow-saturation");
   }
   if (print_ids && !text) throw xdeploy::Error("--print-ids needs --text");
   xdeploy::Embedder emb(artifact, opt);

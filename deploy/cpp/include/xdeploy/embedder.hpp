@@ -37,6 +37,9 @@ struct Options {
   std::string batching = "cost";  // cost | fixed: how length-sorted inputs are cut into batches (plan_batches)
   std::string trt_cache_dir;      // TensorRT engine/timing cache root ("": $XDG_CACHE_HOME/xdeploy/ort-trt-cpp)
   bool verify = true;  // run the artifact's golden probes at load (a failure throws ProbeFailure)
+  // run an int8 artifact on the CPU even where its int8 weights are not proven exact (x86 without VNNI or AMX
+  // adds int8 products in saturating int16 pairs; the manifest's conversion.model.saturation.proven_for)
+  bool allow_saturation = false;
 };
 
 struct Pooling {
