@@ -78,7 +78,13 @@ CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 DEFAULT_CALIBRATION_METHOD = "percentile"
 ACTIVATION_TYPES = ("int8", "uint8")
 INT8_WEIGHT_BITS = (7, 8)
-DYNAMIC_WEIGHT_TYPES = ("auto", "uint8", "int8")  # int8-dynamic's weights; auto: uint8 for decode steps
+# int8-dynamic's weights; auto: uint8 for decode steps; blocks: 8-bit blocks (MatMulNBits) for decode steps
+DYNAMIC_WEIGHT_TYPES = ("auto", "uint8", "int8", "blocks")
+# "blocks": onnxruntime's MatMulNBits at 8 bits, symmetric, one scale per BLOCK_SIZE weights along K, activations
+# quantized to int8 per block at run time (accuracy_level 4: MLAS's SQ8BitGemm kernels). 128 by measurement (GPT-2
+# small decoding, Zen 4: time per token 1.23x int8-dynamic's at 128 and 256, 0.99x at 32; docs/benchmarks.md).
+BLOCK_SIZE = 128
+BLOCK_ACCURACY_LEVEL = 4
 FP16_MAX = 65504.0
 # ops through which a constant weight may reach a quantized MatMul/Gemm/Conv (the quantizer's pre-processing
 # folds them into one initializer: a tied embedding's Transpose for an lm_head)
@@ -102,8 +108,9 @@ class PrecisionOptions:
     # only where int8 products accumulate in int32 (VNNI, AMX) and saturates on AVX2-only x86 (export/saturation.py)
     int8_weight_bits: int = 7
     # int8-dynamic's weight type: "uint8" (asymmetric, 8 bits, exact on every x86 class), "int8" (symmetric,
-    # `int8_weight_bits` bits) or "auto" (uint8 for decode-step graphs, int8 for the rest: module docstring);
-    # static int8 weights are always int8 (symmetric: TensorRT's explicit quantization)
+    # `int8_weight_bits` bits), "auto" (uint8 for decode-step graphs, int8 for the rest: module docstring) or
+    # "blocks" (8-bit blocks, MatMulNBits, for decode-step graphs, int8 for the rest); static int8 weights are
+    # always int8 (symmetric: TensorRT's explicit quantization)
     int8_dynamic_weights: str = "auto"
     int8_exclude: tuple[str, ...] = ()  # node names left float in int8 graphs (in addition to what sensitivity finds)
     int8_op_types: tuple[str, ...] = INT8_OP_TYPES
@@ -142,8 +149,11 @@ def int8_weights(precision: str, options: PrecisionOptions, graph: Graph | None 
     weights take `int8_weight_bits`; int8-dynamic's uint8 weights are 8-bit (a bits request with "uint8" asked
     for by name is refused, not ignored: bits are for int8 weights)."""
     kind = options.int8_dynamic_weights
-    if kind == "auto":
-        kind = "uint8" if graph is not None and graph.decode_step else "int8"
+    if kind in ("auto", "blocks"):
+        step = graph is not None and graph.decode_step
+        kind = ("uint8" if kind == "auto" else "blocks") if step else "int8"
+    if precision == "int8-dynamic" and kind == "blocks":
+        return "blocks", 8
     if precision == "int8-dynamic" and kind == "uint8":
         if options.int8_dynamic_weights == "uint8" and options.int8_weight_bits != INT8_WEIGHT_BITS[0]:
             raise XDeployError(f"int8 weight bits {options.int8_weight_bits} apply to int8 weights; int8-dynamic's "
@@ -815,6 +825,8 @@ def to_int8_dynamic(proto: onnx.ModelProto, options: PrecisionOptions = Precisio
 
     weight_type, bits = int8_weights("int8-dynamic", options, graph)
     exclude = _requested(proto, options.int8_exclude)
+    if weight_type == "blocks":
+        return _to_int8_blocks(proto, exclude, options)
     op_types = [t for t in options.int8_op_types if t in DYNAMIC_OP_TYPES]
     with tempfile.TemporaryDirectory(prefix="xdeploy-int8-") as d, _quiet():
         dst = Path(d, "int8.onnx")
@@ -838,6 +850,44 @@ def to_int8_dynamic(proto: onnx.ModelProto, options: PrecisionOptions = Precisio
         "excluded": exclude, "requested_nodes_found": exclude,
         "kept_fp32": [{"node": n, "reason": "requested"} for n in exclude],
         "quantized_ops": {k: ops[k] for k in ("MatMulInteger", "ConvInteger", "DynamicQuantizeLinear") if ops[k]},
+    }
+
+
+def _to_int8_blocks(proto: onnx.ModelProto, exclude: list[str], options: PrecisionOptions
+                    ) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """int8-dynamic with "blocks" weights: every constant-weight MatMul as onnxruntime's MatMulNBits (8 bits,
+    symmetric, BLOCK_SIZE weights per scale along K, int8 activations per block at run time), after the quantizer's
+    pre-processing (which folds a tied LM head's Transpose into one weight). A decode step reads its weights once
+    a token: MLAS's block kernels read them faster than the per-channel MatMulInteger path, and the per-block scales
+    keep the logits closer to fp32; a prompt of many tokens runs slower through them (docs/benchmarks.md). MLAS's
+    AVX2 8-bit kernel multiplies each weight byte alone in a 16-bit lane, so no pair saturates on any class (run as
+    that class under QEMU: tests/test_emulate.py)."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+
+    with tempfile.TemporaryDirectory(prefix="xdeploy-int8-") as d, _quiet():
+        try:
+            pre, large = _prepare(proto, Path(d))
+            model = onnx.load(str(pre))
+            q = MatMulNBitsQuantizer(model, nodes_to_exclude=exclude, algo_config=DefaultWeightOnlyQuantConfig(
+                block_size=BLOCK_SIZE, is_symmetric=True, accuracy_level=BLOCK_ACCURACY_LEVEL, bits=8))
+            q.process()
+            out = q.model.model
+            if large:  # the weights into memory before the temporary directory goes
+                onnx.load_external_data_for_model(out, d)
+        except XDeployError:
+            raise
+        except Exception as e:
+            raise XDeployError(f"int8 block quantization failed: {str(e).splitlines()[0] if str(e) else e!r}") from e
+    ops = collections.Counter(n.op_type for n in out.graph.node)
+    if not ops["MatMulNBits"]:
+        raise XDeployError("int8-dynamic weights 'blocks' found no MatMul with a constant weight to quantize; expected "
+                           "a graph with dense layers (or int8-dynamic weights 'auto')")
+    return out, {
+        "precision": "int8-dynamic", "format": "matmul-nbits", "io_dtype": "float32", "method": "dynamic",
+        "weight_type": "blocks", "weight_bits": 8, "block_size": BLOCK_SIZE, "accuracy_level": BLOCK_ACCURACY_LEVEL,
+        "per_channel": False, "op_types": ["MatMul"], "excluded": exclude, "requested_nodes_found": exclude,
+        "kept_fp32": [{"node": n, "reason": "requested"} for n in exclude],
+        "quantized_ops": {"MatMulNBits": ops["MatMulNBits"]},
     }
 
 

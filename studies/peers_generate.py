@@ -119,6 +119,7 @@ XDEPLOY: tuple[Row, ...] = (("xdeploy", "ort fp32", "onnxruntime", "fp32"), ("xd
                             ("xdeploy", "ort int8 dynamic", "onnxruntime", "int8"),
                             ("xdeploy", "ort int8 dynamic, model-graph prefill", "onnxruntime", "int8"),
                             ("xdeploy", "ort int8 dynamic, int8-weight prefill", "onnxruntime", "int8"),
+                            ("xdeploy", "ort int8 dynamic, 8-bit weight blocks", "onnxruntime", "int8"),
                             ("xdeploy", "ov f32, int8 weights", "openvino", "int8"))
 XDEPLOY_STATIC: tuple[Row, ...] = (("xdeploy", "ort int8 static", "onnxruntime", "int8"),)
 OPTIMUM_INTEL: tuple[Row, ...] = (("optimum-intel", "ov stateful f32", "openvino", "fp32"),
@@ -137,6 +138,7 @@ SYSTEMS = ("transformers", "xdeploy", "optimum-intel", "ctranslate2", "onnxrunti
 # the ov rows keep the KV cache in the engine (the artifact's stateful IR; refused in one line if it has none), as
 # the Generator does by default: paged for a decoder, the stateful step for an encoder-decoder
 _OV_ENGINE = {"format": "ir", "kv_cache": "auto"}
+BLOCKS = "int8-dynamic/blocks"  # the int8-dynamic artifact with --int8-dynamic-weights blocks (a route's key)
 XDEPLOY_ROUTE = {"ort fp32": ("fp32", "ort", {}), "ov f32": ("fp32", "ov:f32", _OV_ENGINE),
                  "ov bf16": ("fp32", "ov:bf16", _OV_ENGINE),
                  # the fp16 artifact's IR (weights stored as fp16) computed in f32: OpenVINO keeps a language model's
@@ -150,6 +152,9 @@ XDEPLOY_ROUTE = {"ort fp32": ("fp32", "ort", {}), "ov f32": ("fp32", "ov:f32", _
                  # VNNI/AMX CPUs only): on VNNI without AMX the default row's route too; on AMX the prompt only,
                  # through a second session (a second copy of the weights)
                  "ort int8 dynamic, int8-weight prefill": ("int8-dynamic", "ort", {"signed_prefill": True}),
+                 # the decode graph's weights as onnxruntime's MatMulNBits (8-bit blocks of 128, int8 activations per
+                 # block: --int8-dynamic-weights blocks), converted from the fp32 artifact
+                 "ort int8 dynamic, 8-bit weight blocks": (BLOCKS, "ort", {}),
                  # the int8-dynamic artifact's IR, its weights compressed to int8 by nncf (OpenVINO's int8 route, the
                  # one openvino-genai and optimum-intel's int8 weight-only rows run), computed in f32
                  "ov f32, int8 weights": ("int8-dynamic", "ov:f32", _OV_ENGINE),
@@ -344,6 +349,14 @@ def _xdeploy_artifact(ctx: Context, precision: str) -> Path:
     from xdeploy.export.openvino_ir import IR_PRECISIONS
     from xdeploy.verify.sensitivity import refine
 
+    if precision == BLOCKS and precision not in ctx.arts:
+        from xdeploy.api import convert_artifact
+        from xdeploy.export.precision import PrecisionOptions
+
+        src = _xdeploy_artifact(ctx, "fp32")
+        ctx.arts[precision] = convert_artifact(src, ctx.work / "xdeploy" / f"{src.name}-int8-blocks", "int8-dynamic",
+                                               measured=False, force=True,
+                                               options=PrecisionOptions(int8_dynamic_weights="blocks"))
     if precision not in ctx.arts:
         source = {"preset": ctx.w.preset} if ctx.w.preset else {"checkpoint": ctx.ckpt}
         ctx.arts[precision] = cached_artifact(ctx.w.model, **source, precision=precision,

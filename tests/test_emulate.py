@@ -210,3 +210,16 @@ def test_cpp_runtime_as_the_avx2_class(tmp_path_factory):
     assert r.returncode == 0 and len(r.stdout.splitlines()) == 3, r.stderr[-2000:]
     r = subprocess.run([str(binary), str(w8)], input=ids, capture_output=True, text=True, timeout=600)
     assert (r.returncode == 0) == (int8_dot(fingerprint()) != "avx2"), r.stderr[-2000:]
+
+
+def test_int8_blocks_decode_step_as_the_avx2_class(tiny_export, tmp_path):
+    """--int8-dynamic-weights blocks (onnxruntime's MatMulNBits, 8-bit weights): MLAS's AVX2 block kernel multiplies
+    each weight byte alone in a 16-bit lane, so the decode step passes its probes as that class too."""
+    _emulator_or_skip()
+    from xdeploy.api import convert_artifact
+    from xdeploy.export.precision import PrecisionOptions
+
+    art = convert_artifact(tiny_export("gpt"), tmp_path / "blocks", "int8-dynamic", measured=False,
+                           options=PrecisionOptions(int8_dynamic_weights="blocks"))
+    done = _verify(art, "ort")
+    assert done.returncode == 0 and "pass on ort" in done.stdout, done.stdout + done.stderr

@@ -387,6 +387,45 @@ def test_int8_dynamic_decode_keeps_8_bit_weights_and_the_greedy_path(tiny_export
     assert u8 >= 8 and u8 > s8, (u8, s8)
 
 
+def test_int8_dynamic_blocks_put_every_decode_weight_in_8_bit_blocks(tiny_export, tmp_path):
+    """--int8-dynamic-weights blocks: every dense layer of the decode step (the tied LM head's Transpose(wte) too)
+    becomes onnxruntime's MatMulNBits with 8-bit blocks of 128, the full-sequence model graph keeps 7-bit int8
+    weights; no u8*s8 pair is left to saturate (proven for every class); the golden probes pass on ort and ov, and
+    greedy decoding through onnxruntime's own cache follows fp32 on the trained tiny GPT."""
+    import onnx
+
+    from xdeploy.api import convert_artifact
+    from xdeploy.deploy.probes import verify_artifact
+    from xdeploy.export.precision import BLOCK_SIZE, PrecisionOptions
+
+    src = tiny_export("gpt")
+    art = load_artifact(convert_artifact(src, tmp_path / "blocks", "int8-dynamic", measured=False,
+                                         options=PrecisionOptions(int8_dynamic_weights="blocks")))
+    conv = art.manifest["conversion"]
+    assert (conv["decode"]["weight_type"], conv["decode"]["weight_bits"], conv["decode"]["block_size"]) == \
+        ("blocks", 8, BLOCK_SIZE)
+    assert (conv["model"]["weight_type"], conv["model"]["weight_bits"]) == ("int8", 7)
+    assert conv["decode"]["saturation"]["proven_for"] == ["vnni", "amx", "avx2"]
+    fp32 = onnx.load(str(load_artifact(src).onnx_path("decode")), load_external_data=False)
+    weights = {i.name for i in fp32.graph.initializer}
+    producer = {o: n for n in fp32.graph.node for o in n.output}
+    dense = [n for n in fp32.graph.node if n.op_type == "MatMul" and (n.input[1] in weights or (
+        n.input[1] in producer and producer[n.input[1]].op_type == "Transpose"
+        and producer[n.input[1]].input[0] in weights))]
+    q = onnx.load(str(art.onnx_path("decode")), load_external_data=False)
+    ops = [n.op_type for n in q.graph.node]
+    assert ops.count("MatMulNBits") == len(dense) == conv["decode"]["quantized_ops"]["MatMulNBits"] > 0
+    assert "MatMulInteger" not in ops and "DynamicQuantizeLinear" not in ops
+    for runner in ("ort", "ov"):
+        rep = verify_artifact(art, runner, remember=False)
+        assert rep.passed, [rep.failure_line(c) for c in rep.failures]
+    prompt = [list(b"Export, optimize, run and benchmark transformer models. Reference PyTorch models"[:32])]
+    gc = GenerationConfig(max_new_tokens=32, eos_token_id=-1)
+    first = token_agreement(generate(load_artifact(src), prompt, gc, runner="ort"),
+                            generate(art, prompt, gc, runner="ort")).first_divergence[0]
+    assert first is None or first >= 8, first
+
+
 def test_cache_layout_binds_per_layer_views_and_reads_older_single_input_exports():
     from xdeploy.deploy.generate import _cache_layout
     from xdeploy.models.spec import DecoderFeeds, Graph, TensorSpec, cache_inputs
