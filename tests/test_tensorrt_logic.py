@@ -503,8 +503,10 @@ def test_xdeploy_doctor_lists_runner_gaps_and_refuses_gpu_check_here(capsys):
     if shutil.which("nvidia-smi"):
         pytest.skip("this machine has an NVIDIA driver")
     assert main(["doctor"]) == 0
-    lines = dict(line.split(None, 1) for line in capsys.readouterr().out.strip().splitlines())
+    out = capsys.readouterr().out.strip().splitlines()
+    lines = dict(line.split(None, 1) for line in out if not line.startswith("emulate "))
     assert set(lines) == set(RUNNERS) and lines["ort"] == "ok"
+    assert [line.split()[1] for line in out if line.startswith("emulate ")] == ["avx2:"]  # the emulable classes
     for gpu_runner in ("trt", "ort-cuda", "ort-trt"):
         assert lines[gpu_runner].startswith("unavailable: no nvidia-smi on PATH")
     assert main(["doctor", "--gpu"]) == 2
