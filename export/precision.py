@@ -81,9 +81,10 @@ INT8_WEIGHT_BITS = (7, 8)
 # int8-dynamic's weights; auto: uint8 for decode steps; blocks: 8-bit blocks (MatMulNBits) for decode steps
 DYNAMIC_WEIGHT_TYPES = ("auto", "uint8", "int8", "blocks")
 # "blocks": onnxruntime's MatMulNBits at 8 bits, symmetric, one scale per BLOCK_SIZE weights along K, activations
-# quantized to int8 per block at run time (accuracy_level 4: MLAS's SQ8BitGemm kernels). 128 by measurement (GPT-2
-# small decoding, Zen 4: time per token 1.23x int8-dynamic's at 128 and 256, 0.99x at 32; docs/benchmarks.md).
-BLOCK_SIZE = 128
+# quantized to int8 per block at run time (accuracy_level 4: MLAS's SQ8BitGemm kernels). 256 by measurement (GPT-2
+# small decoding, Zen 4, against int8-dynamic: a token 1.53x faster at 256, 1.47x at 128, 0.99x at 32; a 32-token
+# prompt 0.87x, 0.79x, 0.67x; docs/benchmarks.md).
+BLOCK_SIZE = 256
 BLOCK_ACCURACY_LEVEL = 4
 FP16_MAX = 65504.0
 # ops through which a constant weight may reach a quantized MatMul/Gemm/Conv (the quantizer's pre-processing

@@ -152,7 +152,7 @@ XDEPLOY_ROUTE = {"ort fp32": ("fp32", "ort", {}), "ov f32": ("fp32", "ov:f32", _
                  # VNNI/AMX CPUs only): on VNNI without AMX the default row's route too; on AMX the prompt only,
                  # through a second session (a second copy of the weights)
                  "ort int8 dynamic, int8-weight prefill": ("int8-dynamic", "ort", {"signed_prefill": True}),
-                 # the decode graph's weights as onnxruntime's MatMulNBits (8-bit blocks of 128, int8 activations per
+                 # the decode graph's weights as onnxruntime's MatMulNBits (8-bit blocks of 256, int8 activations per
                  # block: --int8-dynamic-weights blocks), converted from the fp32 artifact
                  "ort int8 dynamic, 8-bit weight blocks": (BLOCKS, "ort", {}),
                  # the int8-dynamic artifact's IR, its weights compressed to int8 by nncf (OpenVINO's int8 route, the

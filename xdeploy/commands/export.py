@@ -77,7 +77,7 @@ def add_conversion_arguments(p: argparse.ArgumentParser) -> None:
                    help="int8-dynamic weights: uint8 (8 bits, exact on every x86 CPU: onnxruntime's U8U8 kernels; "
                         "as fast where decoding reads weights, slower where batches compute), int8 (symmetric, "
                         "--int8-weight-bits bits), auto (default): uint8 for decode-step graphs, int8 for the rest, or "
-                        "blocks: decode steps as onnxruntime's MatMulNBits (8-bit blocks of 128, int8 activations "
+                        "blocks: decode steps as onnxruntime's MatMulNBits (8-bit blocks of 256, int8 activations "
                         "per block; each token ~1.2x faster on GPT-2 small, a long prompt slower), int8 for the rest")
     g.add_argument("--no-sensitivity", dest="sensitivity", action="store_false",
                    help="int8: skip the measured search for nodes to keep float when the tolerance is missed")
