@@ -827,7 +827,7 @@ def to_int8_dynamic(proto: onnx.ModelProto, options: PrecisionOptions = Precisio
     weight_type, bits = int8_weights("int8-dynamic", options, graph)
     exclude = _requested(proto, options.int8_exclude)
     if weight_type == "blocks":
-        return _to_int8_blocks(proto, exclude, options)
+        return _to_int8_blocks(proto, exclude)
     op_types = [t for t in options.int8_op_types if t in DYNAMIC_OP_TYPES]
     with tempfile.TemporaryDirectory(prefix="xdeploy-int8-") as d, _quiet():
         dst = Path(d, "int8.onnx")
@@ -854,8 +854,7 @@ def to_int8_dynamic(proto: onnx.ModelProto, options: PrecisionOptions = Precisio
     }
 
 
-def _to_int8_blocks(proto: onnx.ModelProto, exclude: list[str], options: PrecisionOptions
-                    ) -> tuple[onnx.ModelProto, dict[str, Any]]:
+def _to_int8_blocks(proto: onnx.ModelProto, exclude: list[str]) -> tuple[onnx.ModelProto, dict[str, Any]]:
     """int8-dynamic with "blocks" weights: every constant-weight MatMul as onnxruntime's MatMulNBits (8 bits,
     symmetric, BLOCK_SIZE weights per scale along K, int8 activations per block at run time), after the quantizer's
     pre-processing (which folds a tied LM head's Transpose into one weight). A decode step reads its weights once
@@ -867,14 +866,12 @@ def _to_int8_blocks(proto: onnx.ModelProto, exclude: list[str], options: Precisi
 
     with tempfile.TemporaryDirectory(prefix="xdeploy-int8-") as d, _quiet():
         try:
-            pre, large = _prepare(proto, Path(d))
-            model = onnx.load(str(pre))
+            pre, _ = _prepare(proto, Path(d))
+            model = onnx.load(str(pre))  # external weights (a large graph's) read into memory here, before d goes
             q = MatMulNBitsQuantizer(model, nodes_to_exclude=exclude, algo_config=DefaultWeightOnlyQuantConfig(
                 block_size=BLOCK_SIZE, is_symmetric=True, accuracy_level=BLOCK_ACCURACY_LEVEL, bits=8))
             q.process()
             out = q.model.model
-            if large:  # the weights into memory before the temporary directory goes
-                onnx.load_external_data_for_model(out, d)
         except XDeployError:
             raise
         except Exception as e:

@@ -78,7 +78,7 @@ def add_conversion_arguments(p: argparse.ArgumentParser) -> None:
                         "as fast where decoding reads weights, slower where batches compute), int8 (symmetric, "
                         "--int8-weight-bits bits), auto (default): uint8 for decode-step graphs, int8 for the rest, or "
                         "blocks: decode steps as onnxruntime's MatMulNBits (8-bit blocks of 256, int8 activations "
-                        "per block; each token ~1.2x faster on GPT-2 small, a long prompt slower), int8 for the rest")
+                        "per block; each token 1.3-1.5x faster on GPT-2 small, a prompt slower), int8 for the rest")
     g.add_argument("--no-sensitivity", dest="sensitivity", action="store_false",
                    help="int8: skip the measured search for nodes to keep float when the tolerance is missed")
     g.add_argument("--int8-max-excluded", type=int, metavar="N",
