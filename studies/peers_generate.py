@@ -351,12 +351,18 @@ def _xdeploy_artifact(ctx: Context, precision: str) -> Path:
 
     if precision == BLOCKS and precision not in ctx.arts:
         from xdeploy.api import convert_artifact
+        from xdeploy.export.artifact import load_artifact
         from xdeploy.export.precision import PrecisionOptions
 
         src = _xdeploy_artifact(ctx, "fp32")
-        ctx.arts[precision] = convert_artifact(src, ctx.work / "xdeploy" / f"{src.name}-int8-blocks", "int8-dynamic",
-                                               measured=False, force=True,
-                                               options=PrecisionOptions(int8_dynamic_weights="blocks"))
+        out = ctx.work / "xdeploy" / f"{src.name}-int8-blocks"
+        # the fp32 artifact's name keys the export code and library versions, so a conversion already there
+        # (written whole: convert renames it into place) is this code's; a folder that does not load is redone
+        with contextlib.suppress(XDeployError):
+            ctx.arts[precision] = load_artifact(out).path
+        if precision not in ctx.arts:
+            ctx.arts[precision] = convert_artifact(src, out, "int8-dynamic", measured=False, force=True,
+                                                   options=PrecisionOptions(int8_dynamic_weights="blocks"))
     if precision not in ctx.arts:
         source = {"preset": ctx.w.preset} if ctx.w.preset else {"checkpoint": ctx.ckpt}
         ctx.arts[precision] = cached_artifact(ctx.w.model, **source, precision=precision,
