@@ -180,6 +180,8 @@ class _OrtGpuRunner(OrtRunner):
     fuses_cache = False
     # onnxruntime's whole optimizer set: ORT_CPU_SLOW_FUSIONS are slow on the CPU provider (a fused GPU kernel here)
     slow_fusions = ()
+    # a host input bound once is copied to the GPU once (OrtRunner.binds_in_place): bind() binds again every call
+    binds_in_place = False
 
     def _check_options(self) -> None:
         pass  # provider_options() refuses what a GPU runner does not take

@@ -60,6 +60,13 @@ class OrtRunner(Runner):
     # onnxruntime optimizers left out (sessions.py ORT_CPU_SLOW_FUSIONS: slower on the CPU provider); option
     # fuse_skip_layer_norm=True keeps onnxruntime's SkipLayerNormFusion, for comparison
     slow_fusions: ClassVar[tuple[str, ...]] = ORT_CPU_SLOW_FUSIONS
+    # Whether a bound numpy input is read in place by every run. True on the CPU provider only: onnxruntime copies
+    # an input bound on the host to the device of the node that reads it *when it is bound* (IOBinding::BindInput ->
+    # CopyOneInputAcrossDevices, onnxruntime/core/session/IOBinding.cc), so on a GPU provider a binding made once
+    # keeps the first call's inputs: the decoding loop's steps then all read the first step's token and cache
+    # (ort-cuda agreed with PyTorch on 1 of 16 greedy tokens, NVIDIA H200, 2026-11-30). Where False, every bound
+    # call binds its inputs again (the host->device copy session.run makes too).
+    binds_in_place: ClassVar[bool] = True
 
     @classmethod
     def keeps_cache(cls, artifact: Any, graph: str) -> bool:
@@ -248,7 +255,8 @@ class OrtRunner(Runner):
         for name in self.output_names:
             if name not in outputs:  # not wanted by the caller: let the session allocate it
                 binding.bind_output(name, "cpu")
-        return _BoundCall(self.session, binding, self.graph.name, (dict(checked), dict(outputs)))
+        return _BoundCall(self.session, binding, self.graph.name, (dict(checked), dict(outputs)),
+                          rebind=not self.binds_in_place)
 
     def info(self) -> RunnerInfo:
         import onnxruntime as ort
@@ -265,12 +273,18 @@ class OrtRunner(Runner):
 
 class _BoundCall:
     """One bound run. Holds the bound numpy buffers (their memory must outlive the binding) and the binding
-    (tests read `binding.get_outputs()` to check the outputs alias the caller's buffers)."""
+    (tests read `binding.get_outputs()` to check the outputs alias the caller's buffers); with `rebind`, binds the
+    inputs again before each run (OrtRunner.binds_in_place)."""
 
-    def __init__(self, session: Any, binding: Any, graph: str, buffers: tuple[dict, dict]) -> None:
+    def __init__(self, session: Any, binding: Any, graph: str, buffers: tuple[dict, dict], *,
+                 rebind: bool = False) -> None:
         self.session, self.binding, self.graph, self.buffers = session, binding, graph, buffers
+        self.rebind = rebind
 
     def __call__(self) -> None:
+        if self.rebind:
+            for name, a in self.buffers[0].items():
+                self.binding.bind_cpu_input(name, a)
         try:
             self.session.run_with_iobinding(self.binding)
         except Exception as e:  # onnxruntime's own exception types

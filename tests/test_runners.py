@@ -7,7 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from families import n_graphs, names
-from runners import check_bind_with_pruned_outputs, check_outputs_option, params, reference_failures, require
+from runners import (
+    check_bind_reads_current_inputs,
+    check_bind_with_pruned_outputs,
+    check_outputs_option,
+    params,
+    reference_failures,
+    require,
+)
 from runners import close as _close
 
 from xdeploy.core.errors import XDeployError
@@ -170,6 +177,64 @@ def test_bind_with_pruned_outputs_checks_the_requested_outputs(artifacts, spec):
     """(OpenVINO raised a bare KeyError from its output ports for the output it does not compute.)"""
     require(spec)
     check_bind_with_pruned_outputs(spec, artifacts("bert", "fp32"))
+
+
+@pytest.mark.parametrize("spec", params(variants=False))
+def test_bind_reads_the_inputs_current_contents_every_call(artifacts, spec):
+    """(ort-cuda bound the decode step's host inputs once: onnxruntime copies them to the GPU at bind time, so every
+    step reread the first one's token and cache; caught on an NVIDIA H200, 1 of 16 greedy tokens agreeing.)"""
+    require(spec)
+    check_bind_reads_current_inputs(spec, artifacts("gpt", "fp32"), "decode", SIZES)
+
+
+class _CopyAtBindSession:
+    """A CPU onnxruntime session whose IO binding copies a host input when it is bound, as onnxruntime does for an
+    input a GPU provider reads (IOBinding::BindInput -> CopyOneInputAcrossDevices): a simulation of that copy on
+    the CPU provider, not the CUDA provider."""
+
+    def __init__(self, session):
+        self._session = session
+
+    def __getattr__(self, name):
+        return getattr(self._session, name)
+
+    def io_binding(self):
+        inner = self._session.io_binding()
+
+        class Binding:
+            def __getattr__(self, name):
+                return getattr(inner, name)
+
+            def bind_cpu_input(self, name, a):
+                self.copies = getattr(self, "copies", []) + [a.copy()]  # kept alive, as the device copy is
+                inner.bind_cpu_input(name, self.copies[-1])
+
+        return Binding()  # run_with_iobinding reads the wrapped binding through __getattr__
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_ort_bind_on_a_provider_that_copies_at_bind_time_binds_again_every_call(artifacts, in_place, monkeypatch):
+    """What OrtRunner.binds_in_place decides, on the CPU with the GPU provider's copy at bind time simulated: binding
+    once (the CPU provider's zero-copy path) keeps the first request; binding again every call (what ort-cuda and
+    ort-trt now do) reads the current one."""
+    from xdeploy.deploy.ort_gpu_runner import OrtCudaRunner
+    from xdeploy.deploy.ort_runner import OrtRunner
+
+    assert OrtRunner.binds_in_place and not OrtCudaRunner.binds_in_place
+    art = artifacts("gpt", "fp32")
+    monkeypatch.setattr(OrtRunner, "binds_in_place", in_place)
+    first, second = (make_feeds(art.graph("decode"), SIZES, seed=s) for s in (1, 2))
+    with open_runner("ort", art, "decode", threads=1) as r:
+        want = r.infer(second)["logits"]
+        r.session = _CopyAtBindSession(r.session)
+        inputs = {k: v.copy() for k, v in first.items()}
+        logits = np.zeros_like(want)
+        call = r.bind(inputs, {"logits": logits})
+        call()
+        for k, v in second.items():
+            np.copyto(inputs[k], v)
+        call()
+    assert np.allclose(logits, want, rtol=1e-5, atol=1e-5) is not in_place
 
 
 def test_ov_validates_feeds_like_every_runner(artifacts):
