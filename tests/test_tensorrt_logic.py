@@ -479,8 +479,27 @@ def test_gpu_verification_table_from_run_records():
     assert any(r["p50_ms"] is not None and r["p50_ms"] > 0 for r in rows)
     text = render(rows, {"summary": "3 passed", "returncode": 0}, {"gpu": "NVIDIA X"})
     assert text.count("\n| ") == len(rows) + 2 and "NVIDIA X" in text and "3 passed" in text
-    assert verification_rows(records, ["trt"], 0.0) == []  # no GPU record exists yet
+    assert verification_rows(records, ["trt"], 0.0) == []  # no TensorRT record exists yet
     assert "no record from the GPU runners" in render([], {}, {})
+
+
+def test_gpu_verification_fails_an_fp32_kv_cache_decoding_that_leaves_pytorch():
+    """The H200 run's real ort-cuda records (reports/gpu/h200-2026-11-30): every graph passed parity, yet its cache
+    decoding agreed with PyTorch on 1 of 16 greedy tokens (the bind-once inputs, since fixed). The check's table
+    now shows the agreement and fails an fp32 row that leaves PyTorch's tokens; fp16 rows only show theirs."""
+    from xdeploy.studies.gpu_check import render, verification_rows
+
+    run = ROOT / "reports" / "gpu" / "h200-2026-11-30" / "run-default-results.json"
+    records = json.loads(run.read_text())["records"]
+    rows = {(r["model"], r["precision"]): r for r in verification_rows(records, ["ort-cuda"], float("nan"))}
+    assert all(r["parity_passed"] == r["parity_outputs"] > 0 for r in rows.values())
+    gpt, seq2seq = rows["gpt", "fp32"], rows["transformer", "fp32"]
+    assert gpt["decode_agreement"] == 1 / 16 and "greedy tokens 6.2% equal" in gpt["first_failure"]
+    assert seq2seq["decode_agreement"] == 0.0 and seq2seq["first_failure"]
+    assert rows["gpt", "fp16"]["decode_agreement"] < 1 and rows["gpt", "fp16"]["first_failure"] is None
+    assert rows["bert", "fp32"]["decode_agreement"] is None and rows["bert", "fp32"]["first_failure"] is None
+    text = render(list(rows.values()), {}, {"gpu": "NVIDIA H200"})
+    assert "| 6.2% | - | KV-cache decoding: greedy tokens 6.2% equal to PyTorch's |" in text
 
 
 def test_gpu_check_names_the_runners_it_leaves_out():
