@@ -38,14 +38,17 @@ def grouped_comparison(names: Sequence[str], open_one: Callable[[contextlib.Exit
                        judge: Callable[[Group], None], failed: Callable[[str, Exception], None], *,
                        baseline: str | None = None,
                        catch: type[Exception] | tuple[type[Exception], ...] = Exception,
-                       max_group: int | None = None, memory_limit: float | None = None) -> int:
+                       max_group: int | None = None, memory_limit: float | None = None,
+                       unit: Callable[[str], str] | None = None) -> int:
     """Compare `names` (the baseline first, whatever its place) in groups; returns how many groups were compared.
 
     `open_one(stack, name)` opens one candidate, entering what must be closed into `stack`, and returns the call
     to time. One that raises `catch` is passed to `failed(name, error)` (which may raise: a baseline that is
     required) and left out; the others are still compared. `measure(calls, baseline)` runs the interleaved
     comparison of one group (the baseline, when it opened, first among `calls`), and `judge(group)` turns it into
-    results while the group is still open (a record may need one more call)."""
+    results while the group is still open (a record may need one more call). Consecutive names with the same
+    `unit(name)` (the instances of one system, studies/peers_generate.py) are never split between groups: a
+    group closes only before a name that starts another unit."""
     order = sorted(names, key=lambda n: n != baseline)  # the baseline first: it is in every group
     calls: dict[str, Call] = {}
     measured: set[str] = set()
@@ -56,7 +59,8 @@ def grouped_comparison(names: Sequence[str], open_one: Callable[[contextlib.Exit
         for name in order:
             members = [n for n in calls if n != baseline]
             full = max_group is not None and len(members) >= max_group
-            if members and (full or not room_for_two_more(cost, memory_limit)):
+            same_unit = unit is not None and bool(members) and unit(name) == unit(members[-1])
+            if members and not same_unit and (full or not room_for_two_more(cost, memory_limit)):
                 groups = _compare_group(calls, baseline, groups, measured, measure, judge)
                 group_stack.close()  # close the group; the baseline stays
                 for n in members:

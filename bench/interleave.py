@@ -163,6 +163,22 @@ def paired(rounds: Mapping[str, Sequence[float]], ids: Mapping[str, Sequence[int
     return paired_speedup([b[i] for i in common], [c[i] for i in common])
 
 
+def instance_spread(aa: SpeedUp | None) -> float:
+    """How far two instances of one system, loaded apart and timed in the same rounds, differ: |log| of their
+    A/A speed-up's median (0.0 for a single instance). Two compiled instances of one OpenVINO model differed by up
+    to 4.5% (BERT-base b1 bf16) and 5-9% (GPT-2 small decoding), so one instance per system cannot tell a
+    difference that small between systems from luck (studies/peers.py, studies/peers_generate.py)."""
+    return 0.0 if aa is None else abs(math.log(aa.median))
+
+
+def band_verdict(sp: SpeedUp, *spreads: float) -> tuple[float, str]:
+    """(band, verdict) of paired speed-up `sp` of one row over another: the tie band is exp of the rows' larger
+    instance spread (>= 1); "ahead" when the whole 95% interval is above the band, "behind" when below 1 / band,
+    else "tie"."""
+    band = math.exp(max(spreads, default=0.0))
+    return band, "ahead" if sp.low > band else "behind" if sp.high < 1 / band else "tie"
+
+
 def series_stats(rounds: Sequence[float], calls: int) -> SeriesStats:
     a = np.asarray(rounds, dtype=np.float64)
     return SeriesStats(median_s=float(np.median(a)), rel_iqr=rel_iqr(a), max_over_min=float(a.max() / a.min()),

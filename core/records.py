@@ -131,9 +131,12 @@ KINDS: dict[str, dict[str, tuple[str, bool]]] = {
         # paired speed-up over the reference {median, low, high, stable, wide, cause}; null for the reference
         "vs_hf": (_OBJ, True),
         # xdeploy rows: over the fastest peer row of the same precision in the same group {peer, median, low,
-        # high, stable, wide}; null otherwise
+        # high, stable, wide} + instance_spread and verdict "ahead" | "behind" | "tie" (as the peers kind; records
+        # before the study timed two instances per system have neither); null otherwise
         "vs_peer": (_OBJ, True),
-        "stability": (_OBJ, True),  # bench/interleave.py Comparison.stability + group; null on a failed row
+        # bench/interleave.py Comparison.stability + group + replicas {count, round_median_s, aa} (a row's instances;
+        # a row's speed-ups are over its instances' mean rounds); null on a failed row
+        "stability": (_OBJ, True),
         "error": (_STR, True),  # the row's own one-line error (export, load or run); null when it ran
         "versions": (_OBJ, False),
     },

@@ -503,7 +503,10 @@ def _paired_cell(v: Mapping[str, Any] | None, *, versus: str = "") -> str:
     tail = f" vs {v['peer']}" if versus and v.get("peer") else ""
     if not v["stable"]:
         return unstable_text(v.get("cause")) + tail
-    return speedup(v["median"], (v["low"], v["high"]), wide=bool(v.get("wide"))) + tail
+    cell = speedup(v["median"], (v["low"], v["high"]), wide=bool(v.get("wide"))) + tail
+    if v.get("verdict"):  # the rows' instance spread widens the tie band (studies/peers_generate.run_workload)
+        cell += f": **{v['verdict']}** (instance spread ±{v['instance_spread']:.1%})"
+    return cell
 
 
 def _peers_generate_section(recs: list[Mapping[str, Any]]) -> list[str]:

@@ -641,7 +641,7 @@ def run_workload(w: Workload, *, root: Path, threads: int, wanted: Sequence[str]
     so one instance per system cannot tell a 3% difference between systems from luck. A row's round time is
     the mean over its instances; the instance spread (the larger A/A ratio of the two rows, instance 1 vs 2)
     widens the band inside which a speed-up counts as a tie."""
-    from xdeploy.bench.interleave import compare, paired_speedup
+    from xdeploy.bench.interleave import band_verdict, compare, instance_spread, paired_speedup
     from xdeploy.core.fingerprint import fingerprint
     from xdeploy.core.records import make_record
 
@@ -683,7 +683,7 @@ def run_workload(w: Workload, *, root: Path, threads: int, wanted: Sequence[str]
     rounds = {n: np.mean([cmp.rounds[i] for i in inst[n]], axis=0) for n in names}
     aa = {n: paired_speedup(cmp.rounds[inst[n][0]], cmp.rounds[inst[n][1]]) if replicas > 1 else None
           for n in names}
-    spread = {n: 0.0 if aa[n] is None else abs(float(np.log(aa[n].median))) for n in names}
+    spread = {n: instance_spread(aa[n]) for n in names}
     steady = {n: all(cmp.stability(i)["stable"] for i in inst[n]) for n in names}
     records = []
     for n, s in names.items():
@@ -695,8 +695,7 @@ def run_workload(w: Workload, *, root: Path, threads: int, wanted: Sequence[str]
                 sp = paired_speedup(rounds[peer], rounds[n])
                 t = cmp.thresholds  # dispersed paired ratios: no figure; an interval wider than the target: "wide"
                 stable = steady[n] and steady[peer] and sp.rel_iqr <= t.series_rel_iqr
-                band = float(np.exp(max(spread[n], spread[peer])))  # >= 1
-                verdict = "ahead" if sp.low > band else "behind" if sp.high < 1 / band else "tie"
+                band, verdict = band_verdict(sp, spread[n], spread[peer])
                 return {"peer": peer, "median": sp.median, "low": sp.low, "high": sp.high, "stable": stable,
                         "wide": sp.half_width > t.target,
                         "instance_spread": band - 1.0, "verdict": verdict}

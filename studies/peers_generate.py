@@ -842,15 +842,48 @@ def roofline_bytes(arts: dict[str, Path], kv_tokens: int) -> dict[str, float]:
 
 # ------------------------------------------------------------------------------------------ one workload ----
 
+def _instances(name: str, replicas: int) -> list[str]:
+    """The timed names of a row's instances: the row's own name, then "<row> #2", ..."""
+    return [name] + [f"{name} #{k + 1}" for k in range(1, replicas)]
+
+
+def _row_of(instance: str) -> str:
+    return instance.split(" #", 1)[0]
+
+
+def _row_rounds(cmp: Any, instances: Sequence[str]) -> dict[int, float]:
+    """round index -> the mean round time of a row's instances, over the rounds all of them took part in."""
+    per = [dict(zip(cmp.round_ids.get(n) or range(len(cmp.rounds[n])), cmp.rounds[n])) for n in instances]
+    common = set.intersection(*(set(p) for p in per))
+    return {i: float(np.mean([p[i] for p in per])) for i in sorted(common)}
+
+
+def _paired_rows(cmp: Any, baseline: Sequence[str], candidate: Sequence[str]) -> Any:
+    """Paired speed-up of one row (its instances' mean rounds) over another, over their common rounds."""
+    from xdeploy.bench.interleave import paired_speedup
+
+    b, c = _row_rounds(cmp, baseline), _row_rounds(cmp, candidate)
+    common = sorted(b.keys() & c.keys())
+    return paired_speedup([b[i] for i in common], [c[i] for i in common])
+
+
 def run_workload(w: Workload, *, work: Path, threads: int, rows: Sequence[Row], min_rounds: int, max_seconds: float,
                  attempts: int, min_block_s: float, bandwidth: tuple[float, str] | None, memory: bool,
-                 max_group: int | None, log: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Prepare, probe memory, then time every row of `rows` interleaved; one record per row (errors included)."""
+                 max_group: int | None, log: Callable[[str], None], replicas: int = 2) -> list[dict[str, Any]]:
+    """Prepare, probe memory, then time every row of `rows` interleaved; one record per row (errors included).
+
+    Each row but the reference is timed as `replicas` independently loaded instances in the same rounds (as the
+    embedding study, studies/peers.py): a row's round is the mean over its instances, and the instances' A/A
+    spread widens the band inside which an xdeploy row counts as tied with its fastest peer. Two instances of one
+    OpenVINO model decoding GPT-2 small differed by 5-9% (compile order), so with one instance per system a 5%
+    "behind" was not evidence (a direct A/B found a tie, docs/benchmarks.md)."""
     from xdeploy.bench.groups import Group, grouped_comparison
-    from xdeploy.bench.interleave import compare
+    from xdeploy.bench.interleave import band_verdict, compare, instance_spread
     from xdeploy.core.fingerprint import fingerprint
     from xdeploy.core.records import make_record
 
+    if replicas < 1:
+        raise XDeployError(f"replicas must be >= 1, got {replicas}")
     ckpt = make_checkpoint(w, work)
     ctx = _context(w, ckpt, work, threads, log)
     base = row_name(REFERENCE)
@@ -885,9 +918,10 @@ def run_workload(w: Workload, *, work: Path, threads: int, rows: Sequence[Row], 
     groups: dict[str, Any] = {}  # name -> (group number, its comparison)
 
     def open_one(stack: contextlib.ExitStack, name: str) -> Callable[[], None]:
-        if name in errors:
-            raise XDeployError(errors[name])
-        call = OPENERS[by_name[name][0]](ctx, by_name[name], stack)
+        row = _row_of(name)  # an instance "<row> #k" opens the row once more
+        if row in errors:
+            raise XDeployError(errors[row])
+        call = OPENERS[by_name[row][0]](ctx, by_name[row], stack)
         tr = call()  # warm-up: first-call allocations; also checks the row generates the workload's tokens
         if len(tr.tokens) != w.new_tokens:
             raise XDeployError(f"generated {len(tr.tokens)} tokens; expected {w.new_tokens}")
@@ -922,34 +956,42 @@ def run_workload(w: Workload, *, work: Path, threads: int, rows: Sequence[Row], 
     # rounds, and fewer systems are open at once (all ten of GPT-2 small held 8.2 GB in one process)
     for prec in dict.fromkeys(r[3] for r in rows):
         precision_now[0] = prec
-        names = [base] + [n for n, r in by_name.items() if r[3] == prec and n != base]
+        names = [base] + [i for n, r in by_name.items() if r[3] == prec and n != base for i in _instances(n, replicas)]
         if len(names) > 1 or base not in groups:
             grouped_comparison(names, open_one, measure, judge, failed, baseline=base, catch=Exception,
-                               max_group=max_group)
+                               max_group=max_group, unit=_row_of)
 
     fp = fingerprint()
     versions = _versions()
     ref_tokens = groups[base][2][0].tokens
-    metrics = {n: trace_metrics(g[2][1:] or g[2]) for n, g in groups.items()}  # an attempt's first call: warm-up
+    # a row's timed instances (the reference: one), all in its group (grouped_comparison keeps them together)
+    inst = {n: [i for i in _instances(n, 1 if n == base else replicas) if i in groups] for n in by_name}
+    inst = {n: i for n, i in inst.items() if n in groups and i}
+    # an attempt's first call is a warm-up; the instances' generations are pooled
+    metrics = {n: trace_metrics([t for i in ii for t in (groups[i][2][1:] or groups[i][2])]) for n, ii in inst.items()}
     bandwidth = _peak_for(bandwidth, [per_byte[by_name[n][3]] / m["tpot_s"] for n, m in metrics.items()
                                       if by_name[n][3] in per_byte], log)
     bw = bandwidth[0] if bandwidth else None
     records = []
-    rounds_median = {n: float(np.median(g[1].rounds[n])) for n, g in groups.items()}
+    rows_cmp = {n: groups[n][1] for n in inst}
+    rounds_median = {n: float(np.median(list(_row_rounds(rows_cmp[n], inst[n]).values()))) for n in inst}
+    # instance 1 vs 2 of each row, paired by round: the A/A ratio whose spread widens the tie band
+    aa = {n: _paired_rows(rows_cmp[n], ii[:1], ii[1:2]) if len(ii) > 1 else None for n, ii in inst.items()}
+    steady = {n: all(rows_cmp[n].stability(i)["stable"] for i in ii) for n, ii in inst.items()}
     for name, row in by_name.items():
         system, config, runtime, precision = row
         peak, mem_err = mem.get(name, (None, None))
         common = dict(workload=w.name, model=w.model, weights=w.weights, checkpoint=ckpt.name, batch=1,
                       prompt_len=w.prompt_len, new_tokens=w.new_tokens, system=system, config=config, runtime=runtime,
                       precision=precision, threads=threads, peak_rss_bytes=peak, versions=versions)
-        if name not in groups:
+        if name not in inst:
             records.append(make_record("peers_generate", fp, **common, **_empty(), error=errors.get(name, "not run"),
                                        note=mem_err))
             continue
         number, cmp, trs = groups[name]
         m = metrics[name]
         tokens = trs[0].tokens
-        if any(t.tokens != tokens for t in trs):
+        if any(t.tokens != tokens for i in inst[name] for t in groups[i][2]):
             log(f"{w.name}: {name}: its generations differ from each other")
         agree_n, agree = agreement(ref_tokens, tokens)
         decode_tps = 1.0 / m["tpot_s"]
@@ -963,23 +1005,35 @@ def run_workload(w: Workload, *, work: Path, threads: int, rows: Sequence[Row], 
                     "assumption": "xdeploy's decode graph of this precision (weights not only gathered) + fp32 KV "
                                   "cache at the full context" + ("" if system == "xdeploy" else
                                                                  "; a peer is charged xdeploy's bytes")}
-        st = cmp.stability(name)
+        t = cmp.thresholds
+        # the row is steady only if every instance is; an unsteady instance lends the row its cause and reasons
+        worst = next((cmp.stability(i) for i in inst[name] if not cmp.stability(i)["stable"]), cmp.stability(name))
+        st = cmp.stability(name) | {"stable": steady[name], "cause": worst["cause"], "reasons": worst["reasons"],
+                                    "replicas": {"count": len(inst[name]),
+                                                 "round_median_s": [cmp.series[i].median_s for i in inst[name]],
+                                                 "aa": None if aa[name] is None else
+                                                 {"median": aa[name].median, "low": aa[name].low,
+                                                  "high": aa[name].high}}}
         vs_hf = None
         if name != base:
-            sp = st["speedup"]
-            vs_hf = {"median": sp["median"], "low": sp["low"], "high": sp["high"], "stable": bool(st["stable"]),
-                     "wide": bool(st.get("wide")), "cause": st.get("cause")}
+            sp = _paired_rows(cmp, [base], inst[name])
+            stable = bool(steady[name] and sp.rel_iqr <= t.series_rel_iqr)
+            vs_hf = {"median": sp.median, "low": sp.low, "high": sp.high, "stable": stable,
+                     "wide": sp.half_width > t.target, "cause": None if stable else (st.get("cause") or "noise")}
+            st["speedup"] = {"median": sp.median, "low": sp.low, "high": sp.high}
         vs_peer = None
         peers = [n for n, r in by_name.items() if r[0] not in ("xdeploy", REFERENCE[0]) and r[3] == precision
-                 and n in groups and groups[n][0] == number]
+                 and n in inst and groups[n][0] == number]
         if system == "xdeploy" and peers:
             peer = min(peers, key=lambda n: rounds_median[n])
-            sp = cmp.paired(peer, name)
-            t = cmp.thresholds
-            stable = bool(st["stable"] and cmp.stability(peer)["stable"] and sp.rel_iqr <= t.series_rel_iqr)
+            sp = _paired_rows(cmp, inst[peer], inst[name])
+            stable = bool(steady[name] and steady[peer] and sp.rel_iqr <= t.series_rel_iqr)
+            band, verdict = band_verdict(sp, instance_spread(aa[name]), instance_spread(aa[peer]))
             vs_peer = {"peer": peer, "median": sp.median, "low": sp.low, "high": sp.high, "stable": stable,
                        "cause": None if stable else (st.get("cause") or cmp.stability(peer).get("cause") or "noise"),
-                       "wide": sp.half_width > t.target}  # half_width is relative to the median
+                       "wide": sp.half_width > t.target,  # half_width is relative to the median
+                       # the tie band 1 +- instance_spread: the two rows' larger A/A deviation (one instance: 0)
+                       "instance_spread": band - 1.0, "verdict": verdict}
         records.append(make_record(
             "peers_generate", fp, **common, ttft_s=m["ttft_s"], tpot_s=m["tpot_s"], e2e_s=rounds_median[name],
             itl_s=m["itl_s"], output_tokens_per_s=w.new_tokens / rounds_median[name],
@@ -1035,9 +1089,10 @@ def run(out: Path, *, quick: bool = False, workloads: Sequence[str] | None = Non
         max_seconds: float = 60.0, min_block_s: float = 0.25, attempts: int = 2, memory: bool = True,
         max_group: int | None = None,
         work: Path | None = None, log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
-        bandwidth: tuple[float, str] | None = None) -> Path:
+        bandwidth: tuple[float, str] | None = None, replicas: int = 2) -> Path:
     """Run the study: <out>/records.jsonl and the rendered report <out>/report/ (summary.md). `bandwidth`:
-    (bytes/s, how) for the roofline instead of measuring it here (a test's fixed figure)."""
+    (bytes/s, how) for the roofline instead of measuring it here (a test's fixed figure); `replicas`: instances
+    per system timed side by side (run_workload says why)."""
     from xdeploy.bench.interleave import resolve_threads
     from xdeploy.bench.suite import apply_thread_env
     from xdeploy.core.fingerprint import fingerprint
@@ -1077,7 +1132,8 @@ def run(out: Path, *, quick: bool = False, workloads: Sequence[str] | None = Non
     for w in chosen:
         records += run_workload(w, work=work, threads=threads, rows=rows, min_rounds=min_rounds,
                                 min_block_s=min_block_s, max_seconds=max_seconds, attempts=attempts,
-                                bandwidth=bandwidth, memory=memory, max_group=max_group, log=log)
+                                bandwidth=bandwidth, memory=memory, max_group=max_group, log=log,
+                                replicas=replicas)
         write_records(out / "records.jsonl", records)  # after each workload: a crash keeps what was measured
     from xdeploy.reports.render import render_report
 
@@ -1107,6 +1163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="a round times each system for at least this long (the median of its generations)")
     ap.add_argument("--attempts", type=int, default=2)
     ap.add_argument("--max-group", type=int, default=None, help="at most this many systems open beside the reference")
+    ap.add_argument("--replicas", type=int, default=2,
+                    help="instances of each system timed side by side (their A/A spread widens the tie band)")
     ap.add_argument("--no-memory", action="store_true", help="skip the per-system peak-RSS child processes")
     ap.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -1117,7 +1175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = run(a.out, quick=a.quick, workloads=[x for x in a.workloads.split(",") if x] or None,
                   threads=a.threads, systems=[x for x in a.systems.split(",") if x], static_int8=a.static_int8,
                   min_rounds=a.min_rounds, max_seconds=a.max_seconds, min_block_s=a.min_block_s, attempts=a.attempts,
-                  memory=not a.no_memory, max_group=a.max_group, work=a.work)
+                  memory=not a.no_memory, max_group=a.max_group, work=a.work, replicas=a.replicas)
     except XDeployError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

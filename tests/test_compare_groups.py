@@ -32,3 +32,21 @@ def test_compare_child_groups_candidates_when_memory_is_short(tiny_export, monke
     assert out["results"]["ov fp32"]["stability"]["options"] == {}
     monkeypatch.delenv(LIMIT_ENV)  # enough memory: one group, as before
     assert compare_child(Probe(), job)["groups"] == 1
+
+
+def test_grouped_comparison_never_splits_the_instances_of_one_system(monkeypatch):
+    """With no memory to spare every candidate is its own group, but the instances of one system (one `unit`) stay
+    in one group: the generation study's tie band pairs instance 1 and 2 by round (studies/peers_generate.py)."""
+    from xdeploy.bench.groups import grouped_comparison
+
+    names = ["hf", "ort", "ort #2", "ov", "ov #2", "ct2"]
+    monkeypatch.setenv(LIMIT_ENV, "1")
+
+    def groups(unit):
+        seen = []
+        grouped_comparison(names, lambda _stack, n: (lambda: n), lambda calls, _baseline: list(calls),
+                           lambda g: seen.append(g.comparison), lambda n, e: None, baseline="hf", unit=unit)
+        return seen
+
+    assert groups(None) == [["hf", "ort"], ["hf", "ort #2"], ["hf", "ov"], ["hf", "ov #2"], ["hf", "ct2"]]
+    assert groups(lambda n: n.split(" #")[0]) == [["hf", "ort", "ort #2"], ["hf", "ov", "ov #2"], ["hf", "ct2"]]

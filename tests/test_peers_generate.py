@@ -72,6 +72,13 @@ def test_transformers_and_xdeploy_on_the_trained_tiny(main_run: tuple[Path, list
             assert (r["agreement_tokens"], r["agreement"]) == (w.new_tokens, 1.0), (system, cfg)
         assert (r["vs_hf"] is None) == (system == "transformers")
         assert r["vs_peer"] is None  # no peer system in this run
+        # two instances of each system in the same rounds (the reference: one); the row's figures are their mean
+        reps = r["stability"]["replicas"]
+        assert reps["count"] == (1 if system == "transformers" else 2) == len(reps["round_median_s"])
+        assert (reps["aa"] is None) == (system == "transformers")
+        if reps["aa"]:
+            assert reps["aa"]["low"] <= reps["aa"]["median"] <= reps["aa"]["high"]
+            assert min(reps["round_median_s"]) <= r["e2e_s"] * 1.5 and r["e2e_s"] <= max(reps["round_median_s"]) * 1.5
     # one interleaved comparison per precision, the reference in each (its own figures from the fp32 one)
     assert all(r["stability"]["group"] == f"{r['precision']}-1" for r in recs)
     r = rows[("xdeploy", "ort fp32")]
@@ -155,10 +162,14 @@ def test_record_contract_and_failed_rows_render() -> None:
     failed = _record(config="float32", precision="fp32", error="RuntimeError: boom", **pg._empty())
     unstable = _record(system="xdeploy", config="ort int8 dynamic", vs_peer={
         "peer": "ctranslate2 int8", "median": 1.3, "low": 1.2, "high": 1.4, "stable": False, "wide": False})
-    text = render_summary([rec, failed, unstable], {"title": "t"}, [])
+    tie = _record(system="xdeploy", config="ov int8", workload="w2", vs_peer={
+        "peer": "ctranslate2 int8", "median": 1.04, "low": 0.98, "high": 1.09, "stable": True, "wide": False,
+        "instance_spread": 0.062, "verdict": "tie"})
+    text = render_summary([rec, failed, unstable, tie], {"title": "t"}, [])
     assert "| fp32 | ctranslate2 | float32 | **failed**: RuntimeError: boom |" in text
     assert "2.00× (1.90–2.10)" in text and "| 8/8 (100%) |" in text
     assert "unstable" in text and "1.30×" not in text  # an unstable comparison has no figure
+    assert "1.04× (0.98–1.09) vs ctranslate2 int8: **tie** (instance spread ±6.2%)" in text
 
 
 def test_a_row_above_the_read_peak_remeasures_it_and_never_shows_over_100_percent(
@@ -226,7 +237,13 @@ def test_every_system_in_the_peers_env(tmp_path: Path) -> None:
         if r["precision"] == "fp32":  # every fp32 system decodes the trained weights to the same tokens
             assert r["agreement"] == 1.0, (system, cfg, r["agreement_tokens"])
         if system == "xdeploy":  # each xdeploy precision has a peer row of that precision
-            assert rows[tuple(r["vs_peer"]["peer"].split(" ", 1))]["precision"] == r["precision"]
+            v = r["vs_peer"]
+            assert rows[tuple(v["peer"].split(" ", 1))]["precision"] == r["precision"]
+            # the verdict follows the interval and the tie band the two rows' instance spread makes
+            band = 1 + v["instance_spread"]
+            assert v["instance_spread"] >= 0 and v["verdict"] == ("ahead" if v["low"] > band else "behind"
+                                                                  if v["high"] < 1 / band else "tie")
     assert recs[0]["versions"]["ctranslate2"] == "4.8.5" and recs[0]["versions"]["openvino-genai"]
     for system in ("optimum-intel", "ctranslate2", "onnxruntime-genai", "openvino-genai"):
         assert f"| {system} |" in p.stdout
+    assert "(instance spread ±" in p.stdout
