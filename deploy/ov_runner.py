@@ -24,6 +24,12 @@ writes no cache through the caller. The decoding loop drives it through `cached_
 `infer` still takes the decode graph's feeds and returns its outputs (the given cache is loaded into the state
 and the step's K/V read back from it), so golden probes and parity check the stateful IR as the decode graph.
 Option `paged` rewrites a decoder's stateful IR to OpenVINO's PagedAttention form (deploy/ov_paged.py).
+
+    open_runner("ov", art, "decode", stateful=True, paged=True, weights="bf16")   # bf16-stored weights, f32 math
+
+Option `weights="bf16"` (fp32 artifacts, the f32 variant) stores the compiled model's f32 weights as bf16 behind
+decompression Converts (export/openvino_ir.py `bf16_weights`): the CPU plugin decompresses them inside its kernels
+and computes in f32, so a memory-bound decode step reads half the bytes without bf16 arithmetic.
 """
 
 from __future__ import annotations
@@ -94,10 +100,11 @@ class OvRunner(Runner):
             raise XDeployError("runner 'ov' needs the openvino package: pip install 'xdeploy[openvino]'") from None
         self._ov = ov
         unknown = set(self.options) - {"hint", "cache_dir", "device", "format", "pinning", "stateful", "kv_precision",
-                                       "paged", "allow_saturation"}
+                                       "paged", "allow_saturation", "weights"}
         if unknown:
             raise XDeployError(f"unknown ov option(s) {sorted(unknown)}; expected hint, cache_dir, device, format, "
-                               "pinning, stateful, kv_precision, paged, allow_saturation")
+                               "pinning, stateful, kv_precision, paged, allow_saturation, weights")
+        self._check_weights()
         self._allow_saturation = bool(self.options.pop("allow_saturation", False))
         if self.options.get("paged", False) and not self.options.get("stateful", False):
             raise XDeployError(f"ov option paged=True rewrites a decoder's stateful decode step: expected "
@@ -136,7 +143,7 @@ class OvRunner(Runner):
             self.nan_guards_dropped = drop_nan_guards(model)
         if not (pruned or self.nan_guards_dropped):
             model = path  # nothing changed: keep the path route (and its cache skip)
-        self.compiled = ov_compile(model, config, self.device, what=str(path))
+        self.compiled = ov_compile(self._stored_weights(model), config, self.device, what=str(path))
         # A port can carry several tensor names (an fp16 graph's keep-io Cast adds one); index them all.
         self._in_ports = {n: p for p in self.compiled.inputs for n in p.get_names()}
         self._out_ports = {n: p for p in self.compiled.outputs for n in p.get_names()}
@@ -144,6 +151,32 @@ class OvRunner(Runner):
                   [n for n in self.output_names if n not in self._out_ports]
         if missing:
             raise XDeployError(f"{path} does not match its manifest: OpenVINO finds no tensor(s) {missing}")
+
+    def _check_weights(self) -> None:
+        """Option weights="bf16": an fp32 artifact's weights stored as bf16 in the compiled model, the arithmetic
+        f32 (export/openvino_ir.bf16_weights): half the bytes a decode step reads, without bf16 arithmetic."""
+        weights = self.options.get("weights", "")
+        if weights not in ("", "bf16"):
+            raise one_of("ov weights", weights, ["bf16"])
+        if weights and OV_PRECISION_HINTS[self.variant] != "f32":
+            raise XDeployError("ov option weights='bf16' stores the weights as bf16 and computes in f32: expected "
+                               f"the f32 variant (ov or ov:f32), not ov:{self.variant}")
+        if weights and self.artifact.precision != "fp32":
+            raise XDeployError(f"ov option weights='bf16' rounds an fp32 artifact's weights to bf16; "
+                               f"{self.artifact.path} is {self.artifact.precision}")
+
+    def _stored_weights(self, model: Any) -> Any:
+        """`model` (a path or an ov.Model) to compile, its f32 weights stored as bf16 under weights="bf16"."""
+        if not self.options.get("weights"):
+            return model
+        from xdeploy.export.openvino_ir import bf16_weights
+
+        if not isinstance(model, self._ov.Model):
+            model = self._ov.Core().read_model(str(model))
+        if not bf16_weights(self._ov, model):
+            raise XDeployError(f"ov option weights='bf16': {self.artifact.path} graph {self.graph.name!r} has no f32 "
+                               "weights to store as bf16")
+        return model
 
     def _ir_saturates(self, ir: Path) -> bool:
         """A static int8 artifact's NNCF IR (8-bit weights: NNCF's default fixes the first layer only) that this
@@ -193,7 +226,8 @@ class OvRunner(Runner):
             self._load_paged(path, config | {"KV_CACHE_PRECISION": kv}, len(given) // 2,
                              path.stat().st_size + (self.artifact.path / rec["bin"]).stat().st_size)
             return
-        self.compiled = ov_compile(path, config | {"KV_CACHE_PRECISION": kv}, self.device, what=str(path))
+        self.compiled = ov_compile(self._stored_weights(path), config | {"KV_CACHE_PRECISION": kv}, self.device,
+                                   what=str(path))
         self._in_ports = {n: p for p in self.compiled.inputs for n in p.get_names()}
         self._out_ports = {n: p for p in self.compiled.outputs for n in p.get_names()}
         states = {s.name for s in self.compiled.create_infer_request().query_state()}
@@ -218,7 +252,7 @@ class OvRunner(Runner):
                                "kv_precision f32, bf16 or f16, not u8")
         from .ov_paged import paged_model
 
-        model = paged_model(self._ov, str(path), f.step_ids, f.positions, layers, f.logits)
+        model = self._stored_weights(paged_model(self._ov, str(path), f.step_ids, f.positions, layers, f.logits))
         self.compiled = ov_compile(model, config, self.device, what=f"{path} (PagedAttention)")
         self._in_ports = {n: p for p in self.compiled.inputs for n in p.get_names()}
         self._out_ports = {n: p for p in self.compiled.outputs for n in p.get_names()}
@@ -359,6 +393,8 @@ class OvRunner(Runner):
     def info(self) -> RunnerInfo:
         hint = self.compiled.get_property("INFERENCE_PRECISION_HINT").to_string()  # ov.Type -> "bf16"
         compute = "int8" if self.artifact.precision == "int8" else _OV_TO_NAME.get(hint, hint)
+        if self.options.get("weights") == "bf16":  # f32 arithmetic on bf16-rounded weights: judged as bf16
+            compute = "bf16"
         full_name = self._ov.Core().get_property(self.device, "FULL_DEVICE_NAME")
         return RunnerInfo(runner=self.name + (f":{self.variant}" if self.variant else ""),
                           device=f"{self.device.lower()} ({full_name})",

@@ -115,6 +115,7 @@ Row = tuple[str, str, str, str]  # (system, config, runtime, precision)
 REFERENCE: Row = ("transformers", "generate eager fp32", "torch", "fp32")
 XDEPLOY: tuple[Row, ...] = (("xdeploy", "ort fp32", "onnxruntime", "fp32"), ("xdeploy", "ov f32", "openvino", "fp32"),
                             ("xdeploy", "ov bf16", "openvino", "bf16"),
+                            ("xdeploy", "ov f32, bf16 weights", "openvino", "bf16"),
                             ("xdeploy", "ov f32, fp16 weights", "openvino", "fp16"),
                             ("xdeploy", "ort int8 dynamic", "onnxruntime", "int8"),
                             ("xdeploy", "ort int8 dynamic, model-graph prefill", "onnxruntime", "int8"),
@@ -141,6 +142,9 @@ _OV_ENGINE = {"format": "ir", "kv_cache": "auto"}
 BLOCKS = "int8-dynamic/blocks"  # the int8-dynamic artifact with --int8-dynamic-weights blocks (a route's key)
 XDEPLOY_ROUTE = {"ort fp32": ("fp32", "ort", {}), "ov f32": ("fp32", "ov:f32", _OV_ENGINE),
                  "ov bf16": ("fp32", "ov:bf16", _OV_ENGINE),
+                 # the fp32 artifact's IR with its weights stored as bf16 behind decompression Converts, computed in
+                 # f32 (ov option weights="bf16"): the bf16 rows' weight bytes, f32 arithmetic
+                 "ov f32, bf16 weights": ("fp32", "ov:f32", _OV_ENGINE | {"weights": "bf16"}),
                  # the fp16 artifact's IR (weights stored as fp16) computed in f32: OpenVINO keeps a language model's
                  # fp16 weights in its FullyConnected kernels, so a decode step reads half the bytes
                  "ov f32, fp16 weights": ("fp16", "ov:f32", _OV_ENGINE),

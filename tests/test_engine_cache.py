@@ -350,3 +350,39 @@ def test_the_paged_cache_is_refused_in_one_line_where_it_cannot_run(stateful_art
     with Generator(stateful_seq2seq, "ov", threads=1) as s2s, \
             Generator(stateful_art, "ov", threads=1, kv_precision="u8") as u8:
         assert s2s.decode.graph_format == u8.decode.graph_format == "stateful"
+
+
+def _fc_weight_types(runner) -> set[str]:  # noqa: ANN001
+    """The element types of the weights every FullyConnected of an ov runner's compiled model reads."""
+    ops = runner.compiled.get_runtime_model().get_ordered_ops()
+    return {op.input(1).get_element_type().get_type_name() for op in ops
+            if op.get_rt_info()["layerType"].astype(str) == "FullyConnected"}
+
+
+def test_bf16_weights_keep_f32_arithmetic_on_bf16_stored_weights(stateful_art: Path) -> None:
+    """ov option weights="bf16": every FullyConnected of the compiled PagedAttention step reads bf16 weights (the
+    decompression marks are honoured: without them OpenVINO folds the Converts and stores f32 again; the default
+    keeps f32), the step matches the f32 one at the bf16 tolerance it reports, and greedy generation gives the f32
+    tokens on the trained tiny model. Bad uses: one line each."""
+    from xdeploy.deploy.metrics import cosine
+    from xdeploy.models.spec import DEFAULT_TOLERANCES
+
+    art = load_artifact(stateful_art)
+    feeds = make_feeds(art.graph("decode"), {"batch": 2, "cache": 3, "step": 2}, seed=4)
+    with open_runner("ov", art, "decode", stateful=True, paged=True, threads=1) as r:
+        assert _fc_weight_types(r) == {"f32"} and r.info().precision == "fp32"
+        want = r.infer({k: v.copy() for k, v in feeds.items()})
+    with open_runner("ov", art, "decode", stateful=True, paged=True, weights="bf16", threads=1) as r:
+        assert _fc_weight_types(r) == {"bf16"} and r.info().precision == "bf16"
+        got = r.infer({k: v.copy() for k, v in feeds.items()})
+    floor = DEFAULT_TOLERANCES["bf16"].cosine
+    for name in want:
+        cos = cosine(want[name].astype(np.float64).ravel(), got[name].astype(np.float64).ravel())
+        assert floor <= cos < 1.0, (name, cos)  # bf16-rounded weights: close, not identical
+    cfg = GenerationConfig(max_new_tokens=12)
+    f32 = Generator(stateful_art, "ov", threads=1).generate(PROMPTS, cfg).tokens
+    assert Generator(stateful_art, "ov", threads=1, weights="bf16").generate(PROMPTS, cfg).tokens == f32
+    with pytest.raises(XDeployError, match="ov weights"):
+        open_runner("ov", art, weights="fp8")
+    with pytest.raises(XDeployError, match=r"expected the f32 variant \(ov or ov:f32\), not ov:bf16"):
+        open_runner("ov:bf16", art, weights="bf16")
