@@ -82,7 +82,9 @@ serve-env: $(SERVE_STAMP)
 # directory, so only one may be present), tensorrt, and PyPI's CUDA build of the pinned torch version.
 # `make gpu-check` then runs the gpu-marked tests and `xdeploy run --runners trt,ort-cuda,ort-trt` on the default
 # and base presets, writing reports/gpu/verification.md. On a machine without an NVIDIA GPU both stop at once
-# with one line saying what is missing (studies/gpu_check.py --preflight, standard library only).
+# with one line saying what is missing (studies/gpu_check.py --preflight, standard library only). On a lent GPU
+# machine that reaches no package index, studies/gpu_lease.sh carries onnxruntime-gpu there in parts and runs the
+# same check (docs/runners.md, "Measured on an NVIDIA H200").
 GPU_VENV      ?= .venv-gpu
 GPU_PY        := $(GPU_VENV)/bin/python
 GPU_STAMP     := $(GPU_VENV)/.installed-stamp
