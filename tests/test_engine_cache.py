@@ -364,10 +364,29 @@ def test_bf16_weights_keep_f32_arithmetic_on_bf16_stored_weights(stateful_art: P
     decompression marks are honoured: without them OpenVINO folds the Converts and stores f32 again; the default
     keeps f32), the step matches the f32 one at the bf16 tolerance it reports, and greedy generation gives the f32
     tokens on the trained tiny model. Bad uses: one line each."""
+    from xdeploy.core.fingerprint import fingerprint
     from xdeploy.deploy.metrics import cosine
+    from xdeploy.deploy.probes import ProbeFailure
     from xdeploy.models.spec import DEFAULT_TOLERANCES
 
     art = load_artifact(stateful_art)
+    with pytest.raises(XDeployError, match="ov weights"):
+        open_runner("ov", art, weights="fp8")
+    with pytest.raises(XDeployError, match=r"expected the f32 variant \(ov or ov:f32\), not ov:bf16"):
+        open_runner("ov:bf16", art, weights="bf16")
+    cfg = GenerationConfig(max_new_tokens=12)
+    f32 = Generator(stateful_art, "ov", threads=1).generate(PROMPTS, cfg).tokens
+    # Measured on AVX-512 (Zen 4) and the AVX2 class (Zen 3 under QEMU: bf16 weights kept, the same tokens). On AMX an
+    # earlier try of bf16 weights behind decompression Converts gave wrong tokens and that class was not checked
+    # again: there the contract is only that generation gives f32's tokens or its golden probes refuse it on open.
+    if any(f.startswith("amx") for f in fingerprint()["isa"]):
+        try:
+            tokens = Generator(stateful_art, "ov", threads=1, weights="bf16").generate(PROMPTS, cfg).tokens
+        except ProbeFailure as e:
+            assert "fails its golden probes here" in str(e)
+        else:
+            assert tokens == f32
+        return
     feeds = make_feeds(art.graph("decode"), {"batch": 2, "cache": 3, "step": 2}, seed=4)
     with open_runner("ov", art, "decode", stateful=True, paged=True, threads=1) as r:
         assert _fc_weight_types(r) == {"f32"} and r.info().precision == "fp32"
@@ -379,10 +398,4 @@ def test_bf16_weights_keep_f32_arithmetic_on_bf16_stored_weights(stateful_art: P
     for name in want:
         cos = cosine(want[name].astype(np.float64).ravel(), got[name].astype(np.float64).ravel())
         assert floor <= cos < 1.0, (name, cos)  # bf16-rounded weights: close, not identical
-    cfg = GenerationConfig(max_new_tokens=12)
-    f32 = Generator(stateful_art, "ov", threads=1).generate(PROMPTS, cfg).tokens
     assert Generator(stateful_art, "ov", threads=1, weights="bf16").generate(PROMPTS, cfg).tokens == f32
-    with pytest.raises(XDeployError, match="ov weights"):
-        open_runner("ov", art, weights="fp8")
-    with pytest.raises(XDeployError, match=r"expected the f32 variant \(ov or ov:f32\), not ov:bf16"):
-        open_runner("ov:bf16", art, weights="bf16")
