@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make gpu-check` on a lent GPU machine that reaches no package index (this project's device tool: one call
-# carries at most 64 MiB of working tree, and a warm machine keeps ignored folders between calls).
+# carries at most 64 MiB of working tree; a warm machine keeps its /tmp between calls, not the work tree's ignored
+# folders).
 #
 # onnxruntime-gpu (~244 MiB wheel) does not fit one call, and TensorRT's libraries are not on PyPI at all
 # (tensorrt-cu13-libs there is an sdist that downloads from pypi.nvidia.com), so here:
