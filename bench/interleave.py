@@ -151,16 +151,28 @@ def paired_speedup(baseline: Sequence[float], candidate: Sequence[float]) -> Spe
     return SpeedUp(median=med, low=lo, high=hi, rounds=int(b.size), rel_iqr=rel_iqr(b / c))
 
 
-def paired(rounds: Mapping[str, Sequence[float]], ids: Mapping[str, Sequence[int]], baseline: str,
-           candidate: str) -> SpeedUp:
-    """`paired_speedup` over the rounds both took part in (`ids`: each one's round indices; a name without ids
-    took part in every round of its list)."""
-    def indexed(n: str) -> dict[int, float]:
-        return dict(zip(ids.get(n) or range(len(rounds[n])), rounds[n]))
+def row_rounds(rounds: Mapping[str, Sequence[float]], ids: Mapping[str, Sequence[int]], names: Sequence[str]
+               ) -> dict[int, float]:
+    """round index -> the mean round time of `names` (one system's instances, or one name) over the rounds all of
+    them took part in (`ids`: each one's round indices; a name without ids took part in every round of its list)."""
+    per = [dict(zip(ids.get(n) or range(len(rounds[n])), rounds[n])) for n in names]
+    common = set.intersection(*(set(p) for p in per))
+    return {i: float(np.mean([p[i] for p in per])) for i in sorted(common)}
 
-    b, c = indexed(baseline), indexed(candidate)
+
+def paired_rows(rounds: Mapping[str, Sequence[float]], ids: Mapping[str, Sequence[int]], baseline: Sequence[str],
+                candidate: Sequence[str]) -> SpeedUp:
+    """`paired_speedup` of one row (its instances' mean rounds, `row_rounds`) over another, over their common
+    rounds."""
+    b, c = row_rounds(rounds, ids, baseline), row_rounds(rounds, ids, candidate)
     common = sorted(b.keys() & c.keys())
     return paired_speedup([b[i] for i in common], [c[i] for i in common])
+
+
+def paired(rounds: Mapping[str, Sequence[float]], ids: Mapping[str, Sequence[int]], baseline: str,
+           candidate: str) -> SpeedUp:
+    """`paired_speedup` over the rounds both took part in."""
+    return paired_rows(rounds, ids, [baseline], [candidate])
 
 
 def instance_spread(aa: SpeedUp | None) -> float:

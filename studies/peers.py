@@ -641,7 +641,7 @@ def run_workload(w: Workload, *, root: Path, threads: int, wanted: Sequence[str]
     so one instance per system cannot tell a 3% difference between systems from luck. A row's round time is
     the mean over its instances; the instance spread (the larger A/A ratio of the two rows, instance 1 vs 2)
     widens the band inside which a speed-up counts as a tie."""
-    from xdeploy.bench.interleave import band_verdict, compare, instance_spread, paired_speedup
+    from xdeploy.bench.interleave import band_verdict, compare, instance_spread, paired_rows, row_rounds
     from xdeploy.core.fingerprint import fingerprint
     from xdeploy.core.records import make_record
 
@@ -679,9 +679,9 @@ def run_workload(w: Workload, *, root: Path, threads: int, wanted: Sequence[str]
     fp = fingerprint()
     versions = _versions()
     inst = {n: [n + (f" #{k + 1}" if k else "") for k in range(replicas)] for n in names}
-    # a row's round = the mean over its instances; its A/A ratio = instance 1 vs instance 2 (paired rounds)
-    rounds = {n: np.mean([cmp.rounds[i] for i in inst[n]], axis=0) for n in names}
-    aa = {n: paired_speedup(cmp.rounds[inst[n][0]], cmp.rounds[inst[n][1]]) if replicas > 1 else None
+    # a row's round = the mean over its instances (row_rounds); its A/A ratio = instance 1 vs instance 2 (paired)
+    median = {n: float(np.median(list(row_rounds(cmp.rounds, cmp.round_ids, inst[n]).values()))) for n in names}
+    aa = {n: paired_rows(cmp.rounds, cmp.round_ids, inst[n][:1], inst[n][1:2]) if replicas > 1 else None
           for n in names}
     spread = {n: instance_spread(aa[n]) for n in names}
     steady = {n: all(cmp.stability(i)["stable"] for i in inst[n]) for n in names}
@@ -692,7 +692,7 @@ def run_workload(w: Workload, *, root: Path, threads: int, wanted: Sequence[str]
                  and p.precision == s.precision]
         if s.system == "xdeploy" and peers:
             def versus(peer: str, n: str = n) -> dict[str, Any]:
-                sp = paired_speedup(rounds[peer], rounds[n])
+                sp = paired_rows(cmp.rounds, cmp.round_ids, inst[peer], inst[n])
                 t = cmp.thresholds  # dispersed paired ratios: no figure; an interval wider than the target: "wide"
                 stable = steady[n] and steady[peer] and sp.rel_iqr <= t.series_rel_iqr
                 band, verdict = band_verdict(sp, spread[n], spread[peer])
@@ -700,12 +700,12 @@ def run_workload(w: Workload, *, root: Path, threads: int, wanted: Sequence[str]
                         "wide": sp.half_width > t.target,
                         "instance_spread": band - 1.0, "verdict": verdict}
 
-            vs = versus(min(peers, key=lambda m: float(np.median(rounds[m]))))
+            vs = versus(min(peers, key=lambda m: median[m]))
             # and the fastest peer row on the same engine (ov vs optimum-intel / sentence-transformers openvino)
             same = [m for m in peers if names[m].runtime == s.runtime]
             if same:
-                vs["same_engine"] = versus(min(same, key=lambda m: float(np.median(rounds[m]))))
-        per_call = float(np.median(rounds[n]))
+                vs["same_engine"] = versus(min(same, key=lambda m: median[m]))
+        per_call = median[n]
         # the row is steady only if every instance is; an unsteady instance lends the row its cause and reasons
         worst = next((cmp.stability(i) for i in inst[n] if not cmp.stability(i)["stable"]), cmp.stability(n))
         stability = cmp.stability(n) | {"stable": steady[n], "cause": worst["cause"], "reasons": worst["reasons"]}

@@ -855,22 +855,6 @@ def _row_of(instance: str) -> str:
     return instance.split(" #", 1)[0]
 
 
-def _row_rounds(cmp: Any, instances: Sequence[str]) -> dict[int, float]:
-    """round index -> the mean round time of a row's instances, over the rounds all of them took part in."""
-    per = [dict(zip(cmp.round_ids.get(n) or range(len(cmp.rounds[n])), cmp.rounds[n])) for n in instances]
-    common = set.intersection(*(set(p) for p in per))
-    return {i: float(np.mean([p[i] for p in per])) for i in sorted(common)}
-
-
-def _paired_rows(cmp: Any, baseline: Sequence[str], candidate: Sequence[str]) -> Any:
-    """Paired speed-up of one row (its instances' mean rounds) over another, over their common rounds."""
-    from xdeploy.bench.interleave import paired_speedup
-
-    b, c = _row_rounds(cmp, baseline), _row_rounds(cmp, candidate)
-    common = sorted(b.keys() & c.keys())
-    return paired_speedup([b[i] for i in common], [c[i] for i in common])
-
-
 def run_workload(w: Workload, *, work: Path, threads: int, rows: Sequence[Row], min_rounds: int, max_seconds: float,
                  attempts: int, min_block_s: float, bandwidth: tuple[float, str] | None, memory: bool,
                  max_group: int | None, log: Callable[[str], None], replicas: int = 2) -> list[dict[str, Any]]:
@@ -882,7 +866,7 @@ def run_workload(w: Workload, *, work: Path, threads: int, rows: Sequence[Row], 
     OpenVINO model decoding GPT-2 small differed by 5-9% (compile order), so with one instance per system a 5%
     "behind" was not evidence (a direct A/B found a tie, docs/benchmarks.md)."""
     from xdeploy.bench.groups import Group, grouped_comparison
-    from xdeploy.bench.interleave import band_verdict, compare, instance_spread
+    from xdeploy.bench.interleave import band_verdict, compare, instance_spread, paired_rows, row_rounds
     from xdeploy.core.fingerprint import fingerprint
     from xdeploy.core.records import make_record
 
@@ -978,9 +962,11 @@ def run_workload(w: Workload, *, work: Path, threads: int, rows: Sequence[Row], 
     bw = bandwidth[0] if bandwidth else None
     records = []
     rows_cmp = {n: groups[n][1] for n in inst}
-    rounds_median = {n: float(np.median(list(_row_rounds(rows_cmp[n], inst[n]).values()))) for n in inst}
+    rounds_median = {n: float(np.median(list(row_rounds(rows_cmp[n].rounds, rows_cmp[n].round_ids, inst[n]).values())))
+                     for n in inst}
     # instance 1 vs 2 of each row, paired by round: the A/A ratio whose spread widens the tie band
-    aa = {n: _paired_rows(rows_cmp[n], ii[:1], ii[1:2]) if len(ii) > 1 else None for n, ii in inst.items()}
+    aa = {n: paired_rows(rows_cmp[n].rounds, rows_cmp[n].round_ids, ii[:1], ii[1:2]) if len(ii) > 1 else None
+          for n, ii in inst.items()}
     steady = {n: all(rows_cmp[n].stability(i)["stable"] for i in ii) for n, ii in inst.items()}
     for name, row in by_name.items():
         system, config, runtime, precision = row
@@ -1020,7 +1006,7 @@ def run_workload(w: Workload, *, work: Path, threads: int, rows: Sequence[Row], 
                                                   "high": aa[name].high}}}
         vs_hf = None
         if name != base:
-            sp = _paired_rows(cmp, [base], inst[name])
+            sp = paired_rows(cmp.rounds, cmp.round_ids, [base], inst[name])
             stable = bool(steady[name] and sp.rel_iqr <= t.series_rel_iqr)
             vs_hf = {"median": sp.median, "low": sp.low, "high": sp.high, "stable": stable,
                      "wide": sp.half_width > t.target, "cause": None if stable else (st.get("cause") or "noise")}
@@ -1030,7 +1016,7 @@ def run_workload(w: Workload, *, work: Path, threads: int, rows: Sequence[Row], 
                  and n in inst and groups[n][0] == number]
         if system == "xdeploy" and peers:
             peer = min(peers, key=lambda n: rounds_median[n])
-            sp = _paired_rows(cmp, inst[peer], inst[name])
+            sp = paired_rows(cmp.rounds, cmp.round_ids, inst[peer], inst[name])
             stable = bool(steady[name] and steady[peer] and sp.rel_iqr <= t.series_rel_iqr)
             band, verdict = band_verdict(sp, instance_spread(aa[name]), instance_spread(aa[peer]))
             vs_peer = {"peer": peer, "median": sp.median, "low": sp.low, "high": sp.high, "stable": stable,

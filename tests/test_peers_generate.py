@@ -262,4 +262,6 @@ def test_every_system_in_the_peers_env(tmp_path: Path) -> None:
     assert recs[0]["versions"]["ctranslate2"] == "4.8.5" and recs[0]["versions"]["openvino-genai"]
     for system in ("optimum-intel", "ctranslate2", "onnxruntime-genai", "openvino-genai"):
         assert f"| {system} |" in p.stdout
-    assert "(instance spread ±" in p.stdout
+    # a stable comparison prints its verdict and band (an unstable one, on a loaded host, prints no figure at all)
+    if any(r["vs_peer"] and r["vs_peer"]["stable"] for r in recs):
+        assert "(instance spread ±" in p.stdout
