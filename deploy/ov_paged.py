@@ -30,7 +30,7 @@ import numpy as np
 from xdeploy.core.errors import XDeployError
 
 from .base import CachedStep
-from .sessions import BoundInputs
+from .sessions import BoundInputs, ov_reason
 
 # the PagedAttention form's inputs beside the per-layer caches (OpenVINO 2026's rewrite, no score outputs)
 PAGED_INPUTS = ("past_lens", "subsequence_begins", "block_indices", "block_indices_begins", "max_context_len")
@@ -52,7 +52,7 @@ def paged_model(ov: Any, path: str, ids: str, positions: str, layers: int, logit
         model = ov.Core().read_model(path)
         paged_attention_transformation(model)
     except Exception as e:  # openvino raises RuntimeError subclasses with multi-line messages
-        raise XDeployError(f"OpenVINO cannot rewrite {path} to PagedAttention: {str(e).strip().splitlines()[0]}"
+        raise XDeployError(f"OpenVINO cannot rewrite {path} to PagedAttention: {ov_reason(e)}"
                            ) from None
     gather_before_head(ov, model, logits)
     found = sorted(n for p in model.inputs for n in p.get_names())
@@ -169,27 +169,35 @@ class Blocks:
 
 
 class _Lane:
-    """One infer request the step runs on: its inputs bound once (BoundInputs), the logits port it reads, and what
-    its bound inputs were last set for (the step shape `key`, the block tables' `version`)."""
+    """One infer request the step runs on: its inputs bound once (BoundInputs), the logits port it reads, what its
+    bound inputs were last set for (the step shape `key`, the block tables' `version`), and the cache tensors bound
+    to it (`cache`, in its compiled model's cache types; shared with the other lane where those agree)."""
 
-    def __init__(self, request: Any, logits: Any, ov: Any) -> None:
+    def __init__(self, request: Any, compiled: Any, logits: Any, caches: Sequence[str], ov: Any) -> None:
         self.req, self.logits = request, logits
         self.inputs = BoundInputs(request, ov)
         self.key: tuple[int, int] | None = None
         self.version = -1
+        ports = {n: p for p in compiled.inputs for n in p.get_names()}
+        self.types = {n: ports[n].get_element_type() for n in caches}
+        self.cache: dict[str, Any] = {}
+        self.views: list[np.ndarray] = []  # each cache tensor's memory, block-major
 
 
 class PagedStep(CachedStep):
     """The decoding loop's step on the PagedAttention graph (see CachedStep): row r's real new tokens (mask 1 at the
     step's positions) are fed; masked ones (a left-padded prompt) are not, so they never enter the cache.
 
-    `steps`: (an infer request of a second compiled model of the same graph, its logits port) that runs the calls
-    feeding one token per row, while `request` runs the rest (prompts). Both requests are bound to the same cache
-    tensors and read the same block tables, so a sequence moves between them freely; OvRunner opens it for a small
-    decoder, whose steps are faster on one thread (docs/generate.md)."""
+    `steps`: (an infer request of a second compiled model of the same graph, that model, its logits port) that
+    runs the calls feeding one token per row, while `request` runs the rest (prompts). Both read the same block
+    tables; where both models store the cache in one type, both requests are bound to the same cache tensors and a
+    sequence moves between them freely (OvRunner: a small decoder's steps on one thread, docs/generate.md). Where
+    the types differ (bf16 arithmetic for prompts, f32 arithmetic on bf16 weights for steps: the CPU plugin's
+    PagedAttention stores the cache in the compute precision), each lane has its own tensors and the blocks in use
+    are converted when the sequence moves to the other lane (once a generation: after its prompt)."""
 
     def __init__(self, request: Any, compiled: Any, ids: str, positions: str, logits: Any, layers: int,
-                 ov: Any, steps: tuple[Any, Any] | None = None) -> None:
+                 ov: Any, steps: tuple[Any, Any, Any] | None = None) -> None:
         self._ov = ov
         self.names = (ids, positions)
         self.caches = cache_inputs(layers)
@@ -200,46 +208,64 @@ class PagedStep(CachedStep):
             raise XDeployError(f"unexpected PagedAttention cache shapes {sorted({str(s) for s in shapes.values()})}; "
                                "expected (?, heads, block, head size)")
         self.dims = {n: [s[i].get_length() for i in (1, 2, 3)] for n, s in shapes.items()}
-        self.types = {n: ports[n].get_element_type() for n in self.caches}
         self.blocks = Blocks(self.dims[self.caches[1]][1])  # a value cache's (heads, block, head size)
-        self._prompt = _Lane(request, logits, ov)
-        self._steps = self._prompt if steps is None else _Lane(*steps, ov)
+        self._prompt = _Lane(request, compiled, logits, self.caches, ov)
+        self._steps = self._prompt if steps is None else _Lane(steps[0], steps[1], steps[2], self.caches, ov)
         self._lanes = (self._prompt,) if steps is None else (self._prompt, self._steps)
-        self._tensors: dict[str, Any] = {}
-        self._views: list[np.ndarray] = []  # each cache tensor's memory, block-major
+        self._own = steps is not None and self._steps.types != self._prompt.types  # each lane its own tensors
+        self._holder = self._prompt  # the lane whose cache tensors hold the sequence's K/V now
         # staging for _one_token and _infer: past_lens, the fed count of one row, max_context_len
         self._past, self._one = np.zeros(1, np.int32), np.ones(1, np.int64)
         self._longest = np.zeros((), np.int32)
 
     def reset(self) -> None:
         self.blocks.reset()
+        self._holder = self._prompt  # nothing held: the next sequence starts where its prompt runs
 
     def hold(self, feeds: Mapping[str, np.ndarray]) -> None:
         if feeds:
             raise XDeployError("the PagedAttention step is a decoder's: it holds no encoder memory")
 
+    @property
+    def types(self) -> dict[str, Any]:
+        """Each cache input's element type where the sequence's K/V are now."""
+        return self._holder.types
+
     def _grow(self) -> None:
         """Cache tensors of `blocks.capacity` blocks, the filled ones copied over, bound to the request(s)."""
         n = self.blocks.capacity
-        for name in self.caches:
-            old = self._tensors.get(name)
-            t = self._ov.Tensor(self.types[name], [n, *self.dims[name]])
-            if old is not None:
-                t.data[:old.data.shape[0]] = old.data
-            for lane in self._lanes:
-                lane.req.set_tensor(name, t)
-            self._tensors[name] = t
-        self._views = [self._tensors[name].data for name in self.caches]
+        for lane in (self._lanes if self._own else self._lanes[:1]):
+            for name in self.caches:
+                old = lane.cache.get(name)
+                t = self._ov.Tensor(lane.types[name], [n, *self.dims[name]])
+                if old is not None:
+                    t.data[:old.data.shape[0]] = old.data
+                lane.cache[name] = t
+            lane.views = [lane.cache[name].data for name in self.caches]
+        if not self._own:
+            self._steps.cache, self._steps.views = self._prompt.cache, self._prompt.views
+        for lane in self._lanes:
+            for name in self.caches:
+                lane.req.set_tensor(name, lane.cache[name])
+
+    def _move(self, lane: _Lane) -> None:
+        """The blocks in use, converted from the holder's cache tensors into `lane`'s (their types differ), which
+        then holds the sequence. At 128 slots of GPT-2 small: 9 MB converted once, after the prompt."""
+        used = np.flatnonzero(self.blocks.ref > 0)
+        src = self._holder
+        for name, a, b in zip(self.caches, src.views, lane.views):
+            b[used] = _from_f32(_to_f32(a[used], src.types[name]), lane.types[name])
+        self._holder = lane
 
     def reserve(self, k: np.ndarray) -> np.ndarray:
         """Room for k[r] more slots in each row r (blocks taken, a shared partial block copied, the cache tensors
         grown when out of blocks); returns the rows' filled slots before."""
         past = self.blocks.lens
         copies = self.blocks.extend(k)
-        if self.blocks.capacity > (self._views[0].shape[0] if self._views else 0):
+        if self.blocks.capacity > (self._prompt.views[0].shape[0] if self._prompt.views else 0):
             self._grow()
         for src, dst in copies:  # copy on write: a shared block this row is about to fill
-            for v in self._views:
+            for v in self._holder.views:
                 v[dst] = v[src]
         return past
 
@@ -261,6 +287,8 @@ class PagedStep(CachedStep):
         infer: `past` the rows' filled slots before, `longest` the longest row after."""
         blocks = self.blocks
         lane = self._steps if key is not None and key[1] == 1 else self._prompt
+        if lane is not self._holder and self._own:
+            self._move(lane)
         inputs = lane.inputs
         inputs.set(self.names[0], ids)
         inputs.set(self.names[1], positions)
@@ -319,14 +347,16 @@ class PagedStep(CachedStep):
     def write(self, r: int, first: int, kv: Sequence[np.ndarray]) -> None:
         """Store K/V for slots first.. of row r: kv[i] (nh, n, hs) float32 for cache input i."""
         blocks, offsets = self.blocks.slots(r, first, kv[0].shape[1])
-        for name, view, a in zip(self.caches, self._views, kv):
-            view[blocks, :, offsets] = _from_f32(a.transpose(1, 0, 2), self.types[name])  # (n, nh, hs)
+        types = self.types
+        for name, view, a in zip(self.caches, self._holder.views, kv):
+            view[blocks, :, offsets] = _from_f32(a.transpose(1, 0, 2), types[name])  # (n, nh, hs)
 
     def read(self, r: int, first: int, n: int) -> list[np.ndarray]:
         """K/V of slots first .. first + n - 1 of row r, float32 (nh, n, hs) per cache input."""
         blocks, offsets = self.blocks.slots(r, first, n)
-        return [_to_f32(view[blocks, :, offsets], self.types[name]).transpose(1, 0, 2)
-                for name, view in zip(self.caches, self._views)]
+        types = self.types
+        return [_to_f32(view[blocks, :, offsets], types[name]).transpose(1, 0, 2)
+                for name, view in zip(self.caches, self._holder.views)]
 
 
 def _mask_mismatch(marks: list[int], holds: list[int]) -> XDeployError:

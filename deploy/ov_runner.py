@@ -29,7 +29,14 @@ Option `paged` rewrites a decoder's stateful IR to OpenVINO's PagedAttention for
 
 Option `weights="bf16"` (fp32 artifacts, the f32 variant) stores the compiled model's f32 weights as bf16 behind
 decompression Converts (export/openvino_ir.py `bf16_weights`): the CPU plugin decompresses them inside its kernels
-and computes in f32, so a memory-bound decode step reads half the bytes without bf16 arithmetic.
+and computes in f32, so a memory-bound decode step reads half the bytes without bf16 arithmetic. With it, option
+`prompt="bf16"` (the paged step) compiles the same bf16-weight model a second time with OpenVINO's bf16 hint for
+the calls that feed several tokens a row (prompts: compute-bound, where AMX / AVX-512 BF16 arithmetic pays), while
+the one-token steps keep f32 arithmetic on the bf16 weights (at one row the bf16 kernels do not pay: on AMX they
+run a tile for one row). The cache is converted once a generation, when the sequence moves from its prompt's
+bf16 cache to the steps' f32 one (deploy/ov_paged.py PagedStep).
+
+    open_runner("ov", art, "decode", stateful=True, paged=True, weights="bf16", prompt="bf16")
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ from xdeploy.core.errors import XDeployError, one_of
 
 from .base import CachedStep, Runner, RunnerInfo, validate_feeds
 from .saturation_guard import refuse_saturating_int8, saturating_bound
-from .sessions import OV_PRECISION_HINTS, BoundInputs, one_thread_steps, onnx_file, ov_compile, ov_config
+from .sessions import OV_PRECISION_HINTS, BoundInputs, one_thread_steps, onnx_file, ov_compile, ov_config, ov_reason
 
 _OV_TO_NAME = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
 GRAPH_FORMATS = ("auto", "onnx", "ir")  # auto: the artifact's OpenVINO IR when it carries one
@@ -59,6 +66,7 @@ class OvRunner(Runner):
     name = "ov"
     nan_guards_dropped = 0  # NaN guards after attention removed from the compiled graph (drop_nan_guards)
     steps_compiled: Any = None  # paged: a small decoder's one-token steps' compiled model (one thread), else None
+    prompt_compiled: Any = None  # paged, prompt="bf16": the prompts' compiled model (bf16 hint), else None
     variants = tuple(OV_PRECISION_HINTS)
     reads_openvino_ir = True
     pages_cache = True
@@ -100,10 +108,10 @@ class OvRunner(Runner):
             raise XDeployError("runner 'ov' needs the openvino package: pip install 'xdeploy[openvino]'") from None
         self._ov = ov
         unknown = set(self.options) - {"hint", "cache_dir", "device", "format", "pinning", "stateful", "kv_precision",
-                                       "paged", "allow_saturation", "weights"}
+                                       "paged", "allow_saturation", "weights", "prompt"}
         if unknown:
             raise XDeployError(f"unknown ov option(s) {sorted(unknown)}; expected hint, cache_dir, device, format, "
-                               "pinning, stateful, kv_precision, paged, allow_saturation, weights")
+                               "pinning, stateful, kv_precision, paged, allow_saturation, weights, prompt")
         self._check_weights()
         self._allow_saturation = bool(self.options.pop("allow_saturation", False))
         if self.options.get("paged", False) and not self.options.get("stateful", False):
@@ -143,7 +151,8 @@ class OvRunner(Runner):
             self.nan_guards_dropped = drop_nan_guards(model)
         if not (pruned or self.nan_guards_dropped):
             model = path  # nothing changed: keep the path route (and its cache skip)
-        self.compiled = ov_compile(self._stored_weights(model), config, self.device, what=str(path))
+        self.compiled = ov_compile(self._stored_weights(model, path if self.graph_format == "ir" else None), config,
+                                   self.device, what=str(path))
         # A port can carry several tensor names (an fp16 graph's keep-io Cast adds one); index them all.
         self._in_ports = {n: p for p in self.compiled.inputs for n in p.get_names()}
         self._out_ports = {n: p for p in self.compiled.outputs for n in p.get_names()}
@@ -164,16 +173,23 @@ class OvRunner(Runner):
         if weights and self.artifact.precision != "fp32":
             raise XDeployError(f"ov option weights='bf16' rounds an fp32 artifact's weights to bf16; "
                                f"{self.artifact.path} is {self.artifact.precision}")
+        prompt = self.options.get("prompt", "")
+        if prompt not in ("", "bf16"):
+            raise one_of("ov prompt", prompt, ["bf16"])
+        if prompt and not (weights and self.options.get("paged", False)):
+            raise XDeployError("ov option prompt='bf16' runs the paged step's prompts with bf16 arithmetic on its bf16 "
+                               "weights: expected weights='bf16' and paged=True with it")
 
-    def _stored_weights(self, model: Any) -> Any:
-        """`model` (a path or an ov.Model) to compile, its f32 weights stored as bf16 under weights="bf16"."""
+    def _stored_weights(self, model: Any, ir: Path | None) -> Any:
+        """`model` (a path or an ov.Model) to compile, its f32 weights stored as bf16 under weights="bf16"; `ir`:
+        the OpenVINO IR xml it comes from, if it does (its weights are then read from the file, bf16_weights)."""
         if not self.options.get("weights"):
             return model
         from xdeploy.export.openvino_ir import bf16_weights
 
         if not isinstance(model, self._ov.Model):
             model = self._ov.Core().read_model(str(model))
-        if not bf16_weights(self._ov, model):
+        if not bf16_weights(self._ov, model, ir):
             raise XDeployError(f"ov option weights='bf16': {self.artifact.path} graph {self.graph.name!r} has no f32 "
                                "weights to store as bf16")
         return model
@@ -226,7 +242,7 @@ class OvRunner(Runner):
             self._load_paged(path, config | {"KV_CACHE_PRECISION": kv}, len(given) // 2,
                              path.stat().st_size + (self.artifact.path / rec["bin"]).stat().st_size)
             return
-        self.compiled = ov_compile(self._stored_weights(path), config | {"KV_CACHE_PRECISION": kv}, self.device,
+        self.compiled = ov_compile(self._stored_weights(path, path), config | {"KV_CACHE_PRECISION": kv}, self.device,
                                    what=str(path))
         self._in_ports = {n: p for p in self.compiled.inputs for n in p.get_names()}
         self._out_ports = {n: p for p in self.compiled.outputs for n in p.get_names()}
@@ -252,7 +268,7 @@ class OvRunner(Runner):
                                "kv_precision f32, bf16 or f16, not u8")
         from .ov_paged import paged_model
 
-        model = self._stored_weights(paged_model(self._ov, str(path), f.step_ids, f.positions, layers, f.logits))
+        model = self._stored_weights(paged_model(self._ov, str(path), f.step_ids, f.positions, layers, f.logits), path)
         self.compiled = ov_compile(model, config, self.device, what=f"{path} (PagedAttention)")
         self._in_ports = {n: p for p in self.compiled.inputs for n in p.get_names()}
         self._out_ports = {n: p for p in self.compiled.outputs for n in p.get_names()}
@@ -263,17 +279,27 @@ class OvRunner(Runner):
         if one_thread_steps(self.threads, step_bytes):
             self.steps_compiled = ov_compile(model, config | {"INFERENCE_NUM_THREADS": 1}, self.device,
                                              what=f"{path} (PagedAttention, one-token steps, one thread)")
+        if self.options.get("prompt"):  # the CPU plugin's PagedAttention stores the cache in the compute precision
+            self.prompt_compiled = ov_compile(model, config | {"INFERENCE_PRECISION_HINT": "bf16",
+                                                               "KV_CACHE_PRECISION": "bf16"}, self.device,
+                                              what=f"{path} (PagedAttention, prompts, bf16 hint)")
 
     def cached_step(self) -> CachedStep:
         if self.graph_format == "paged":
             from .ov_paged import PagedStep
 
             f = self._feeds
-            steps = None if self.steps_compiled is None else \
-                (self.steps_compiled.create_infer_request(),
-                 next(p for p in self.steps_compiled.outputs if f.logits in p.get_names()))
-            return PagedStep(self.compiled.create_infer_request(), self.compiled, f.step_ids, f.positions,
-                             self._out_ports[f.logits], self._layers, self._ov, steps=steps)
+            prompts = self.prompt_compiled or self.compiled
+            # the one-token steps: their own model (one thread), or the main one when the prompts have theirs
+            steps_model = self.steps_compiled or (self.compiled if self.prompt_compiled is not None else None)
+
+            def logits(compiled: Any) -> Any:
+                return next(p for p in compiled.outputs if f.logits in p.get_names())
+
+            steps = None if steps_model is None else \
+                (steps_model.create_infer_request(), steps_model, logits(steps_model))
+            return PagedStep(prompts.create_infer_request(), prompts, f.step_ids, f.positions, logits(prompts),
+                             self._layers, self._ov, steps=steps)
         if self.graph_format != "stateful":
             raise XDeployError("runner 'ov' keeps the KV cache in the engine only when opened with stateful=True")
         return _OvCachedStep(self.compiled.create_infer_request(), self._names, self._out_ports[self._feeds.logits],
@@ -326,7 +352,7 @@ class OvRunner(Runner):
         try:
             model = self._ov.Core().read_model(str(path))
         except Exception as e:
-            raise XDeployError(f"OpenVINO cannot read {path}: {str(e).strip().splitlines()[0]}") from None
+            raise XDeployError(f"OpenVINO cannot read {path}: {ov_reason(e)}") from None
         keep = set(self.output_names)
         for res in list(model.get_results()):
             if not keep & set(res.output(0).get_names() | res.input_value(0).get_names()):
@@ -405,7 +431,7 @@ class OvRunner(Runner):
         # the infer requests live in per-thread slots of `_local`: a fresh one drops every thread's request
         self._local = threading.local()
         self.__dict__.pop("compiled", None)
-        self.steps_compiled = None
+        self.steps_compiled = self.prompt_compiled = None
 
 
 def drop_nan_guards(model: Any) -> int:

@@ -181,7 +181,16 @@ def ov_compile(model: str | Path | Any, config: dict[str, Any], device: str = "C
         return ov.Core().compile_model(src, device, config)
     except Exception as e:  # openvino raises RuntimeError subclasses with multi-line messages
         name = what or str(model)
-        raise XDeployError(f"OpenVINO cannot compile {name} for {device}: {str(e).strip().splitlines()[0]}") from None
+        raise XDeployError(f"OpenVINO cannot compile {name} for {device}: {ov_reason(e)}") from None
+
+
+def ov_reason(e: BaseException) -> str:
+    """The line of an OpenVINO exception that says why: its message stacks "Exception from <file>:<line>:" and
+    "Check '...' failed at <file>:<line>:" headers above the reason (a PagedAttention compile with a bf16 cache
+    and f32 arithmetic said only "Exception from src/inference/src/cpp/core.cpp:117:" in its first line)."""
+    lines = [x.strip() for x in str(e).strip().splitlines() if x.strip()]
+    said = [x for x in lines if not x.startswith(("Exception from ", "Check '"))]
+    return said[-1] if said else lines[-1] if lines else type(e).__name__
 
 
 class BoundInputs:

@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -243,33 +244,98 @@ DECOMPRESSION_MARKS = ("decompression_0", "disabled_constant_folding_0")
 BF16_WEIGHT_MIN_ELEMENTS = 4096  # smaller f32 constants (biases, LayerNorm scales, shapes) stay f32
 
 
-def bf16_weights(ov: Any, model: Any) -> int:
+def bf16_weights(ov: Any, model: Any, ir: Path | None = None) -> int:
     """Store `model`'s f32 weight constants (>= BF16_WEIGHT_MIN_ELEMENTS) as bf16, rounded to nearest even, each
     behind a Convert to f32 marked as decompression, in place; returns how many. Computing in f32, the CPU plugin
     then keeps those weights in bf16 (half the bytes a memory-bound decode step reads; the arithmetic stays f32),
     as it keeps an fp16 artifact's: the `ov` runner's option weights="bf16" (deploy/ov_runner.py). GPT-2 small's
     stateful step on AMD Zen 4, 2 threads: 10.07 ms against 11.80 ms for OpenVINO's bf16 hint (bf16 arithmetic)
-    and 9.90 ms for fp16 weights, the same 65 greedy tokens as f32 (docs/generate.md, "bf16 weights")."""
+    and 9.90 ms for fp16 weights, the same 65 greedy tokens as f32 (docs/generate.md, "bf16 weights").
+
+    `ir`: the xml `model` was read from. Its weights are then read from the .bin with file reads, a few MB at a
+    time, not through the constants' memory map. Why: OpenVINO maps the whole .bin once and the small f32
+    constants that stay keep the map alive, so every page read through it stayed resident: GPT-2 small's compiled
+    bf16-weight step held 0.80 GiB against 0.35 GiB read this way (Xeon model 207, docs/generate.md)."""
     from openvino import opset13
 
+    layers = _ir_f32_constants(ir) if ir is not None else {}
     count = 0
-    for op in model.get_ordered_ops():
-        if op.get_type_name() != "Constant" or op.get_element_type() != ov.Type.f32 \
-                or int(np.prod(list(op.get_output_shape(0)))) < BF16_WEIGHT_MIN_ELEMENTS:
-            continue
-        a = np.ascontiguousarray(op.get_data(), dtype=np.float32)
-        u = a.view(np.uint32)
-        t = ov.Tensor(ov.Type.bf16, list(a.shape))
-        # round to nearest even on the upper 16 bits (finite weights: no NaN payloads to keep)
-        np.asarray(t.data).view(np.uint16)[...] = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-        convert = opset13.convert(opset13.constant(t), ov.Type.f32)
-        for mark in DECOMPRESSION_MARKS:
-            convert.get_rt_info()[mark] = ""
-        for target in list(op.output(0).get_target_inputs()):
-            target.replace_source_output(convert.output(0))
-        count += 1
+    with open(ir.with_suffix(".bin"), "rb") if layers else contextlib.nullcontext() as binf:
+        for op in model.get_ordered_ops():
+            if op.get_type_name() != "Constant" or op.get_element_type() != ov.Type.f32:
+                continue
+            shape = list(op.get_output_shape(0))
+            n = int(np.prod(shape))
+            if n < BF16_WEIGHT_MIN_ELEMENTS:
+                continue
+            t = ov.Tensor(ov.Type.bf16, shape)
+            out = np.asarray(t.data).view(np.uint16).reshape(-1)
+            where = layers.get(op.get_friendly_name())
+            mapped = op.get_data().reshape(-1)  # a view of the map: only the pages indexed below are read
+            # the layer of that name holds this constant's numbers (its size, its first and last: a rewrite could
+            # reuse a name), else the numbers are read through the map
+            if not (where is not None and where[1] == 4 * n and _read_rounded(binf.fileno(), where[0], out)
+                    and _bf16_of(mapped[:1]) == out[0] and _bf16_of(mapped[-1:]) == out[-1]):
+                _round_to_bf16(np.ascontiguousarray(mapped, np.float32).view(np.uint32), out)
+            convert = opset13.convert(opset13.constant(t), ov.Type.f32)
+            for mark in DECOMPRESSION_MARKS:
+                convert.get_rt_info()[mark] = ""
+            for target in list(op.output(0).get_target_inputs()):
+                target.replace_source_output(convert.output(0))
+            count += 1
     model.validate_nodes_and_infer_types()
     return count
+
+
+BF16_CHUNK = 1 << 20  # elements rounded at a time: full-size temporaries of GPT-2's 154 MB head raised the peak
+
+
+def _round_to_bf16(bits: np.ndarray, out: np.ndarray) -> None:
+    """`out` (uint16) = the f32 numbers whose bit patterns are `bits` (uint32), rounded to nearest even on their
+    upper 16 bits (finite weights: no NaN payloads to keep), BF16_CHUNK at a time."""
+    for i in range(0, len(bits), BF16_CHUNK):
+        u = bits[i:i + BF16_CHUNK]
+        out[i:i + BF16_CHUNK] = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+
+
+def _read_rounded(fd: int, offset: int, out: np.ndarray) -> bool:
+    """`out` = the len(out) f32 numbers at `offset` of file `fd`, rounded to bf16, BF16_CHUNK at a time; False if
+    the file ends first."""
+    for i in range(0, len(out), BF16_CHUNK):
+        m = min(BF16_CHUNK, len(out) - i)
+        raw = os.pread(fd, 4 * m, offset + 4 * i)
+        if len(raw) != 4 * m:
+            return False
+        _round_to_bf16(np.frombuffer(raw, np.uint32), out[i:i + m])
+    return True
+
+
+def _bf16_of(a: np.ndarray) -> int:
+    out = np.zeros(1, np.uint16)
+    _round_to_bf16(np.ascontiguousarray(a, np.float32).view(np.uint32), out)
+    return int(out[0])
+
+
+def _ir_f32_constants(xml: Path) -> dict[str, tuple[int, int]]:
+    """Each f32 Const layer of an IR: its name -> (offset, size) in the .bin (names seen twice are left out)."""
+    import xml.etree.ElementTree as ET
+
+    found: dict[str, tuple[int, int]] = {}
+    seen: set[str] = set()
+    try:
+        for _, el in ET.iterparse(xml):
+            if el.tag == "layer" and el.get("type") == "Const":
+                data, name = el.find("data"), el.get("name", "")
+                if name in seen:
+                    found.pop(name, None)
+                seen.add(name)
+                if data is not None and data.get("element_type") == "f32":
+                    found[name] = (int(data.get("offset", -1)), int(data.get("size", -1)))
+                el.clear()
+    except (ET.ParseError, ValueError) as e:
+        raise XDeployError(f"{xml} is not a readable OpenVINO IR xml (expected Const layers with integer offset and "
+                           f"size): {e}") from None
+    return {k: v for k, v in found.items() if v[0] >= 0}
 
 
 def save_ir(ir: Any, path: str | Path, precision: str) -> None:

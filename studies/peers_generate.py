@@ -34,7 +34,9 @@ Every system loads the same local safetensors directory (with a byte-level GPT-2
                  prefilled by graph `model`: Generator's prefill_graph; its default route runs the weights
                  shifted to int8 on VNNI without AMX, and the row with signed_prefill=True also on AMX, for
                  the prompt in a second session), `ov` f32 on the int8-dynamic export's IR (its weights
-                 compressed to int8 by nncf: OpenVINO's int8 route), `ov` bf16 where the CPU has bf16,
+                 compressed to int8 by nncf: OpenVINO's int8 route), `ov` bf16 where the CPU has bf16 (the
+                 bf16 hint; the f32 step on weights stored as bf16; and, decoders only, those steps with the
+                 prompt on a bf16-hint compile of the same weights),
                  `ov` f32 on the fp16 export (its IR's weights stored as fp16: the precision class "fp16");
                  `--static-int8` adds the static Q/DQ `int8` export (opt-in: slow to export at GPT-2 small)
   optimum-intel  OVModelForCausalLM(export=True, stateful: the KV cache stays inside the engine) f32, bf16 where
@@ -116,6 +118,7 @@ REFERENCE: Row = ("transformers", "generate eager fp32", "torch", "fp32")
 XDEPLOY: tuple[Row, ...] = (("xdeploy", "ort fp32", "onnxruntime", "fp32"), ("xdeploy", "ov f32", "openvino", "fp32"),
                             ("xdeploy", "ov bf16", "openvino", "bf16"),
                             ("xdeploy", "ov f32, bf16 weights", "openvino", "bf16"),
+                            ("xdeploy", "ov bf16 weights, bf16 prompt", "openvino", "bf16"),
                             ("xdeploy", "ov f32, fp16 weights", "openvino", "fp16"),
                             ("xdeploy", "ort int8 dynamic", "onnxruntime", "int8"),
                             ("xdeploy", "ort int8 dynamic, model-graph prefill", "onnxruntime", "int8"),
@@ -145,6 +148,10 @@ XDEPLOY_ROUTE = {"ort fp32": ("fp32", "ort", {}), "ov f32": ("fp32", "ov:f32", _
                  # the fp32 artifact's IR with its weights stored as bf16 behind decompression Converts, computed in
                  # f32 (ov option weights="bf16"): the bf16 rows' weight bytes, f32 arithmetic
                  "ov f32, bf16 weights": ("fp32", "ov:f32", _OV_ENGINE | {"weights": "bf16"}),
+                 # the same one-token steps; the prompt on a second compile of those weights with the bf16 hint
+                 # (bf16 arithmetic where it pays: many rows), the cache converted once (ov option prompt="bf16";
+                 # a paged step's: decoders only)
+                 "ov bf16 weights, bf16 prompt": ("fp32", "ov:f32", _OV_ENGINE | {"weights": "bf16", "prompt": "bf16"}),
                  # the fp16 artifact's IR (weights stored as fp16) computed in f32: OpenVINO keeps a language model's
                  # fp16 weights in its FullyConnected kernels, so a decode step reads half the bytes
                  "ov f32, fp16 weights": ("fp16", "ov:f32", _OV_ENGINE),
@@ -876,11 +883,13 @@ def run_workload(w: Workload, *, work: Path, threads: int, rows: Sequence[Row], 
     ctx = _context(w, ckpt, work, threads, log)
     base = row_name(REFERENCE)
     errors: dict[str, str] = {}
-    # a decoder-only route (the prompt through graph `model`) has no encoder-decoder counterpart, nor do the
-    # fp16-weight rows (the peers' encoder-decoder routes load f32 weights; fp16 is measured on decoders)
+    # a decoder-only route (the prompt through graph `model`, or on its own compile of the paged step) has no
+    # encoder-decoder counterpart, nor do the fp16-weight rows (the peers' encoder-decoder routes load f32 weights;
+    # fp16 is measured on decoders)
     by_name = {row_name(r): r for r in rows
                if not (w.seq2seq and (r[3] == "fp16" or r[0] == "xdeploy"
-                                      and {"prefill_graph", "signed_prefill"} & set(XDEPLOY_ROUTE[r[1]][2])))}
+                                      and {"prefill_graph", "signed_prefill", "prompt"}
+                                      & set(XDEPLOY_ROUTE[r[1]][2])))}
     for name, row in by_name.items():  # exports and conversions first: none of it is timed or probed
         try:
             prepare(ctx, row)

@@ -453,3 +453,36 @@ def test_openvino_and_nncf_are_imported_without_their_telemetry(opt_in: bool) ->
         assert (ovc_tm, nncf_tm) == ("openvino_telemetry", "nncf-telemetry")
     else:
         assert (forks, ovc_tm, nncf_tm) == ("0", "openvino.tools.ovc.telemetry_stub", "nncf-stub")
+
+
+def test_bf16_weights_read_from_the_file_equal_those_read_through_the_map(ir_artifact: Path, tmp_path: Path) -> None:
+    """export/openvino_ir.bf16_weights with the IR's path reads each weight from the .bin by its Const layer (not
+    through OpenVINO's memory map, whose pages would stay resident): the same bf16 numbers as the map route, and a
+    layer whose name now holds other numbers (a rewrite reusing the name) falls back to the map."""
+    ov = pytest.importorskip("openvino")
+    from xdeploy.export.openvino_ir import bf16_weights
+
+    art = load_artifact(ir_artifact)
+    xml = art.path / art.openvino_ir(art.spec.graphs[0].name)
+
+    def bf16_consts(ir: Path | None) -> list[np.ndarray]:
+        m = ov.Core().read_model(str(xml))
+        assert bf16_weights(ov, m, ir) > 0
+        return [np.asarray(op.get_data()).view(np.uint16).copy() for op in m.get_ordered_ops()
+                if op.get_type_name() == "Constant" and op.get_element_type() == ov.Type.bf16]
+
+    # every weight it rounds is found in the xml by name, at its size: the file route is the one taken
+    from xdeploy.export.openvino_ir import BF16_WEIGHT_MIN_ELEMENTS, _ir_f32_constants
+
+    layers = _ir_f32_constants(xml)
+    weights = [op for op in ov.Core().read_model(str(xml)).get_ordered_ops() if op.get_type_name() == "Constant"
+               and op.get_element_type() == ov.Type.f32 and op.get_data().size >= BF16_WEIGHT_MIN_ELEMENTS]
+    assert weights and all(layers[op.get_friendly_name()][1] == 4 * op.get_data().size for op in weights)
+    mapped = bf16_consts(None)
+    assert all(np.array_equal(a, b) for a, b in zip(bf16_consts(xml), mapped, strict=True))
+    # the same xml over a .bin with every byte moved by 4: the file reads find other numbers under each name
+    shifted = tmp_path / xml.name
+    shutil.copy(xml, shifted)
+    data = xml.with_suffix(".bin").read_bytes()
+    shifted.with_suffix(".bin").write_bytes(data[4:] + data[:4])
+    assert all(np.array_equal(a, b) for a, b in zip(bf16_consts(shifted), mapped, strict=True))

@@ -107,9 +107,21 @@ def test_ov_config_and_compile(tmp_path: Path) -> None:
     assert compiled({"x": np.array([1.0, 2.0], np.float32)})[0].tolist() == [2.0, 4.0]
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"garbage")
-    with pytest.raises(XDeployError, match="OpenVINO cannot compile .*bad.onnx for CPU"):
+    with pytest.raises(XDeployError, match="OpenVINO cannot compile .*bad.onnx for CPU") as e:
         sessions.ov_compile(bad, sessions.ov_config())
+    assert "\n" not in str(e.value) and not str(e.value).rstrip().endswith(":")  # a reason, not a header
     onnx.checker.check_model(onnx.load(str(path)))
+
+
+def test_ov_reason_skips_openvinos_location_headers() -> None:
+    """The reason line of an OpenVINO error, not its "Exception from <file>:" headers (the text is the CPU plugin's,
+    as a PagedAttention compile with a bf16 cache and f32 arithmetic raised it on OpenVINO 2026.4)."""
+    text = ("Exception from src/inference/src/cpp/core.cpp:117:\nException from src/inference/src/dev/plugin.cpp:54:\n"
+            "Check 'all_of(ov::element::f32, key_cache_type, value_cache_type)' failed at src/plugins/intel_cpu/"
+            "executor_pa.cpp:2938:\nexpect kvcache type f32, current: bf16 , bf16\n\n")
+    assert sessions.ov_reason(RuntimeError(text)) == "expect kvcache type f32, current: bf16 , bf16"
+    assert sessions.ov_reason(RuntimeError("Exception from a.cpp:1:\n")) == "Exception from a.cpp:1:"
+    assert sessions.ov_reason(RuntimeError("")) == "RuntimeError"
 
 
 def test_ort_spinning_options_reach_the_session_config(tiny_export) -> None:
