@@ -415,3 +415,24 @@ def test_bf16_prompt_runs_prompts_with_bf16_arithmetic_and_steps_on_bf16_weights
             assert step._holder is step._steps  # after the prompt, the steps' tensors hold the sequence
             assert {t.get_type_name() for t in step._steps.types.values()} == {"f32"}
         assert tokens == f32, threads
+
+
+def test_cli_generate_bf16_weights_and_prompt(stateful_art: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`xdeploy generate --runner ov --bf16-weights --bf16-prompt`: the Generator options weights/prompt="bf16",
+    the same greedy tokens as the API; a bf16 prompt without bf16 weights is one line naming what it needs."""
+    import json
+    import sys
+
+    from xdeploy.cli import main
+
+    out = stateful_art.parent / "g.json"
+    assert main(["generate", str(stateful_art), "--runner", "ov", "--prompt-ids", ",".join(map(str, PROMPTS[0])),
+                 "--new-tokens", "6", "--bf16-weights", "--bf16-prompt", "--json", str(out)]) == 0
+    with Generator(stateful_art, "ov", weights="bf16", prompt="bf16") as g:
+        want = g.generate([PROMPTS[0]], GenerationConfig(max_new_tokens=6)).tokens[0]
+    assert json.loads(out.read_text())["tokens"] == [list(want)]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        sys.exit(main(["generate", str(stateful_art), "--runner", "ov", "--prompt-ids", "1,2", "--bf16-prompt"]))
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "expected weights='bf16' and paged=True" in err and len(err.splitlines()) == 1, err

@@ -52,6 +52,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "onnxruntime's faster u8*s8 kernels). Default: for every call on a CPU with VNNI and without "
                         "AMX (one copy of the weights), nowhere else. --signed-prefill also on AMX, for prompts "
                         "only (a second session's memory); --no-signed-prefill: never")
+    p.add_argument("--bf16-weights", action="store_true",
+                   help="ov on an fp32 artifact: its weights stored as bf16, the arithmetic f32 (half the bytes a "
+                        "decode step reads; judged at the bf16 tolerance)")
+    p.add_argument("--bf16-prompt", action="store_true",
+                   help="with --bf16-weights, a decoder on ov's paged cache: the prompt on a second, bf16-arithmetic "
+                        "compile of those weights (the bf16 hint's first token), the steps as --bf16-weights")
     p.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
     p.add_argument("--no-verify", action="store_true",
                    help="run the artifact without checking its golden probes on this machine (says so on stderr)")
@@ -138,7 +144,9 @@ def run(args: argparse.Namespace) -> int:
     rows, tokenizer = _prompts(args, art)
     with Generator(art, args.runner, use_cache=not args.no_cache, threads=args.threads,
                    verify=not args.no_verify, prefill_graph=args.prefill_graph, kv_cache=args.kv_cache,
-                   **({} if args.signed_prefill is None else {"signed_prefill": args.signed_prefill})) as g:
+                   **({} if args.signed_prefill is None else {"signed_prefill": args.signed_prefill}),
+                   **({"weights": "bf16"} if args.bf16_weights else {}),
+                   **({"prompt": "bf16"} if args.bf16_prompt else {})) as g:
         if args.signed_prefill and not getattr(g.decode, "signed", False):
             print("xdeploy: note: --signed-prefill is not used here: it needs runner ort keeping the cache of an "
                   "int8-dynamic decoder on a CPU with VNNI or AMX", file=sys.stderr)
