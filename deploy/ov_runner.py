@@ -34,7 +34,8 @@ and computes in f32, so a memory-bound decode step reads half the bytes without 
 the calls that feed several tokens a row (prompts: compute-bound, where AMX / AVX-512 BF16 arithmetic pays), while
 the one-token steps keep f32 arithmetic on the bf16 weights (at one row the bf16 kernels do not pay: on AMX they
 run a tile for one row). The cache is converted once a generation, when the sequence moves from its prompt's
-bf16 cache to the steps' f32 one (deploy/ov_paged.py PagedStep).
+bf16 cache to the steps' f32 one (deploy/ov_paged.py PagedStep). Where the CPU has no bf16 (no AVX-512 BF16 or AMX)
+there is no second compile: the one f32 model runs the prompts too.
 
     open_runner("ov", art, "decode", stateful=True, paged=True, weights="bf16", prompt="bf16")
 """
@@ -266,6 +267,8 @@ class OvRunner(Runner):
         if config["KV_CACHE_PRECISION"] == "u8":
             raise XDeployError("ov option paged=True stores the cache in the compute precision: expected "
                                "kv_precision f32, bf16 or f16, not u8")
+        from xdeploy.core.fingerprint import bf16_native, fingerprint
+
         from .ov_paged import paged_model
 
         model = self._stored_weights(paged_model(self._ov, str(path), f.step_ids, f.positions, layers, f.logits), path)
@@ -279,7 +282,10 @@ class OvRunner(Runner):
         if one_thread_steps(self.threads, step_bytes):
             self.steps_compiled = ov_compile(model, config | {"INFERENCE_NUM_THREADS": 1}, self.device,
                                              what=f"{path} (PagedAttention, one-token steps, one thread)")
-        if self.options.get("prompt"):  # the CPU plugin's PagedAttention stores the cache in the compute precision
+        # the prompts' bf16 compile (its PagedAttention stores the cache in the compute precision: bf16) only where
+        # the CPU computes bf16: elsewhere the plugin would compute them in f32 and refuse the bf16 cache, so the
+        # one f32 model runs the prompts too
+        if self.options.get("prompt") and bf16_native(fingerprint()):
             self.prompt_compiled = ov_compile(model, config | {"INFERENCE_PRECISION_HINT": "bf16",
                                                                "KV_CACHE_PRECISION": "bf16"}, self.device,
                                               what=f"{path} (PagedAttention, prompts, bf16 hint)")
