@@ -376,8 +376,11 @@ def _to_f32(a: np.ndarray, ov_type: Any) -> np.ndarray:
 def _from_f32(a: np.ndarray, ov_type: Any) -> np.ndarray:
     name = ov_type.get_type_name()
     if name == "bf16":  # round to nearest even, as the CPU plugin's own conversion
-        u = np.ascontiguousarray(a, np.float32).view(np.uint32)
-        return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16).view(np.float16)
+        from xdeploy.export.openvino_ir import round_to_bf16
+
+        out = np.empty(a.shape, np.uint16)
+        round_to_bf16(np.ascontiguousarray(a, np.float32).view(np.uint32), out)
+        return out.view(np.float16)
     if name in ("f32", "f16"):
         return a.astype(np.float32 if name == "f32" else np.float16)
     raise XDeployError(f"PagedAttention cache of type {name}: expected f32, bf16 or f16")

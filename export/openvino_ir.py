@@ -276,7 +276,7 @@ def bf16_weights(ov: Any, model: Any, ir: Path | None = None) -> int:
             # reuse a name), else the numbers are read through the map
             if not (where is not None and where[1] == 4 * n and _read_rounded(binf.fileno(), where[0], out)
                     and _bf16_of(mapped[:1]) == out[0] and _bf16_of(mapped[-1:]) == out[-1]):
-                _round_to_bf16(np.ascontiguousarray(mapped, np.float32).view(np.uint32), out)
+                round_to_bf16(np.ascontiguousarray(mapped, np.float32).view(np.uint32), out)
             convert = opset13.convert(opset13.constant(t), ov.Type.f32)
             for mark in DECOMPRESSION_MARKS:
                 convert.get_rt_info()[mark] = ""
@@ -290,9 +290,10 @@ def bf16_weights(ov: Any, model: Any, ir: Path | None = None) -> int:
 BF16_CHUNK = 1 << 20  # elements rounded at a time: full-size temporaries of GPT-2's 154 MB head raised the peak
 
 
-def _round_to_bf16(bits: np.ndarray, out: np.ndarray) -> None:
-    """`out` (uint16) = the f32 numbers whose bit patterns are `bits` (uint32), rounded to nearest even on their
-    upper 16 bits (finite weights: no NaN payloads to keep), BF16_CHUNK at a time."""
+def round_to_bf16(bits: np.ndarray, out: np.ndarray) -> None:
+    """`out` (uint16, `bits`' shape) = the f32 numbers whose bit patterns are `bits` (uint32), rounded to nearest
+    even on their upper 16 bits, as the CPU plugin converts (finite numbers: no NaN payloads to keep), BF16_CHUNK
+    rows at a time (elementwise: the chunks only bound the temporaries)."""
     for i in range(0, len(bits), BF16_CHUNK):
         u = bits[i:i + BF16_CHUNK]
         out[i:i + BF16_CHUNK] = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
@@ -306,13 +307,13 @@ def _read_rounded(fd: int, offset: int, out: np.ndarray) -> bool:
         raw = os.pread(fd, 4 * m, offset + 4 * i)
         if len(raw) != 4 * m:
             return False
-        _round_to_bf16(np.frombuffer(raw, np.uint32), out[i:i + m])
+        round_to_bf16(np.frombuffer(raw, np.uint32), out[i:i + m])
     return True
 
 
 def _bf16_of(a: np.ndarray) -> int:
     out = np.zeros(1, np.uint16)
-    _round_to_bf16(np.ascontiguousarray(a, np.float32).view(np.uint32), out)
+    round_to_bf16(np.ascontiguousarray(a, np.float32).view(np.uint32), out)
     return int(out[0])
 
 
