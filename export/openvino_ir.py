@@ -327,11 +327,11 @@ def _ir_f32_constants(xml: Path) -> dict[str, tuple[int, int]]:
         for _, el in ET.iterparse(xml):
             if el.tag == "layer" and el.get("type") == "Const":
                 data, name = el.find("data"), el.get("name", "")
-                if name in seen:
+                if name in seen:  # ambiguous: neither is read by name
                     found.pop(name, None)
-                seen.add(name)
-                if data is not None and data.get("element_type") == "f32":
+                elif data is not None and data.get("element_type") == "f32":
                     found[name] = (int(data.get("offset", -1)), int(data.get("size", -1)))
+                seen.add(name)
                 el.clear()
     except (ET.ParseError, ValueError) as e:
         raise XDeployError(f"{xml} is not a readable OpenVINO IR xml (expected Const layers with integer offset and "

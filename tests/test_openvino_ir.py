@@ -478,6 +478,13 @@ def test_bf16_weights_read_from_the_file_equal_those_read_through_the_map(ir_art
     weights = [op for op in ov.Core().read_model(str(xml)).get_ordered_ops() if op.get_type_name() == "Constant"
                and op.get_element_type() == ov.Type.f32 and op.get_data().size >= BF16_WEIGHT_MIN_ELEMENTS]
     assert weights and all(layers[op.get_friendly_name()][1] == 4 * op.get_data().size for op in weights)
+    # a name used by two Const layers is ambiguous: left out (its weight is read through the map)
+    twice = tmp_path / "twice.xml"
+    twice.write_text('<net><layers><layer id="0" name="w" type="Const"><data element_type="f32" offset="0" '
+                     'size="4"/></layer><layer id="1" name="w" type="Const"><data element_type="f32" offset="4" '
+                     'size="4"/></layer><layer id="2" name="v" type="Const"><data element_type="f32" offset="8" '
+                     'size="4"/></layer></layers></net>')
+    assert _ir_f32_constants(twice) == {"v": (8, 4)}
     mapped = bf16_consts(None)
     assert all(np.array_equal(a, b) for a, b in zip(bf16_consts(xml), mapped, strict=True))
     # the same xml over a .bin with every byte moved by 4: the file reads find other numbers under each name
