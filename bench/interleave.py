@@ -298,6 +298,8 @@ class Attempt:
     # name -> the seconds waited before each of its timed blocks (`wait_idle`: settle_s, then the process's
     # other threads idle); long waits name the candidate timed before as a pool that spins after its calls
     waits: dict[str, list[float]] = field(default_factory=dict)
+    # name -> an observer's per-round call time (s), one per round, timed after the round's candidates (`observe`)
+    observed: dict[str, list[float]] = field(default_factory=dict)
 
 
 class Budget:
@@ -345,6 +347,7 @@ class Comparison:
     wide: tuple[str, ...] = ()  # steady candidates whose interval is wider than the target (quiet machine)
     extra_s: float = 0.0  # seconds of sequential rounds, over every attempt
     waits: dict[str, list[float]] = field(default_factory=dict)  # the kept attempt's Attempt.waits
+    observed: dict[str, list[float]] = field(default_factory=dict)  # the kept attempt's Attempt.observed
 
     def paired(self, baseline: str, candidate: str) -> SpeedUp:
         """Paired speed-up of any two candidates over the rounds both took part in."""
@@ -437,8 +440,8 @@ def run_rounds(calls: Mapping[str, Callable[[], Any]], *, min_rounds: int = 8, m
                max_seconds: float = 5.0, min_block_s: float = 0.02, warmup: int = 2,
                settle_s: float = 0.002, idle_max_s: float = IDLE_WAIT_MAX_S, baseline: str | None = None,
                target: float | None = None,
-               extra_s: float = 0.0, burn_in: int = 0, clock: Callable[[], int] = time.perf_counter_ns
-               ) -> Attempt:
+               extra_s: float = 0.0, burn_in: int = 0, clock: Callable[[], int] = time.perf_counter_ns,
+               observe: Mapping[str, Callable[[], Any]] | None = None) -> Attempt:
     """Warm up every candidate, size its block, then time rotated rounds: at least `min_rounds`, at most
     `max_rounds`, until `max_seconds`. With a `baseline` and a `target`, rounds are sequential: they stop once
     every candidate's paired speed-up interval is within +-target of its median (after `min_rounds`), and where
@@ -447,7 +450,10 @@ def run_rounds(calls: Mapping[str, Callable[[], Any]], *, min_rounds: int = 8, m
     after `settle_s` of untimed sleep and once the process's other threads are idle (`wait_idle`, at most
     `idle_max_s`; Attempt.waits); `burn_in` rotated rounds of blocks run untimed first (the engines' pools
     then start the timed rounds in the state they keep between blocks). The collector is paused while timing
-    (as in latency.measure). `clock` (nanoseconds) times the calls and the span."""
+    (as in latency.measure). `clock` (nanoseconds) times the calls and the span. `observe`: calls timed once a
+    round after the candidates, in blocks sized like theirs, that are not compared (no speed-up, no verdict, no
+    say in when rounds stop): what the machine gave in the same rounds, e.g. the read bandwidth
+    (studies/peers_generate.py's read probe); Attempt.observed."""
     names = list(calls)
     if not names:
         raise XDeployError("nothing to compare")
@@ -461,6 +467,13 @@ def run_rounds(calls: Mapping[str, Callable[[], Any]], *, min_rounds: int = 8, m
     for name in names:  # warm-up doubles as calibration: the fastest warm-up call sizes the block
         ts = _block(calls[name], max(warmup, 1), clock)
         per[name] = max(1, math.ceil(min_block_s / max(min(ts), 1e-9)))
+    watch = dict(observe or {})
+    if set(watch) & set(names):
+        raise XDeployError(f"an observer has a candidate's name: {sorted(set(watch) & set(names))}")
+    for name, call in watch.items():
+        ts = _block(call, max(warmup, 1), clock)
+        per[name] = max(1, math.ceil(min_block_s / max(min(ts), 1e-9)))
+    observed: dict[str, list[float]] = {n: [] for n in watch}
     for r in range(burn_in):
         k = r % len(names)
         for name in names[k:] + names[:k]:
@@ -502,13 +515,16 @@ def run_rounds(calls: Mapping[str, Callable[[], Any]], *, min_rounds: int = 8, m
                 rounds[name].append(statistics.median(ts))  # robust to a disturbed call within the block
                 ids[name].append(r)
                 samples[name].extend(ts)
+            for name, call in watch.items():
+                wait_idle(settle_s, idle_max_s)
+                observed[name].append(statistics.median(_block(call, per[name], clock)))
             r += 1
     finally:
         if was_enabled:
             gc.enable()
     extra = 0.0 if t_extra is None else (clock() - t_extra) * 1e-9
-    return Attempt(rounds=rounds, calls=samples, calls_per_round=per, load=meter.stop(), round_ids=ids,
-                   extra_s=extra, waits=waits)
+    return Attempt(rounds=rounds, calls=samples, calls_per_round={n: per[n] for n in names}, load=meter.stop(),
+                   round_ids=ids, extra_s=extra, waits=waits, observed=observed)
 
 
 def run_timed_rounds(timers: Mapping[str, Callable[[], Sequence[float]]], *, rounds: int = 7) -> Attempt:
@@ -563,7 +579,8 @@ def judge(attempt: Attempt, baseline: str | None, thresholds: Thresholds = DEFAU
                       latency={n: summarize(c) for n, c in attempt.calls.items()}, speedups=speedups,
                       load=attempt.load, stable=not reasons, reasons=tuple(reasons), cause=cause,
                       attempts=1, thresholds=thresholds, rounds=attempt.rounds, round_ids=attempt.round_ids,
-                      wide=tuple(n for n in wide if n not in flagged), extra_s=attempt.extra_s, waits=attempt.waits)
+                      wide=tuple(n for n in wide if n not in flagged), extra_s=attempt.extra_s, waits=attempt.waits,
+                      observed=attempt.observed)
 
 
 def _badness(c: Comparison) -> float:

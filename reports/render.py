@@ -493,7 +493,11 @@ def _roofline_cell(roof: Mapping[str, Any] | None) -> str:
     """% of the read roofline; a row that read faster than the measured peak shows why it has no figure."""
     if not roof:
         return NONE
-    return NONE + " (above the measured read peak)" if roof["pct"] is None else f"{roof['pct']:.0f}%"
+    cell = NONE + " (above the measured read peak)" if roof["pct"] is None else f"{roof['pct']:.0f}%"
+    if roof.get("bandwidth_in_rounds_bytes_per_s"):  # the read probe of the row's own rounds
+        cell += (" / – in rounds (above the probe: cache)" if roof.get("pct_in_rounds") is None
+                 else f" / {roof['pct_in_rounds']:.0f}% in rounds")
+    return cell
 
 
 def _paired_cell(v: Mapping[str, Any] | None, *, versus: str = "") -> str:
@@ -528,7 +532,8 @@ def _peers_generate_section(recs: list[Mapping[str, Any]]) -> list[str]:
            "greedy tokens equal to the reference's before the first divergence. Peak RSS: a child process that "
            "loads the system and generates once. % roofline: decode tokens/s (1 / TPOT) over read bandwidth ÷ "
            "bytes per token (xdeploy's decode graph of that precision + the KV cache; peers are charged the same "
-           "bytes).", ""]
+           "bytes), against the best read peak, then against the median read bandwidth of a probe timed in the "
+           "row's own rounds (`in rounds`: on a shared host the bandwidth swings between rounds).", ""]
     for (wl,), rs in _by(recs, "workload").items():
         r0 = rs[0]
         ok = [r for r in rs if r.get("stability")]

@@ -117,6 +117,29 @@ def read_bandwidth() -> tuple[float, str]:
         return a.nbytes / t, "numpy sum over 512 MiB, 1 thread (measured here)"
 
 
+def read_probe(mib: int = 1024, threads: int = 0) -> tuple[Any, int, str]:
+    """(call, bytes, how): a call that reads a `mib` MiB fp32 matrix once (torch matrix x vector at `threads`
+    threads, 0 = torch's own count: the kernel the read peak is usually best at, bench/roofline.py
+    memory_trials). Timed in the same rounds as the decoders (bench/interleave.py `run_rounds` observe), it says
+    what the machine read in those rounds: on a shared host the read bandwidth swings by a third within minutes
+    (2026-11-30, Xeon model 207: a 2 GiB mv's best 38 GB/s, its median 30), so a median decode step over a best
+    read seen minutes earlier understates the share."""
+    import torch
+
+    m, v = torch.ones((mib << 20) // (4 * 4096), 4096), torch.ones(4096)  # written: resident before timing
+    n = threads or torch.get_num_threads()
+
+    def call() -> None:
+        old = torch.get_num_threads()
+        torch.set_num_threads(n)
+        try:
+            torch.mv(m, v)
+        finally:
+            torch.set_num_threads(old)
+
+    return call, m.numel() * 4, f"torch mv over {mib} MiB, {n} threads"
+
+
 def _timed(fn: Any) -> float:
     t0 = time.perf_counter()
     fn()

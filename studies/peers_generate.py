@@ -137,6 +137,7 @@ OV_GENAI: tuple[Row, ...] = (("openvino-genai", "LLMPipeline f32", "openvino", "
                              ("openvino-genai", "LLMPipeline bf16", "openvino", "bf16"),
                              ("openvino-genai", "LLMPipeline f32, fp16 weights", "openvino", "fp16"),
                              ("openvino-genai", "LLMPipeline f32, int8 weights", "openvino", "int8"))
+READ_PROBE = "read probe"  # bench/interleave.py observer: not a system, never a row
 SYSTEMS = ("transformers", "xdeploy", "optimum-intel", "ctranslate2", "onnxruntime-genai", "openvino-genai")
 # xdeploy config -> (artifact precision, runner, runner options)
 # the ov rows keep the KV cache in the engine (the artifact's stateful IR; refused in one line if it has none), as
@@ -864,14 +865,19 @@ def _row_of(instance: str) -> str:
 
 def run_workload(w: Workload, *, work: Path, threads: int, rows: Sequence[Row], min_rounds: int, max_seconds: float,
                  attempts: int, min_block_s: float, bandwidth: tuple[float, str] | None, memory: bool,
-                 max_group: int | None, log: Callable[[str], None], replicas: int = 2) -> list[dict[str, Any]]:
+                 max_group: int | None, log: Callable[[str], None], replicas: int = 2,
+                 probe_mib: int = 1024) -> list[dict[str, Any]]:
     """Prepare, probe memory, then time every row of `rows` interleaved; one record per row (errors included).
 
     Each row but the reference is timed as `replicas` independently loaded instances in the same rounds (as the
     embedding study, studies/peers.py): a row's round is the mean over its instances, and the instances' A/A
     spread widens the band inside which an xdeploy row counts as tied with its fastest peer. Two instances of one
     OpenVINO model decoding GPT-2 small differed by 5-9% (compile order), so with one instance per system a 5%
-    "behind" was not evidence (a direct A/B found a tie, docs/benchmarks.md)."""
+    "behind" was not evidence (a direct A/B found a tie, docs/benchmarks.md).
+
+    A read probe (studies/decode_bench.py `read_probe`, `probe_mib` MiB) is timed once a round beside the rows, not
+    compared: each row's `roofline` also carries the read bandwidth of its own comparison's rounds (median) and its
+    share of it (`pct_in_rounds`), beside the share of the best read peak (`pct`)."""
     from xdeploy.bench.groups import Group, grouped_comparison
     from xdeploy.bench.interleave import band_verdict, compare, instance_spread, paired_rows, row_rounds
     from xdeploy.core.fingerprint import fingerprint
@@ -879,8 +885,11 @@ def run_workload(w: Workload, *, work: Path, threads: int, rows: Sequence[Row], 
 
     if replicas < 1:
         raise XDeployError(f"replicas must be >= 1, got {replicas}")
+    from xdeploy.studies.decode_bench import read_probe
+
     ckpt = make_checkpoint(w, work)
     ctx = _context(w, ckpt, work, threads, log)
+    probe, probe_bytes, probe_how = read_probe(probe_mib, threads)
     base = row_name(REFERENCE)
     errors: dict[str, str] = {}
     # a decoder-only route (the prompt through graph `model`, or on its own compile of the paged step) has no
@@ -940,7 +949,8 @@ def run_workload(w: Workload, *, work: Path, threads: int, rows: Sequence[Row], 
         # of GPT-2 small is seconds, one of the trained tiny GPT ~40 ms, where a single call per round left every
         # round-time IQR at 26-65% on this host (docs/benchmarks.md)
         return compare(group_calls, baseline=baseline, attempts=attempts, warmup=1, min_block_s=min_block_s,
-                       min_rounds=min_rounds, max_rounds=max(min_rounds, 24), max_seconds=max_seconds, log=log)
+                       min_rounds=min_rounds, max_rounds=max(min_rounds, 24), max_seconds=max_seconds, log=log,
+                       observe={READ_PROBE: probe})
 
     precision_now = [""]
 
@@ -998,7 +1008,16 @@ def run_workload(w: Workload, *, work: Path, threads: int, rows: Sequence[Row], 
         if bw and precision in per_byte:
             roof_tps = bw / per_byte[precision]
             pct = 100.0 * decode_tps / roof_tps
+            probe_s = cmp.observed.get(READ_PROBE) or []
+            in_rounds = float(np.median([probe_bytes / t for t in probe_s])) if probe_s else None
+            pct_rounds = None if in_rounds is None else 100.0 * decode_tps * per_byte[precision] / in_rounds
             roof = {"bytes_per_token": per_byte[precision], "bandwidth_bytes_per_s": bw,
+                    "bandwidth_in_rounds_bytes_per_s": in_rounds,
+                    "in_rounds_how": f"{probe_how}, timed once a round beside the systems (median over the "
+                                     f"{len(probe_s)} rounds of this row's comparison)",
+                    # above what the probe read in the same rounds: weights served from a cache (a model smaller
+                    # than the last-level cache), not DRAM, so no DRAM share
+                    "pct_in_rounds": pct_rounds if pct_rounds is not None and pct_rounds <= 100.0 else None,
                     "bandwidth_how": bandwidth[1] if bandwidth else "", "roofline_tokens_per_s": roof_tps,
                     "pct": pct if pct <= 100.0 else None,  # above the read peak: the peak was not one (_peak_for)
                     "assumption": "xdeploy's decode graph of this precision (weights not only gathered) + fp32 KV "
@@ -1088,10 +1107,11 @@ def run(out: Path, *, quick: bool = False, workloads: Sequence[str] | None = Non
         max_seconds: float = 60.0, min_block_s: float = 0.25, attempts: int = 2, memory: bool = True,
         max_group: int | None = None,
         work: Path | None = None, log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
-        bandwidth: tuple[float, str] | None = None, replicas: int = 2) -> Path:
+        bandwidth: tuple[float, str] | None = None, replicas: int = 2, probe_mib: int | None = None) -> Path:
     """Run the study: <out>/records.jsonl and the rendered report <out>/report/ (summary.md). `bandwidth`:
     (bytes/s, how) for the roofline instead of measuring it here (a test's fixed figure); `replicas`: instances
-    per system timed side by side (run_workload says why)."""
+    per system timed side by side (run_workload says why); `probe_mib`: the read probe's array (default 1024 MiB,
+    64 with `quick`: the tests check the plumbing, not the figure)."""
     from xdeploy.bench.interleave import resolve_threads
     from xdeploy.bench.suite import apply_thread_env
     from xdeploy.core.fingerprint import fingerprint
@@ -1132,7 +1152,7 @@ def run(out: Path, *, quick: bool = False, workloads: Sequence[str] | None = Non
         records += run_workload(w, work=work, threads=threads, rows=rows, min_rounds=min_rounds,
                                 min_block_s=min_block_s, max_seconds=max_seconds, attempts=attempts,
                                 bandwidth=bandwidth, memory=memory, max_group=max_group, log=log,
-                                replicas=replicas)
+                                replicas=replicas, probe_mib=probe_mib or (64 if quick else 1024))
         write_records(out / "records.jsonl", records)  # after each workload: a crash keeps what was measured
     from xdeploy.reports.render import render_report
 

@@ -399,6 +399,31 @@ def test_sequential_rounds_go_on_only_for_the_wide_candidates_and_stay_paired() 
     assert speedup_of(busy.stability("narrow")) == "2.00× (2.00–2.00)"
 
 
+def test_an_observer_is_timed_every_round_and_never_compared() -> None:
+    """`observe`: timed once a round after the candidates, in blocks of its own size; no speed-up, no verdict and
+    no say in when sequential rounds stop, even when its own rounds are wild (the machine's read bandwidth on a
+    noisy host)."""
+    clk = _Clock()
+    seen: list[str] = []
+    calls = {"base": clk.call([8.0]), "fast": clk.call([4.0, 4.1, 3.9])}
+    probe = clk.call([1.0, 9.0, 0.2, 30.0])  # dispersed far beyond any threshold
+
+    def observed() -> None:
+        seen.append("probe")
+        probe()
+
+    att = il.run_rounds(calls, min_rounds=6, max_rounds=40, max_seconds=100.0, min_block_s=0.0, warmup=1,
+                        settle_s=0.0, baseline="base", target=0.10, extra_s=10.0, clock=clk,
+                        observe={"probe": observed})
+    assert all(len(v) == 6 for v in att.rounds.values())  # stopped at min_rounds, as without the observer
+    assert len(att.observed["probe"]) == 6 and len(seen) == 1 + 6  # its warm-up, then one block a round
+    assert "probe" not in att.rounds and "probe" not in att.calls_per_round
+    c = il.judge(dataclasses.replace(att, load=QUIET), "base")
+    assert c.stable and set(c.speedups) == {"fast"} and c.observed["probe"] == att.observed["probe"]
+    with pytest.raises(XDeployError, match="an observer has a candidate's name"):
+        il.run_rounds(calls, min_rounds=1, max_rounds=1, max_seconds=1.0, observe={"fast": observed})
+
+
 def test_dispersed_paired_ratios_are_unstable_not_wide() -> None:
     """Steady series whose rounds disagree on the ratio (the baseline slow exactly when the candidate is fast)
     are dispersed: "unstable (noise)", not a figure."""

@@ -67,6 +67,13 @@ def test_transformers_and_xdeploy_on_the_trained_tiny(main_run: tuple[Path, list
         assert r["output_tokens_per_s"] == pytest.approx(w.new_tokens / r["e2e_s"])
         assert r["decode_tokens_per_s"] == pytest.approx(1 / r["tpot_s"])
         assert r["roofline"]["pct"] > 0 and r["roofline"]["bytes_per_token"] > 0
+        # the read probe timed in the row's own rounds (64 MiB with quick): its median bandwidth, and the share
+        roof = r["roofline"]
+        assert roof["bandwidth_in_rounds_bytes_per_s"] > 0 and "torch mv over 64 MiB" in roof["in_rounds_how"]
+        assert roof["pct_in_rounds"] is None or 0 < roof["pct_in_rounds"] <= 100
+        if roof["pct_in_rounds"] is not None:
+            assert roof["pct_in_rounds"] == pytest.approx(
+                100 * r["decode_tokens_per_s"] * roof["bytes_per_token"] / roof["bandwidth_in_rounds_bytes_per_s"])
         assert r["stability"]["rounds"] >= 7  # every system in the same >= 7 interleaved rounds
         if r["precision"] == "fp32":  # the same trained weights, the same greedy tokens, all of them
             assert (r["agreement_tokens"], r["agreement"]) == (w.new_tokens, 1.0), (system, cfg)
@@ -190,6 +197,12 @@ def test_a_row_above_the_read_peak_remeasures_it_and_never_shows_over_100_percen
                            _record(config="float32", precision="fp32", roofline=roof | {"pct": None})],
                           {"title": "t"}, [])
     assert "| 91% |" in text and "| – (above the measured read peak) |" in text
+    rounds = {"bandwidth_in_rounds_bytes_per_s": 1.5e10, "in_rounds_how": "probe"}
+    text = render_summary([_record(roofline=roof | {"pct": 60.0} | rounds | {"pct_in_rounds": 80.0}),
+                           _record(config="float32", precision="fp32",
+                                   roofline=roof | {"pct": 70.0} | rounds | {"pct_in_rounds": None})],
+                          {"title": "t"}, [])
+    assert "| 60% / 80% in rounds |" in text and "| 70% / – in rounds (above the probe: cache) |" in text
 
 
 def test_bad_selection_is_one_clear_error(tmp_path: Path) -> None:
