@@ -463,13 +463,13 @@ def run_rounds(calls: Mapping[str, Callable[[], Any]], *, min_rounds: int = 8, m
     sequential = baseline is not None and target is not None and len(names) > 1
     if baseline is not None and baseline not in calls:
         raise XDeployError(f"baseline {baseline!r} is not among the compared: {', '.join(names)}")
+    watch = dict(observe or {})
+    if set(watch) & set(names):
+        raise XDeployError(f"an observer has a candidate's name: {sorted(set(watch) & set(names))}")
     per: dict[str, int] = {}
     for name in names:  # warm-up doubles as calibration: the fastest warm-up call sizes the block
         ts = _block(calls[name], max(warmup, 1), clock)
         per[name] = max(1, math.ceil(min_block_s / max(min(ts), 1e-9)))
-    watch = dict(observe or {})
-    if set(watch) & set(names):
-        raise XDeployError(f"an observer has a candidate's name: {sorted(set(watch) & set(names))}")
     for name, call in watch.items():
         ts = _block(call, max(warmup, 1), clock)
         per[name] = max(1, math.ceil(min_block_s / max(min(ts), 1e-9)))

@@ -77,7 +77,9 @@ streamer, onnxruntime-genai's token loop, xdeploy's `step_s`), output tokens/s (
 end-to-end round), decode tokens/s (1 / TPOT) and its share of the memory-read roofline (weight bytes per token
 ÷ the measured read bandwidth, studies/decode_bench.py `weight_bytes_per_token` / `read_bandwidth`, plus the
 KV cache at the full context; peers are charged the bytes of xdeploy's decode graph of the same precision, an
-assumption: their graphs hold the same weights at that precision), greedy-token agreement with the transformers
+assumption: their graphs hold the same weights at that precision; and again over the median read bandwidth of a
+probe timed once a round beside the systems, `pct_in_rounds`: studies/decode_bench.py `read_probe`), greedy-token
+agreement with the transformers
 fp32 reference (tokens equal before the first divergence, and that count's fraction), and peak resident memory
 (each system loaded and run once in a child process of its own, not in the timing process).
 
