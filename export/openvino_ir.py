@@ -81,7 +81,7 @@ def nncf_available() -> bool:
 # kernels of VNNI / AMX-int8) and the transformer scheme (SmoothQuant, no quantizers on the LayerNorm/Softmax
 # paths whose int8 error costs accuracy for no speed). NNCF's own overflow fix (7-bit weights) in the first layer
 # only, its default, named here and recorded: the other layers keep 8-bit weights, which OpenVINO's CPU plugin
-# saturates on x86 without VNNI or AMX exactly as onnxruntime does (tests/test_saturation.py, run as that class in
+# saturates on x86 without VNNI or AMX exactly as onnxruntime does (tests/test_int8_kernels.py, run as that class in
 # tests/test_emulate.py); the ov runner then compiles the artifact's 7-bit Q/DQ graph instead (deploy/ov_runner.py
 # `_ir_saturates`). The fix in every layer ("enable") was measured and not taken: all-MiniLM-L6-v2's IR reached a
 # worst cosine of 0.945 against 0.971 with the default on its check's hardest case (docs/benchmarks.md).

@@ -17,14 +17,14 @@ it happens, and a graph that passes parity on the VNNI machine that exported it 
 With 7-bit weights (onnxruntime's `reduce_range`: |w| <= 64) a pair is at most 2 * 255 * 64 = 32640, so no input
 can saturate it: the artifact is portable *by construction*. That is xdeploy's default (`int8_weight_bits` 7)
 for int8 weights. int8-dynamic's default uint8 weights never meet the U8S8 kernel (onnxruntime picks U8U8 for
-them: platform.cpp, checked against onnxruntime in tests/test_saturation.py), so they keep all 8 bits on every
+them: platform.cpp, checked against onnxruntime in tests/test_int8_kernels.py), so they keep all 8 bits on every
 class; the bound counts them (`uint8_weight_nodes`) and has nothing to prove for them.
 
 This module reads the quantized graph, no runtime needed:
     weight_bound(q)          the largest pair any input could make, from the int8 weights alone (the proof)
     simulate(nodes, acts)    the AVX2 arithmetic on real activations, exactly: which pairs saturate and how far
                              each node's integer accumulator moves, beside the exact (VNNI/AMX) result
-so a VNNI or AMX machine proves what an AVX2 machine would compute (tests/test_saturation.py checks the model
+so a VNNI or AMX machine proves what an AVX2 machine would compute (tests/test_int8_kernels.py checks the model
 against onnxruntime itself on whatever machine runs it: bit-identical to the AVX2 kernel there, or to the
 exact product on VNNI/AMX). Covered: MatMul and Gemm (Q/DQ), MatMulInteger, checked against onnxruntime; Conv and
 ConvInteger are covered by the bound (which holds for any order of K) and simulated with the im2col order
