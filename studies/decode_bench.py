@@ -32,6 +32,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +118,7 @@ def read_bandwidth() -> tuple[float, str]:
         return a.nbytes / t, "numpy sum over 512 MiB, 1 thread (measured here)"
 
 
-def read_probe(mib: int = 1024, threads: int = 0) -> tuple[Any, int, str]:
+def read_probe(mib: int = 1024, threads: int = 0) -> tuple[Callable[[], None], int, str]:
     """(call, bytes, how): a call that reads a `mib` MiB fp32 matrix once (torch matrix x vector at `threads`
     threads, 0 = torch's own count: the kernel the read peak is usually best at, bench/roofline.py
     memory_trials). Timed in the same rounds as the decoders (bench/interleave.py `run_rounds` observe), it says
