@@ -77,8 +77,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     module does not become the critical path. Without xdist the mark is inert.
 
     The executable-docs pages are the longest single tests (seconds to minutes each): they are moved to the front,
-    biggest page first, so the two workers start on them and the many short tests fill in behind (longest
-    first: the last test to finish is a short one, not a page that started late while the other worker idled)."""
+    biggest page first, so the many short tests fill in behind them (the last test to finish is a short one, not a
+    page that started late while the other worker idled). Under `--dist loadgroup` pytest-xdist then hands out the
+    module groups first, largest (by number of tests) first (its default --loadscope-reorder), and the units of
+    one test after them in this order: the pages start once the big groups are out, ahead of the short tests
+    (docs/testing.md, "Scheduling")."""
     def page_cost(item: pytest.Item) -> int:
         """A page's processes (each starts Python, most import torch and export): command lines in its fenced
         shell blocks plus its Python blocks; -1 for a test that is not a page."""
