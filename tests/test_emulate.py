@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -108,8 +109,8 @@ def _verify(art: Path, runner: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def int8_7_and_8_bit(tiny_export, tmp_path_factory):
-    """A tiny GPT's default int8 conversion (7-bit weights), the same with 8-bit weights, and its int8-dynamic
-    conversion with 8-bit int8 weights everywhere."""
+    """A tiny GPT's default int8 conversion (7-bit weights), the same with 8-bit weights, its int8-dynamic conversion
+    with 8-bit int8 weights everywhere, and its int8-dynamic conversion with 8-bit weight blocks (MatMulNBits)."""
     from xdeploy.api import convert_artifact
     from xdeploy.export.precision import PrecisionOptions
 
@@ -118,35 +119,80 @@ def int8_7_and_8_bit(tiny_export, tmp_path_factory):
     bad = convert_artifact(src, root / "int8-w8", "int8", measured=False, options=PrecisionOptions(int8_weight_bits=8))
     dyn = convert_artifact(src, root / "dyn-w8", "int8-dynamic", measured=False,
                            options=PrecisionOptions(int8_weight_bits=8, int8_dynamic_weights="int8"))
-    return good, bad, dyn
+    blocks = convert_artifact(src, root / "blocks", "int8-dynamic", measured=False,
+                              options=PrecisionOptions(int8_dynamic_weights="blocks"))
+    return good, bad, dyn, blocks
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One artifact's part of an emulated `xdeploy verify A B ...`: its stdout lines, its stderr error line (a
+    refusal), its --json object."""
+    out: str
+    err: str
+    record: dict
+
+
+@pytest.fixture(scope="module")
+def emulated_verdicts(int8_7_and_8_bit, tmp_path_factory):
+    """runner -> {artifact: Verdict}: every artifact of `int8_7_and_8_bit` checked by ONE emulated `xdeploy verify`
+    per runner (under QEMU the imports are most of a check's time: one process instead of one per artifact); the
+    process's exit code is 1, as one of them is refused."""
+    _emulator_or_skip()
+    arts = [Path(a) for a in int8_7_and_8_bit]
+    verdicts = {}
+    for runner in ("ort", "ov"):
+        js = tmp_path_factory.mktemp("verdicts") / f"{runner}.json"
+        done = subprocess.run([sys.executable, "-m", "xdeploy.cli", "verify", *map(str, arts), "--runner", runner,
+                               "--emulate", "avx2", "--json", str(js)], capture_output=True, text=True, timeout=900)
+        assert done.returncode == 1, done.stdout + done.stderr  # the 8-bit static int8 is refused on both
+        records = json.loads(js.read_text())["artifacts"]
+        assert [r["artifact"] for r in records] == list(map(str, arts))
+        verdicts[runner] = {a: Verdict("".join(x for x in done.stdout.splitlines(keepends=True)
+                                               if x.startswith(f"{a}: ")),
+                                       "".join(x for x in done.stderr.splitlines(keepends=True)
+                                               if x.startswith(f"xdeploy: error: {a}: ")), r)
+                            for a, r in zip(arts, records)}
+    return verdicts
 
 
 @pytest.mark.parametrize("runner", ["ort", "ov"])
-def test_verify_emulate_runs_the_probes_on_the_avx2_class(int8_7_and_8_bit, runner):
+def test_verify_emulate_runs_the_probes_on_the_avx2_class(int8_7_and_8_bit, emulated_verdicts, runner):
     """`xdeploy verify --emulate avx2`: the default (7-bit) int8 export passes its golden probes as the AVX2 class;
     the same graph quantized with 8-bit weights is refused there (exit 1, naming the saturation), on both runtimes."""
-    _emulator_or_skip()
-    good, bad, _ = int8_7_and_8_bit
-    done = _verify(good, runner)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert f"pass on {runner}" in done.stdout and "emulated by QEMU as EPYC-Milan" in done.stdout
-    done = _verify(bad, runner)
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert "saturates" in done.stderr and "emulated by QEMU as EPYC-Milan" in done.stderr
+    good, bad = (Path(a) for a in int8_7_and_8_bit[:2])
+    v = emulated_verdicts[runner][good]
+    assert v.record["passed"] and v.err == "", v
+    assert f"pass on {runner}" in v.out and "emulated by QEMU as EPYC-Milan" in v.out
+    v = emulated_verdicts[runner][bad]
+    assert not v.record["passed"] and v.out == "", v
+    assert "saturates" in v.err and "emulated by QEMU as EPYC-Milan" in v.err and "saturates" in v.record["error"]
+    if runner == "ort":  # one artifact alone: the refusal is the command's error (exit 1), as before several existed
+        done = _verify(bad, runner)
+        assert done.returncode == 1 and done.stdout == "", done.stdout + done.stderr
+        assert "saturates" in done.stderr and "emulated by QEMU as EPYC-Milan" in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
 
 
-def test_openvino_takes_int8_dynamic_8_bit_weights_on_avx2(int8_7_and_8_bit):
+def test_openvino_takes_int8_dynamic_8_bit_weights_on_avx2(int8_7_and_8_bit, emulated_verdicts):
     """int8-dynamic's MatMulInteger graph with 8-bit int8 weights: OpenVINO computes it in f32 (its golden probes
     pass as the AVX2 class, so ov does not refuse it; as on a real Zen 3 in issue #27), while onnxruntime's int8
     kernel would saturate it there: the ort runner's guard refuses it (deploy/saturation_guard.py, whose message this
     is; test_saturation.py's test_ort_refuses_saturating_int8_only_where_it_saturates checks it by fingerprint)."""
-    _emulator_or_skip()
-    dyn = int8_7_and_8_bit[2]
-    done = _verify(dyn, "ov")
-    assert done.returncode == 0 and "pass on ov" in done.stdout, done.stdout + done.stderr
-    done = _verify(dyn, "ort")
-    assert done.returncode == 1 and "which onnxruntime on this CPU" in done.stderr, done.stdout + done.stderr
-    assert "saturates into wrong outputs" in done.stderr and "emulated by QEMU as EPYC-Milan" in done.stderr
+    dyn = Path(int8_7_and_8_bit[2])
+    v = emulated_verdicts["ov"][dyn]
+    assert v.record["passed"] and "pass on ov" in v.out and v.err == "", v
+    v = emulated_verdicts["ort"][dyn]
+    assert not v.record["passed"] and "which onnxruntime on this CPU" in v.err, v
+    assert "saturates into wrong outputs" in v.err and "emulated by QEMU as EPYC-Milan" in v.err
+
+
+def test_int8_blocks_decode_step_as_the_avx2_class(int8_7_and_8_bit, emulated_verdicts):
+    """--int8-dynamic-weights blocks (onnxruntime's MatMulNBits, 8-bit weights): MLAS's AVX2 block kernel multiplies
+    each weight byte alone in a 16-bit lane, so the decode step passes its probes as that class too."""
+    blocks = Path(int8_7_and_8_bit[3])
+    v = emulated_verdicts["ort"][blocks]
+    assert v.record["passed"] and "pass on ort" in v.out and v.err == "", v
 
 
 def test_ov_compiles_the_qdq_graph_where_the_int8_ir_would_saturate(tmp_path):
@@ -213,16 +259,3 @@ def test_cpp_runtime_as_the_avx2_class(tmp_path_factory):
     assert r.returncode == 0 and len(r.stdout.splitlines()) == 3, r.stderr[-2000:]
     r = subprocess.run([str(binary), str(w8)], input=ids, capture_output=True, text=True, timeout=600)
     assert (r.returncode == 0) == (int8_dot(fingerprint()) != "avx2"), r.stderr[-2000:]
-
-
-def test_int8_blocks_decode_step_as_the_avx2_class(tiny_export, tmp_path):
-    """--int8-dynamic-weights blocks (onnxruntime's MatMulNBits, 8-bit weights): MLAS's AVX2 block kernel multiplies
-    each weight byte alone in a 16-bit lane, so the decode step passes its probes as that class too."""
-    _emulator_or_skip()
-    from xdeploy.api import convert_artifact
-    from xdeploy.export.precision import PrecisionOptions
-
-    art = convert_artifact(tiny_export("gpt"), tmp_path / "blocks", "int8-dynamic", measured=False,
-                           options=PrecisionOptions(int8_dynamic_weights="blocks"))
-    done = _verify(art, "ort")
-    assert done.returncode == 0 and "pass on ort" in done.stdout, done.stdout + done.stderr

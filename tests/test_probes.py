@@ -144,6 +144,24 @@ def test_corrupted_artifact_fails_verify_with_one_line_per_failing_output(bert, 
     assert not (Path(tmp_path / "cache" / "probes.json")).exists()  # a failure is never remembered
 
 
+def test_verify_checks_several_artifacts_in_turn(bert, tmp_path, capsys):
+    """`xdeploy verify A B C`: one line (or its failure lines) per artifact in the order given, exit 1 when any fails,
+    and --json {"passed", "artifacts": [one object each]}; a missing one among them is an input error (exit 2)
+    before anything is checked."""
+    bad = corrupt_artifact(bert, tmp_path / "bad")
+    rc, out, err = _cli(capsys, "verify", str(bert), str(bad), str(bert), "--json", str(tmp_path / "v.json"))
+    assert rc == 1, err
+    lines = out.splitlines()
+    assert len(lines) == 4, out  # the good artifact's line, the bad one's two failing outputs, the good one's again
+    assert lines[0].startswith(f"{bert}: ") and "pass on ort" in lines[0] and lines[3] == lines[0]
+    assert all(x.startswith(f"{bad}: FAIL graph 'model' output ") for x in lines[1:3])
+    rec = json.loads((tmp_path / "v.json").read_text())
+    assert rec["passed"] is False and [a["passed"] for a in rec["artifacts"]] == [True, False, True]
+    assert [a["artifact"] for a in rec["artifacts"]] == [str(bert), str(bad), str(bert)]
+    rc, out, err = _cli(capsys, "verify", str(bert), str(tmp_path / "missing"))
+    assert rc == 2 and out == "" and "does not exist" in err and len(err.splitlines()) == 1
+
+
 def test_verify_usage_errors_exit_2(bert, tmp_path, capsys):
     old = strip_probes(bert, tmp_path / "old")
     rc, out, err = _cli(capsys, "verify", str(old))
