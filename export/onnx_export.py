@@ -144,6 +144,20 @@ def _trace_weights(writer: Any) -> str | None:
     return writer.manifest["source"]["weights_sha256"]
 
 
+def trace_fields(src: Source, graph: Graph, opset: int, weights: str) -> dict[str, Any]:
+    """What a trace depends on (the trace cache's key, with the library versions and the export source): the family,
+    the config, the graph, the opset, the weights' digest and the module's own source file (a family registered from
+    outside models/, a plugin or a test, is not in the export source hash). The config is taken without its
+    `weights` field (the file models/registry.py `build` loads trained weights from): the weights are keyed by their
+    digest, so a preset's trained weights exported from a checkpoint (whose config names no file) are the same
+    trace."""
+    code = Path(inspect.getfile(type(src.module)))
+    config = {k: v for k, v in dataclasses.asdict(src.config).items() if k != "weights"}
+    return {"family": src.family.name, "config": config, "graph": graph.name, "method": graph.method,
+            "opset": opset, "weights": weights,
+            "module": f"{type(src.module).__qualname__}:{hashlib.sha256(code.read_bytes()).hexdigest()}"}
+
+
 def traced_graph(src: Source, graph: Graph, spec: ExportSpec, opset: int, *, trace_cache: str = "use",
                  weights: str | None = None) -> onnx.ModelProto:
     """export_graph of `src`, through the trace cache (export/store.py `cached_trace`): the same fp32 graph of the
@@ -157,12 +171,7 @@ def traced_graph(src: Source, graph: Graph, spec: ExportSpec, opset: int, *, tra
 
     if weights is None or trace_cache == "off":
         return export_graph(src.module, graph, spec, opset)
-    # the module's own file too: a family registered from outside models/ (a plugin, a test) is not in the export
-    # source hash
-    code = Path(inspect.getfile(type(src.module)))
-    fields = {"family": src.family.name, "config": dataclasses.asdict(src.config), "graph": graph.name,
-              "method": graph.method, "opset": opset, "weights": weights,
-              "module": f"{type(src.module).__qualname__}:{hashlib.sha256(code.read_bytes()).hexdigest()}"}
+    fields = trace_fields(src, graph, opset, weights)
     label = f"{src.family.name}-{src.preset or 'checkpoint'}-trace-{graph.name}-o{opset}"
     for read in ((True, False) if trace_cache == "use" else (False,)):
         proto = onnx.load_from_string(cached_trace(label, fields, run, read=read))

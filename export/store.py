@@ -111,13 +111,17 @@ TRACE_FILE = "graph.onnx"
 
 def cached_trace(label: str, fields: Mapping[str, Any], run: Callable[[], bytes], *, read: bool = True) -> bytes:
     """The bytes `run()` makes (a serialized traced graph), stored as the entry `<label>-<source>_<key>` of
-    traces_root() with their sha256, and read from it while they verify; `read=False` runs and refreshes the
-    entry. Results over XDEPLOY_EXPORT_CACHE_MAX_MB are not stored; a cache that cannot be written costs only
-    the reuse."""
+    traces_root() with their sha256, and read from it (or from an entry of the same source and key under another
+    label) while they verify; `read=False` runs and refreshes the entry. Results over XDEPLOY_EXPORT_CACHE_MAX_MB
+    are not stored; a cache that cannot be written costs only the reuse."""
     source = export_source_hash()
     digest = _fields_digest(fields, source)
     name = re.sub(r"[^\w.+=-]", "", label)[:120]
     entry = traces_root() / f"{name}-{_source_tag(source)}_{digest[:12]}"
+    if read and not (entry / TRACE_FILE).is_file():
+        # the same key stored under another label: the same module and weights exported from a preset and from a
+        # checkpoint (labels name the source for people; the key is what the trace depends on)
+        entry = next(iter(sorted(traces_root().glob(f"*-{_source_tag(source)}_{digest[:12]}"))), entry)
     limit = entry_limit_bytes()
     if read and (entry / TRACE_FILE).is_file():
         with _leased(entry) as held, contextlib.suppress(OSError):

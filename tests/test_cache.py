@@ -374,3 +374,42 @@ def test_a_trace_is_reused_by_every_precision_and_verified(tmp_path, monkeypatch
     assert len(calls) == 5 * n + 1 and len(traces()) == 3 * n
     with pytest.raises(XDeployError, match="expected one of: use, refresh, off"):
         ox.export(model, preset="tiny", out=tmp_path / "i", trace_cache="never")
+
+
+def test_a_trace_stored_under_another_label_is_read_by_its_key(tmp_path, monkeypatch):
+    """cached_trace: the key (fields, library versions, export source) decides, the label only names the entry: the
+    same key asked under another label (a preset's weights exported from a checkpoint) reads the stored trace;
+    another key is another entry."""
+    from xdeploy.export.store import cached_trace, traces_root
+
+    monkeypatch.setenv("XDEPLOY_CACHE", str(tmp_path / "cache"))
+    calls: list[bytes] = []
+
+    def run(data: bytes):
+        return lambda: calls.append(data) or data
+
+    fields = {"family": "gpt", "config": {"d_model": 64}, "graph": "model", "opset": 23, "weights": "ab" * 32}
+    assert cached_trace("gpt-tiny-trace-model-o23", fields, run(b"traced")) == b"traced"
+    assert cached_trace("gpt-checkpoint-trace-model-o23", fields, run(b"again")) == b"traced"
+    assert calls == [b"traced"] and len(list(traces_root().iterdir())) == 1
+    assert cached_trace("gpt-checkpoint-trace-model-o23", fields | {"weights": "cd" * 32}, run(b"other")) == b"other"
+    assert calls == [b"traced", b"other"] and len(list(traces_root().iterdir())) == 2
+
+
+def test_trace_key_of_trained_weights_is_the_same_from_a_preset_and_a_checkpoint():
+    """A trained preset's config names its weights file (models/registry.py `build` loads it); the same module and
+    weights imported from a checkpoint name none. The trace's key leaves that field out (the weights are keyed by
+    their digest), and keeps every field that changes the graph."""
+    import dataclasses
+
+    from xdeploy.export.onnx_export import resolve_source, trace_fields
+
+    src = resolve_source("gpt", preset="tiny")
+    assert src.config.weights  # a trained preset: the field is set
+    spec = src.family.spec(src.config)
+    graph = spec.graph("model")
+    ckpt = dataclasses.replace(src, config=dataclasses.replace(src.config, weights=None), preset=None)
+    assert trace_fields(src, graph, 23, "w") == trace_fields(ckpt, graph, 23, "w")
+    wider = dataclasses.replace(src, config=dataclasses.replace(src.config, max_positions=src.config.max_positions * 2))
+    assert trace_fields(wider, graph, 23, "w") != trace_fields(src, graph, 23, "w")
+    assert trace_fields(src, graph, 23, "w") != trace_fields(src, graph, 18, "w")
