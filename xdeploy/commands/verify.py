@@ -8,9 +8,9 @@ existed, or `--emulate` without QEMU >= 10.
 Several artifacts are checked in one process, in the order given (the runtimes start once: under `--emulate` the
 emulated imports are most of a check's time). Every artifact is loaded first, so a missing or malformed one stops
 the command before any check (exit 2); then each is checked, a refusal is said on stderr for its artifact, and the
-next one goes on.
-Exit 1 when any artifact fails or is refused. `--json` writes one object for one artifact and, for several,
-{"passed": bool, "artifacts": [one object each, in order]}; a refused artifact's object carries its "error".
+next one goes on. Exit 1 when any artifact fails or is refused. `--json` writes one object for one artifact and,
+for several, {"passed": bool, "artifacts": [one object each, in order]}; a refused artifact's object carries its
+"error".
 
 `--emulate avx2` runs the same check as an AVX2-only AMD Zen 3 under QEMU user mode (verify/emulate.py): the
 kernels that class runs, on this machine."""
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     check_spec(args.runner)  # a typo is a usage error (exit 2), before the artifact is read
     if args.emulate is not None:
         return _emulated(args)
-    arts = [load_artifact(a) for a in args.artifact]  # every input error before any check
+    arts = [load_artifact(a) for a in args.artifact]  # a missing or malformed artifact: exit 2 before any check
     results: list[dict[str, Any]] = []
     for art in arts:
         try:
