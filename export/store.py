@@ -117,11 +117,12 @@ def cached_trace(label: str, fields: Mapping[str, Any], run: Callable[[], bytes]
     source = export_source_hash()
     digest = _fields_digest(fields, source)
     name = re.sub(r"[^\w.+=-]", "", label)[:120]
-    entry = traces_root() / f"{name}-{_source_tag(source)}_{digest[:12]}"
+    suffix = f"-{_source_tag(source)}_{digest[:12]}"
+    entry = traces_root() / f"{name}{suffix}"
     if read and not (entry / TRACE_FILE).is_file():
         # the same key stored under another label: the same module and weights exported from a preset and from a
         # checkpoint (labels name the source for people; the key is what the trace depends on)
-        entry = next(iter(sorted(traces_root().glob(f"*-{_source_tag(source)}_{digest[:12]}"))), entry)
+        entry = next(iter(sorted(traces_root().glob(f"*{suffix}"))), entry)
     limit = entry_limit_bytes()
     if read and (entry / TRACE_FILE).is_file():
         with _leased(entry) as held, contextlib.suppress(OSError):
