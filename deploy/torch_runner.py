@@ -5,22 +5,28 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-from safetensors.torch import load_file
 
 from xdeploy.core.errors import XDeployError
-from xdeploy.models.checkpoint import load_state
-from xdeploy.models.reference import graph_outputs
-from xdeploy.models.registry import get_family
 
 from .base import Runner, RunnerInfo, cuda_gaps, validate_feeds
+
+if TYPE_CHECKING:
+    import torch
+
+# torch and the model registry are imported where a runner is opened, not here: the runner registry reads this
+# class's attributes (deploy/registry.py `specs`) in commands that never open it (`xdeploy convert`).
 
 
 def load_reference(artifact: Any) -> torch.nn.Module:
     """Rebuild the PyTorch model an artifact was exported from (its reference/model.safetensors)."""
+    from safetensors.torch import load_file
+
+    from xdeploy.models.checkpoint import load_state
+    from xdeploy.models.registry import get_family
+
     path = artifact.path / "reference" / "model.safetensors"
     if not path.exists():
         raise XDeployError(f"artifact {artifact.path} has no reference/model.safetensors for the torch runner")
@@ -41,6 +47,8 @@ class TorchRunner(Runner):
         return cuda_gaps() if variant in cls.gpu_variants else []
 
     def _load(self) -> None:
+        import torch
+
         if self.threads:
             torch.set_num_threads(self.threads)
         self.device = torch.device("cpu")
@@ -57,15 +65,23 @@ class TorchRunner(Runner):
         self.fn = torch.compile(fn) if self.variant == "compile" else fn
 
     def _autocast(self) -> contextlib.AbstractContextManager:
+        import torch
+
         if self.variant == "bf16":
             return torch.autocast("cpu", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
     def _call(self, tensors: list[torch.Tensor]) -> dict[str, np.ndarray]:
+        import torch
+
+        from xdeploy.models.reference import graph_outputs
+
         with torch.inference_mode(), self._autocast():  # the reference itself: models/reference.py
             return graph_outputs(self.fn, self.graph, tensors, keep=set(self.output_names))
 
     def _tensors(self, feeds: Mapping[str, np.ndarray]) -> list[torch.Tensor]:
+        import torch
+
         ts = [torch.from_numpy(feeds[t.name]).to(self.device) for t in self.graph.inputs]
         # fp16 on CUDA: float inputs (pixels, KV caches) follow the half weights; ids and masks stay int64.
         return [t.half() if self.variant == "fp16" and t.is_floating_point() else t for t in ts]
@@ -76,6 +92,7 @@ class TorchRunner(Runner):
     def prepare(self, feeds: Mapping[str, np.ndarray]) -> Callable[[], Any]:
         checked = validate_feeds(self.graph, self.artifact.spec.axes, feeds)
         tensors = self._tensors(checked)
+        import torch
 
         def call() -> Any:
             with torch.inference_mode(), self._autocast():
@@ -87,6 +104,8 @@ class TorchRunner(Runner):
         return call
 
     def info(self) -> RunnerInfo:
+        import torch
+
         return RunnerInfo(runner=self.name + (f":{self.variant}" if self.variant else ""), device=str(self.device),
                           precision=self.variant if self.variant in ("bf16", "fp16") else "fp32",
                           threads=torch.get_num_threads(), versions={"torch": torch.__version__})

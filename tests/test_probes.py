@@ -107,15 +107,19 @@ def test_convert_carries_the_probes_over_unchanged(bert, tmp_path):
 # ------------------------------------------------------------------------------------------ verify ----
 
 def test_verify_passes_on_ort_and_ov_without_importing_torch(bert, tmp_path):
-    """`xdeploy verify` in a fresh interpreter: exit 0 on both runtimes, and torch never imported."""
+    """`xdeploy verify` in a fresh interpreter: exit 0 on both runtimes, and torch never imported; nor by
+    `xdeploy convert` to fp16 (its search lists the runners, the torch runner among them, without opening it)."""
     code = ("import sys; from xdeploy.cli import main\n"
             f"rcs = [main(['verify', {str(bert)!r}, '--runner', r, '--json', {str(tmp_path)!r} + f'/{{r}}.json'])"
             " for r in ('ort', 'ov')]\n"
+            f"rcs.append(main(['convert', {str(bert)!r}, '--precision', 'fp16', '--out', "
+            f"{str(tmp_path / 'fp16')!r}]))\n"
             "print('RCS', rcs, 'torch' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                        env={**__import__("os").environ, "XDEPLOY_CACHE": str(tmp_path / "cache")})
     assert r.returncode == 0, r.stderr
-    assert "RCS [0, 0] False" in r.stdout, r.stdout + r.stderr
+    assert "RCS [0, 0, 0] False" in r.stdout, r.stdout + r.stderr
+    assert load_artifact(tmp_path / "fp16").precision == "fp16"
     assert r.stdout.count("2 golden probe case(s), 2 output(s) pass") == 2
     assert MACHINE in r.stdout
     rec = json.loads((tmp_path / "ov.json").read_text())
