@@ -211,6 +211,42 @@ def test_substitutions_are_visible_and_do_what_they_say():
                     "run_bench('bert', runners=['ort'])\n") and len(applied) == 1
 
 
+def anchors(path: Path) -> set[str]:
+    """The fragment ids GitHub gives a page's headings: lower case, punctuation other than "-" and "_" dropped,
+    spaces to hyphens; a repeated heading gets "-1", "-2", ... Fenced blocks have no headings."""
+    out: set[str] = set()
+    count: dict[str, int] = {}
+    fence = False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith(("```", "~~~")):
+            fence = not fence
+        m = None if fence else re.match(r"^#{1,6}\s+(.*?)\s*$", line)
+        if m:
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).lower()).replace(" ", "-")
+            n = count.get(slug, 0)
+            count[slug] = n + 1
+            out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def test_relative_links_reach_a_file_and_heading():
+    """Every relative link of every page names a file of this checkout (a report moved or renamed breaks it) and,
+    for a page, one of its headings (a renamed section breaks it)."""
+    bad = []
+    for page in pages():
+        for m in re.finditer(r"\]\(([^)\s]+)\)", page.read_text(encoding="utf-8")):
+            url = m.group(1)
+            if re.match(r"^[a-z][a-z0-9+.-]*:", url):  # http:, https:, mailto:
+                continue
+            path, _, frag = url.partition("#")
+            target = (page.parent / path).resolve() if path else page
+            if not target.exists():
+                bad.append(f"{page.relative_to(ROOT)}: {url} (no such file)")
+            elif frag and target.suffix == ".md" and frag not in anchors(target):
+                bad.append(f"{page.relative_to(ROOT)}: {url} (no such heading)")
+    assert not bad, "broken links:\n" + "\n".join(bad)
+
+
 @pytest.mark.parametrize("page", RUNNABLE, ids=[str(p.relative_to(ROOT)) for p in RUNNABLE])
 def test_page_runs(page, tmp_path, capsys):
     work = _scratch(tmp_path)
