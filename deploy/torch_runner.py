@@ -90,9 +90,10 @@ class TorchRunner(Runner):
         return self._call(self._tensors(feeds))
 
     def prepare(self, feeds: Mapping[str, np.ndarray]) -> Callable[[], Any]:
+        import torch
+
         checked = validate_feeds(self.graph, self.artifact.spec.axes, feeds)
         tensors = self._tensors(checked)
-        import torch
 
         def call() -> Any:
             with torch.inference_mode(), self._autocast():
