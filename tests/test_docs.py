@@ -15,6 +15,7 @@ How a page runs (the rule is also in README.md, "Executable docs"):
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import resource
@@ -211,7 +212,8 @@ def test_substitutions_are_visible_and_do_what_they_say():
                     "run_bench('bert', runners=['ort'])\n") and len(applied) == 1
 
 
-def anchors(path: Path) -> set[str]:
+@functools.cache
+def anchors(path: Path) -> frozenset[str]:
     """The fragment ids GitHub gives a page's headings: lower case, punctuation other than "-" and "_" dropped,
     spaces to hyphens; a repeated heading gets "-1", "-2", ... Fenced blocks have no headings."""
     out: set[str] = set()
@@ -226,7 +228,7 @@ def anchors(path: Path) -> set[str]:
             n = count.get(slug, 0)
             count[slug] = n + 1
             out.add(slug if n == 0 else f"{slug}-{n}")
-    return out
+    return frozenset(out)
 
 
 def test_relative_links_reach_a_file_and_heading():
