@@ -6,6 +6,9 @@ names what was expected. The CLI prints that line and exits 2; programming error
 
 from __future__ import annotations
 
+import itertools
+import re
+
 
 class XDeployError(Exception):
     """A clear, one-line error caused by the user's input or environment."""
@@ -31,3 +34,20 @@ def one_of(kind: str, value: object, valid: object) -> XDeployError:
     """Error for an unknown name: `unknown model 'x'; expected one of: a, b`."""
     names = ", ".join(sorted(map(str, valid)))  # type: ignore[call-overload]
     return XDeployError(f"unknown {kind} {value!r}; expected one of: {names}")
+
+
+# onnxruntime's exceptions put a status prefix and the C++ function that raised before the reason:
+#   [ONNXRuntimeError] : 1 : FAIL : Load model from m.onnx failed:/onnxruntime_src/onnxruntime/core/graph/model.cc:256
+#   onnxruntime::Model::Model(onnx::ModelProto&&, ...) Unsupported model IR version: 14, ...
+_ORT_STATUS = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
+_ORT_SOURCE = re.compile(r"\s*/onnxruntime_src/\S+:\d+ (?:[\w:~<>]+\((?:[^()]|\([^()]*\))*\)(?: const)? )?")
+
+
+def ort_reason(e: BaseException) -> str:
+    """The first line of an onnxruntime exception without its status prefix and C++ source location (the reason
+    stays: 'Load model from m.onnx failed: Unsupported model IR version: 14, max supported IR version: 13')."""
+    lines = str(e).strip().splitlines() or [type(e).__name__]
+    # indented lines continue the first ("Got invalid dimensions for input: x for the following indices\n index: 1
+    # Got: 5 Expected: 4")
+    first = " ".join([lines[0], *(x.strip() for x in itertools.takewhile(lambda x: x[:1].isspace(), lines[1:]))])
+    return _ORT_SOURCE.sub(" ", _ORT_STATUS.sub("", first)).strip()

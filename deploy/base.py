@@ -68,7 +68,7 @@ def validate_feeds(graph: Graph, axes: Mapping[str, Axis], feeds: Mapping[str, A
             bound[d] = (n, t.name)
         if t.kind == "ids" and t.high and a.size and (a.min() < 0 or a.max() >= t.high):
             raise XDeployError(f"input {t.name!r} holds ids outside 0..{t.high - 1}")
-        out[t.name] = np.ascontiguousarray(a)
+        out[t.name] = np.asarray(a, order="C")  # not ascontiguousarray: it makes a rank-0 input (a flag) 1-d
     return out
 
 

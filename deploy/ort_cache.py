@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from xdeploy.core.errors import XDeployError
+from xdeploy.core.errors import XDeployError, ort_reason
 from xdeploy.models.attention import MASK_VALUE
 from xdeploy.models.spec import DecoderFeeds
 
@@ -266,7 +266,7 @@ class OrtCachedStep(CachedStep):
         try:
             session.run_with_iobinding(binding)
         except Exception as e:  # onnxruntime's own exception types
-            raise XDeployError(f"onnxruntime's cached decode step failed: {str(e).splitlines()[0]}") from None
+            raise XDeployError(f"onnxruntime's cached decode step failed: {ort_reason(e)}") from None
         self.filled = total
         return buf[self.f.logits][:, -1]
 
@@ -334,7 +334,7 @@ def decode_call(session: Any, f: DecoderFeeds, layers: int, feeds: Mapping[str, 
         try:
             out = session.run(None, run)  # logits, then each layer's present (k, nh, C + S, hs)
         except Exception as e:  # onnxruntime's own exception types
-            raise XDeployError(f"onnxruntime's cached decode step failed: {str(e).splitlines()[0]}") from None
+            raise XDeployError(f"onnxruntime's cached decode step failed: {ort_reason(e)}") from None
         logits.append(out[0])
         new.append(np.stack([p[:, :, c:c + s] for p in out[1:]]))  # (2L, k, nh, S, hs)
     kv = np.concatenate(new, 1)

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from xdeploy.core.errors import XDeployError
+from xdeploy.core.errors import XDeployError, ort_reason
 from xdeploy.core.fingerprint import usable_cpus
 from xdeploy.export.onnx_graph import TWO_GB, proto_size
 
@@ -288,4 +288,4 @@ class _BoundCall:
         try:
             self.session.run_with_iobinding(self.binding)
         except Exception as e:  # onnxruntime's own exception types
-            raise XDeployError(f"onnxruntime run of graph {self.graph!r} failed: {str(e).splitlines()[0]}") from None
+            raise XDeployError(f"onnxruntime run of graph {self.graph!r} failed: {ort_reason(e)}") from None

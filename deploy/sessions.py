@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from xdeploy.core.deps import import_quietly
-from xdeploy.core.errors import XDeployError, one_of
+from xdeploy.core.errors import XDeployError, one_of, ort_reason
 from xdeploy.export.onnx_graph import TWO_GB, proto_size
 
 ORT_OPT_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
@@ -123,7 +123,7 @@ def ort_session(model: str | Path | bytes, *, threads: int = 0, opt_level: str =
         return ort.InferenceSession(src, so, providers=list(providers))
     except Exception as e:  # onnxruntime raises its own exception types for bad models
         name = what or ("the serialized model" if isinstance(model, bytes) else str(model))
-        raise XDeployError(f"onnxruntime cannot load {name}: {str(e).splitlines()[0]}") from None
+        raise XDeployError(f"onnxruntime cannot load {name}: {ort_reason(e)}") from None
 
 
 @contextlib.contextmanager

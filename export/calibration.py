@@ -65,7 +65,7 @@ def _hash_feeds(samples: Sequence[Mapping[str, np.ndarray]]) -> str:
     h = hashlib.sha256()
     for feeds in samples:
         for k in sorted(feeds):
-            a = np.ascontiguousarray(feeds[k])
+            a = np.asarray(feeds[k], order="C")
             h.update(f"{k}:{a.dtype}:{a.shape};".encode())
             h.update(a.tobytes())
     return h.hexdigest()
@@ -346,7 +346,7 @@ def _split(p: Path, g: Graph, spec: ExportSpec, feeds: Mapping[str, np.ndarray])
                 raise XDeployError(f"calibration file {p}: {name} values must lie in [0, {hi}) ({t.kind})")
         elif not np.isfinite(a).all():
             raise XDeployError(f"calibration file {p}: {name} contains NaN or Inf")
-        checked[name] = np.ascontiguousarray(a.astype(t.dtype))
+        checked[name] = np.asarray(a.astype(t.dtype), order="C")
     rows = sizes.get("batch", 1)
     if rows < 1:
         raise XDeployError(f"calibration file {p}: graph {g.name!r} arrays have no rows")

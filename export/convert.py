@@ -33,6 +33,7 @@ from . import openvino_ir, saturation
 from . import precision as prec
 from .artifact import load_artifact
 from .attention_layout import attention_3d
+from .onnx_graph import default_opset
 from .optimize import fused_op_counts, optimize_config, strip_value_info
 from .optimize import optimize as run_optimizer
 from .writer import write_artifact
@@ -139,6 +140,8 @@ def convert_artifact(src: str | Path, out: str | Path, precision: str, *, optimi
             q, info = convert_graph(proto, precision, graph=graph, spec=art.spec, model=art.model,
                                     config=art.manifest["config"], optimizer=optimizer, optimize=optimize,
                                     opt_level=opt_level, options=options, refine=refine)
+            if (opset := default_opset(q)) > w.manifest["opset"]:  # static int8 raises an old graph to 13
+                info["opset_from"], w.manifest["opset"] = w.manifest["opset"], opset
             w.manifest["conversion"][graph.name] = info
             w.add_graph(graph.name, q)
             if make_ir:

@@ -60,6 +60,11 @@ TWO_GB = 2**31  # protobuf's limit: a larger ONNX model is serialized with its w
 _SLACK = 64  # bytes per message or field counted on top of its payload (tags, lengths, names of a few bytes)
 
 
+def default_opset(proto: Any) -> int:
+    """The graph's opset of the default ("" / "ai.onnx") domain; 0 when it imports none."""
+    return next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
 def proto_size(message: Any) -> int:
     """An upper estimate of `message`'s serialized size (an onnx ModelProto or any part of it), without
     serializing its tensors' payload: upb's ByteSize() serializes the whole message to measure it (1.2 s for
@@ -435,7 +440,7 @@ def view_manifest(path: Path, *, verify: bool = True) -> tuple[Path, dict[str, A
             high = _vocab_from_graph(proto, name) or vocab[0]
         inputs.append({"name": name, "dtype": dtype, "dims": dims_of[name], "kind": kind, "high": high})
     outputs = [{"name": n, "dtype": d, "dims": dims_of[n], "kind": "float", "high": 0} for n, d, _ in outs]
-    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+    opset = default_opset(proto)
     text = _text_feeds(inputs, outputs)
     tok_files = [n for n in TOKENIZER_FILES if tok is not None and (root / n).is_file()]
     files = [rel, *external, *tok_files]

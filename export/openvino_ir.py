@@ -99,7 +99,7 @@ def quantize_ir(xml: str | Path, graph: Graph, samples: Sequence[Mapping[str, np
     except ImportError:
         raise XDeployError("an int8 OpenVINO IR needs nncf and openvino: pip install 'xdeploy[openvino]'") from None
     names = [t.name for t in graph.inputs]
-    data = [{n: np.ascontiguousarray(s[n]) for n in names} for s in samples]
+    data = [{n: np.asarray(s[n], order="C") for n in names} for s in samples]
     if not data:
         raise XDeployError(f"no calibration samples for graph {graph.name!r}")
     model = ov.Core().read_model(str(xml))

@@ -28,7 +28,7 @@ from typing import Any
 
 import onnx
 
-from xdeploy.core.errors import XDeployError
+from xdeploy.core.errors import XDeployError, ort_reason
 
 from .onnx_graph import TWO_GB, proto_size
 
@@ -90,7 +90,7 @@ def optimize(proto: onnx.ModelProto, *, model_type: str, num_heads: int, hidden_
             if large:
                 onnx.load_external_data_for_model(om.model, d)
         except Exception as e:  # the optimizer raises assorted types; keep the first line
-            raise XDeployError(f"onnxruntime optimizer failed: {str(e).splitlines()[0] if str(e) else e!r}") from e
+            raise XDeployError(f"onnxruntime optimizer failed: {ort_reason(e)}") from e
     out = om.model
     out.graph.name = proto.graph.name
     return out, fused_op_counts(out)

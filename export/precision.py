@@ -54,11 +54,11 @@ from typing import Any
 import numpy as np
 import onnx
 
-from xdeploy.core.errors import XDeployError, one_of
+from xdeploy.core.errors import XDeployError, one_of, ort_reason
 from xdeploy.models.spec import ARTIFACT_PRECISIONS, ExportSpec, Graph, make_feeds
 
 from . import saturation
-from .onnx_graph import TWO_GB, proto_size, prune
+from .onnx_graph import TWO_GB, default_opset, proto_size, prune
 
 EXPORT_PRECISIONS = ARTIFACT_PRECISIONS
 INT8_PRECISIONS = ("int8", "int8-dynamic")
@@ -272,6 +272,16 @@ def _dedupe_and_sort(proto: onnx.ModelProto) -> onnx.ModelProto:
     m = OnnxModel(proto)
     m.remove_cascaded_cast_nodes()  # fp16->fp32->fp16 round trips between neighbouring blocked nodes
     m.topological_sort()
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in m.model.graph.node
+           for a in n.attribute):
+        # control flow (If / Loop / Scan): OnnxModel's sort sees only a node's explicit inputs, so an If whose
+        # branch reads an input the converter cast (`graph_input_cast_0`) could land before that Cast. onnx_ir's
+        # sort counts the values a subgraph reads from the outer scope.
+        import onnx_ir as ir
+
+        model = ir.from_proto(m.model)
+        model.graph.sort()
+        return ir.to_proto(model)
     return m.model
 
 
@@ -693,6 +703,24 @@ def _calibrate(pre: Path, calibration: Sequence[Mapping[str, np.ndarray]], optio
     return TensorsData(_ort_method(options.int8_method), data), record
 
 
+# DequantizeLinear takes a per-channel `axis` from opset 13 on; onnxruntime's quantizer writes one (per-channel
+# weights, Conv biases) whatever the model's opset, so an opset-11 graph (a model zoo's CNN) came out unloadable
+QDQ_MIN_OPSET = 13
+
+
+def _at_least_opset(proto: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """`proto` itself when its default-domain opset is >= `opset`, else onnx's version conversion of it."""
+    have = default_opset(proto)
+    if not have or have >= opset:
+        return proto
+    try:
+        return onnx.version_converter.convert_version(proto, opset)
+    except Exception as e:  # the converter raises assorted types for ops it has no adapter for
+        raise XDeployError(f"static int8 needs opset >= {opset} (per-channel DequantizeLinear); the graph is opset "
+                           f"{have} and onnx's version converter cannot upgrade it: "
+                           f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+
+
 def to_int8_static(proto: onnx.ModelProto, calibration: Sequence[Mapping[str, np.ndarray]],
                    options: PrecisionOptions = PrecisionOptions(), *, extra_exclude: Sequence[str] = (),
                    calibration_record: Mapping[str, Any] | None = None, cache: Path | None = None,
@@ -706,6 +734,7 @@ def to_int8_static(proto: onnx.ModelProto, calibration: Sequence[Mapping[str, np
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
     check_options(options)
+    proto = _at_least_opset(proto, QDQ_MIN_OPSET)
     requested = _requested(proto, options.int8_exclude)
     exclude = list(dict.fromkeys(requested + _requested(proto, extra_exclude)))
     weights = quantizable_nodes(proto, options.int8_op_types)
@@ -749,7 +778,7 @@ def to_int8_static(proto: onnx.ModelProto, calibration: Sequence[Mapping[str, np
         except XDeployError:
             raise
         except Exception as e:
-            raise XDeployError(f"int8 quantization failed: {str(e).splitlines()[0] if str(e) else e!r}") from e
+            raise XDeployError(f"int8 quantization failed: {ort_reason(e)}") from e
         q = onnx.load(str(dst))  # external data (if any) is read into memory before the temp dir goes
     _float_for_float_consumers(q, options.int8_op_types, exclude + activation_only)
     quantized = qdq_quantized_nodes(q)
@@ -841,7 +870,7 @@ def to_int8_dynamic(proto: onnx.ModelProto, options: PrecisionOptions = Precisio
         except XDeployError:
             raise
         except Exception as e:
-            raise XDeployError(f"int8 quantization failed: {str(e).splitlines()[0] if str(e) else e!r}") from e
+            raise XDeployError(f"int8 quantization failed: {ort_reason(e)}") from e
         q = onnx.load(str(dst))
     ops = collections.Counter(n.op_type for n in q.graph.node)
     return q, {
@@ -875,7 +904,7 @@ def _to_int8_blocks(proto: onnx.ModelProto, exclude: list[str]) -> tuple[onnx.Mo
         except XDeployError:
             raise
         except Exception as e:
-            raise XDeployError(f"int8 block quantization failed: {str(e).splitlines()[0] if str(e) else e!r}") from e
+            raise XDeployError(f"int8 block quantization failed: {ort_reason(e)}") from e
     ops = collections.Counter(n.op_type for n in out.graph.node)
     if not ops["MatMulNBits"]:
         raise XDeployError("int8-dynamic weights 'blocks' found no MatMul with a constant weight to quantize; expected "

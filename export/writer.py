@@ -68,7 +68,7 @@ def save_onnx(proto: onnx.ModelProto, path: Path, *, check: bool = True) -> None
         if check and size < TWO_GB:
             onnx.checker.check_model(proto, full_check=True)
     except onnx.checker.ValidationError as e:
-        raise XDeployError(f"exported graph {path.name} failed the ONNX checker: {str(e).splitlines()[0]}") from e
+        raise XDeployError(f"graph {path.name} failed the ONNX checker: {str(e).splitlines()[0]}") from e
     if large:  # onnx moves the weights of the proto it saves out to the file: keep the caller's intact
         saved = onnx.ModelProto()
         saved.CopyFrom(proto)

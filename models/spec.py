@@ -407,7 +407,7 @@ def make_feeds(graph: Graph, sizes: Mapping[str, int], seed: int = 0, *, pad: bo
             a = np.zeros(shape)
         else:
             a = rng.standard_normal(shape)
-        feeds[t.name] = np.ascontiguousarray(a.astype(t.dtype))
+        feeds[t.name] = np.asarray(a.astype(t.dtype), order="C")
     return feeds
 
 

@@ -170,6 +170,70 @@ def test_unbindable_dims_get_one_line_naming_the_inputs_and_the_flag(tmp_path, c
     assert "--shapes" in capsys.readouterr().err
 
 
+def _if_graph(path: Path, ir_version: int = 10) -> Path:
+    """y = relu(x) if flag else -x: a rank-0 bool input and an If whose branches read `x` from the outer scope."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    branch = {k: helper.make_graph([helper.make_node(op, ["x"], [k])], k, [],
+                                   [helper.make_tensor_value_info(k, TensorProto.FLOAT, ["batch", 4])])
+              for k, op in (("then", "Relu"), ("else", "Neg"))}
+    node = helper.make_node("If", ["flag"], ["y"], then_branch=branch["then"], else_branch=branch["else"])
+    g = helper.make_graph([node], "g", [x, helper.make_tensor_value_info("flag", TensorProto.BOOL, [])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=ir_version), str(path))
+    return path
+
+
+def test_a_scalar_input_and_control_flow_go_through_parity_and_fp16(tmp_path, capsys):
+    f = _if_graph(tmp_path / "if.onnx")
+    art = load_artifact(f)
+    from xdeploy.models.spec import make_feeds
+
+    feeds = make_feeds(art.graph(), {"batch": 2})
+    assert feeds["flag"].shape == () and feeds["x"].shape == (2, 4)  # rank 0 stays rank 0 (was (1,): refused)
+    assert main(["parity", str(f), "--runners", "ort,ov"]) == 0
+    # the fp16 converter casts `x` for the graph; the If reading it from the outer scope must come after that Cast
+    assert main(["convert", str(f), "--precision", "fp16", "--out", str(tmp_path / "fp16")]) == 0
+    assert main(["verify", str(tmp_path / "fp16"), "--runner", "ort"]) == 0
+    assert main(["convert", str(f), "--precision", "int8", "--out", str(tmp_path / "int8")]) == 0
+    capsys.readouterr()
+    assert main(["bench", str(f), "--runners", "ort", "--max-iters", "3", "--max-seconds", "0.1", "--warmup", "1",
+                 "--no-roofline", "--no-isolate"]) == 0
+    assert "memory: not measured (--no-isolate" in capsys.readouterr().out  # not a table of dashes
+
+
+def test_an_opset_11_cnn_converts_to_int8_at_opset_13(tmp_path):
+    class Cnn(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.conv, self.fc = torch.nn.Conv2d(3, 8, 3, stride=2), torch.nn.Linear(8, 10)
+
+        def forward(self, x):
+            return self.fc(torch.relu(self.conv(x)).mean((2, 3)))
+
+    f = tmp_path / "cnn.onnx"
+    torch.onnx.export(Cnn().eval(), (torch.randn(1, 3, 16, 16),), str(f), input_names=["pixel_values"],
+                      output_names=["logits"], dynamo=False, opset_version=11,
+                      dynamic_axes={"pixel_values": {0: "batch"}, "logits": {0: "batch"}})
+    # onnxruntime's quantizer writes per-channel DequantizeLinear (`axis`: opset 13 on) whatever the opset: the
+    # graph is raised to 13 first, and the manifest says so
+    assert main(["convert", str(f), "--precision", "int8", "--out", str(tmp_path / "int8")]) == 0
+    m = load_artifact(tmp_path / "int8").manifest
+    assert m["opset"] == 13 and m["conversion"]["model"]["opset_from"] == 11
+    assert main(["verify", str(tmp_path / "int8"), "--runner", "ort"]) == 0
+
+
+def test_onnxruntime_refusals_are_one_line_with_the_reason(tmp_path, capsys):
+    f = _if_graph(tmp_path / "future.onnx", ir_version=99)
+    assert main(["parity", str(f), "--runners", "ort"]) == 2
+    err = [x for x in capsys.readouterr().err.strip().splitlines() if "error" in x]
+    # one error line; onnxruntime's status prefix and C++ source location are cut, its reason stays
+    assert len(err) == 1 and "Unsupported model IR version: 99" in err[0], err
+    assert "[ONNXRuntimeError]" not in err[0] and "onnxruntime_src" not in err[0] and "::" not in err[0]
+
+
 def test_serve_an_optimum_directory_and_refuse_a_graph_without_tokenizer(optimum, plain):
     """`xdeploy serve` on another exporter's directory: a real Triton server (PyTriton, .venv-serve) answers text
     with the in-process Embedder's vectors and leaves the directory as it was; a plain graph with no tokenizer

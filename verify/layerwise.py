@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from xdeploy.core.errors import XDeployError
+from xdeploy.core.errors import XDeployError, ort_reason
 from xdeploy.deploy.metrics import compare
 from xdeploy.export.onnx_graph import TWO_GB, proto_size, subgraph_inputs
 from xdeploy.models.spec import Tolerance
@@ -159,7 +159,7 @@ class _Probe:
             raise
         except Exception as e:  # onnxruntime / OpenVINO raise their own exception types
             raise XDeployError(f"{self.runtime} cannot load the graph with exposed tensors: "
-                               f"{str(e).splitlines()[0]}") from None
+                               f"{ort_reason(e)}") from None
         finally:
             del g.output[n_before:]
         return lambda: probe(self.feeds)

@@ -445,7 +445,7 @@ def _ir_outputs(xml: str | Path, variant: str, graph: Graph, cases: Sequence[Inp
     ports = {n: p for p in compiled.outputs for n in p.get_names()}
     out = []
     for c in cases:
-        res = req.infer({t.name: np.ascontiguousarray(c.feeds[t.name], dtype=t.dtype) for t in graph.inputs})
+        res = req.infer({t.name: np.asarray(c.feeds[t.name], dtype=t.dtype, order="C") for t in graph.inputs})
         out.append({t.name: np.array(res[ports[t.name]], copy=True) for t in graph.outputs})
     return out
 

@@ -126,7 +126,10 @@ def run(args: argparse.Namespace) -> int:
     models = sorted({f"{r['model']} {r['preset'] or ''}".strip() for r in records})
     console.print(latency_table(records, baseline=baseline, title=f"xdeploy bench {', '.join(models)} — latency per "
                                 "call", caption=summary(records[0]["fingerprint"]) if records else None).rich())
-    console.print(memory_table(records, title="memory of each runner's isolated child").rich())
+    if any((r.get("memory") or {}).get("peak_rss_bytes") is not None for r in records):
+        console.print(memory_table(records, title="memory of each runner's isolated child").rich())
+    else:  # --no-isolate: no child measured memory; a table of dashes would say nothing
+        console.print("memory: not measured (--no-isolate: no isolated child per runner)")
     best = best_vs_baseline(records, baseline)
     for b in best:
         console.print(best_line(b))
