@@ -90,8 +90,11 @@ def convert_artifact(src: str | Path, out: str | Path, precision: str, *, optimi
             raise XDeployError(f"converting the foreign graph {src} needs its reference for the golden probes "
                                "(xdeploy.api.convert_artifact passes onnxruntime fp32)")
     if art.precision != "fp32" or art.manifest.get("optimized"):
-        raise XDeployError(f"{src} is a {art.precision}{' optimized' if art.manifest.get('optimized') else ''} "
-                           "artifact; convert needs an unoptimized fp32 artifact (xdeploy export --precision fp32)")
+        what = f"{art.precision}{' optimized' if art.manifest.get('optimized') else ''}"
+        if art.foreign is not None:  # a user's graph: there is no xdeploy export to redo
+            raise XDeployError(f"{src} is an {what} graph; convert needs an fp32 graph (export your model at fp32)")
+        raise XDeployError(f"{src} is an {what} artifact; convert needs an unoptimized fp32 artifact "
+                           "(xdeploy export --precision fp32)")
     out = Path(out)
     if out.resolve() == art.path.resolve():
         raise XDeployError(f"output {out} is the source artifact; choose another --out")

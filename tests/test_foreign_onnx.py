@@ -225,6 +225,16 @@ def test_an_opset_11_cnn_converts_to_int8_at_opset_13(tmp_path):
     assert main(["verify", str(tmp_path / "int8"), "--runner", "ort"]) == 0
 
 
+def test_an_fp16_graph_is_not_converted_and_the_error_says_so_for_a_users_graph(tmp_path, capsys):
+    f = tmp_path / "half.onnx"
+    torch.onnx.export(torch.nn.Linear(16, 16).half().eval(), (torch.randn(2, 16).half(),), str(f),
+                      input_names=["x"], output_names=["y"], dynamo=False, dynamic_axes={"x": {0: "batch"}})
+    assert main(["parity", str(f), "--runners", "ort"]) == 0  # it runs; only conversion needs fp32
+    assert main(["convert", str(f), "--precision", "int8", "--out", str(tmp_path / "int8")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "is an fp16 graph; convert needs an fp32 graph" in err and "xdeploy export" not in err, err
+
+
 def test_onnxruntime_refusals_are_one_line_with_the_reason(tmp_path, capsys):
     f = _if_graph(tmp_path / "future.onnx", ir_version=99)
     assert main(["parity", str(f), "--runners", "ort"]) == 2
