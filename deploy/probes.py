@@ -294,10 +294,11 @@ def check_on_open(artifact: Artifact, runners: Sequence[Runner], *, verify: bool
         _say(f"xdeploy: notice: {artifact.path} has no golden probes (exported before xdeploy wrote them): running "
              f"it unverified on {spec}; re-export it to have it checked where it runs")
         return None
-    if not isinstance(sec, dict) or not isinstance(sec.get("cases"), list):
+    if not isinstance(sec, dict) or not isinstance(sec.get("cases"), list) or not all(
+            isinstance(c, dict) and isinstance(c.get("graph"), str) for c in sec["cases"]):
         load_probes(artifact)  # raises: one line naming what is malformed
     # what the probes cover, from the manifest alone: a remembered pass is found without reading the .npz
-    probed = {c.get("graph") for c in sec["cases"] if isinstance(c, dict)}
+    probed = {c["graph"] for c in sec["cases"]}
     want = [f"{r.graph.name}/{o}" for r in runners if r.graph.name in probed for o in r.output_names]
     if not want:
         _say(f"xdeploy: notice: {artifact.path} has no golden probes for graph(s) "

@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,13 +29,14 @@ from xdeploy.models.spec import (
     DEFAULT_TOLERANCES,
     Axis,
     Capabilities,
+    DecoderFeeds,
     ExportSpec,
     Graph,
     TensorSpec,
     Tolerance,
 )
 
-from .onnx_graph import check_external_data, read_onnx, view_manifest  # noqa: F401 - read_onnx: re-exported
+from .onnx_graph import check_external_data, graph_io, read_onnx, view_manifest
 from .openvino_ir import IR_WEIGHTS
 
 FORMAT = "xdeploy-artifact"
@@ -184,14 +187,70 @@ def parse_config(model: str, config: Mapping[str, Any], mpath: Path) -> Any:
     fields = {f.name for f in dataclasses.fields(cfg_cls)}
     _need(set(config) <= fields, mpath,
           f"config has fields a {model} config does not know: {sorted(set(config) - fields)}")
+    hints = typing.get_type_hints(cfg_cls)
+    for k, v in config.items():  # a string where an int belongs failed deep in a decode loop, not here
+        _need(_of_type(v, hints.get(k)), mpath, f"config field {k!r} is {v!r}; expected {_type_name(hints.get(k))}")
     try:
         return cfg_cls(**config)
     except (TypeError, ValueError) as e:
         raise XDeployError(f"invalid manifest {mpath}: config: {e}") from None
 
 
+def _check_io(g: Graph, io: tuple[Mapping[str, tuple[str, int]], Mapping[str, tuple[str, int]]], mpath: Path) -> None:
+    """The manifest's tensors of graph `g` are its ONNX graph's: the same names, dtypes and ranks (the decoding
+    loop, the probes' masks and the runners' feed checks read the manifest, not the graph)."""
+    for declared, actual, what in ((g.inputs, io[0], "inputs"), (g.outputs, io[1], "outputs")):
+        want = {t.name: (t.dtype, len(t.dims)) for t in declared}
+        _need(want == dict(actual), mpath, f"graph {g.name!r} {what} {_io_text(want)} differ from its ONNX file's "
+              f"{_io_text(actual)}")
+
+
+def _io_text(io: Mapping[str, tuple[str, int]]) -> str:
+    return "[" + ", ".join(f"{n} {dt} rank {r}" for n, (dt, r) in io.items()) + "]"
+
+
+def _check_decoding(d: DecoderFeeds, graphs: Mapping[str, Graph], mpath: Path) -> None:
+    """The decoding loop's feed names must be tensors of the artifact's graphs: a name that is not failed deep in
+    a decode step (a KeyError), not here. What every mode feeds is checked (models/spec.py DecoderFeeds: a
+    decoder whose prompt is a step of the decode graph has no separate prefill inputs); a graph the artifact
+    does not hold is not checked (it cannot decode, and says so when asked to)."""
+    sep = d.prefill_graph != d.decode_graph
+    want = {d.decode_graph: ([d.step_ids, d.positions, d.cache_mask, d.step_mask, d.memory], [d.logits, d.new_kv]),
+            d.full_graph: ([d.prompt_ids, d.prompt_mask, d.target_ids, d.target_mask], [d.logits])}
+    if sep:  # the encoder, or a decoder's own prefill graph
+        want[d.prefill_graph] = ([d.prompt_ids, d.prompt_mask], [d.memory])
+    for name, (inputs, outputs) in want.items():
+        if name not in graphs:
+            continue
+        have_in, have_out = {t.name for t in graphs[name].inputs}, {t.name for t in graphs[name].outputs}
+        for n, have, what in [(n, have_in, "take") for n in inputs] + [(n, have_out, "give") for n in outputs]:
+            _need(n is None or n in have, mpath, f"capabilities: decoding names {n!r}, which graph {name!r} does "
+                  f"not {what} (it {what}s {', '.join(sorted(have))})")
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _of_type(v: Any, hint: Any) -> bool:
+    """Whether JSON value `v` fits a config field annotated `hint` (int, float, str, bool, None and unions of
+    them; an int is a float; any other annotation is not checked here)."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return any(_of_type(v, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return v is None
+    if hint is int:
+        return _is_int(v)
+    if hint is float:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if hint in (str, bool):
+        return isinstance(v, hint)
+    return True
+
+
+def _type_name(hint: Any) -> str:
+    return " or ".join("null" if h is type(None) else getattr(h, "__name__", str(h))
+                       for h in (typing.get_args(hint) or (hint,)))
 
 
 def _need(cond: bool, path: Path, what: str) -> None:
@@ -310,9 +369,11 @@ def parse_manifest(root: Path, m: Any, mpath: Path, *, verify: bool = True) -> A
         _need(files[tg["file"]] == tg.get("sha256"), mpath, "tokenizer_graph sha256 differs from its files entry")
     if "capabilities" in m:
         try:
-            Capabilities.from_json(m["capabilities"])
+            caps = Capabilities.from_json(m["capabilities"])
         except (TypeError, ValueError) as e:
             raise XDeployError(f"invalid manifest {mpath}: capabilities: {e}") from None
+        if caps.decoding is not None:
+            _check_decoding(caps.decoding, {g.name: g for g in graphs}, mpath)
 
     ov_ir = m.get("openvino")
     if ov_ir is not None:
@@ -341,7 +402,10 @@ def parse_manifest(root: Path, m: Any, mpath: Path, *, verify: bool = True) -> A
                 raise XDeployError(f"artifact {root} is incomplete: {rel} is missing")
             if sha256_file(p) != digest:
                 raise XDeployError(f"artifact {root} is corrupted: sha256 of {rel} does not match the manifest")
-        for g in m["graphs"].values():
-            check_external_data(root / g["file"], root)
+        for g in graphs:
+            path = root / m["graphs"][g.name]["file"]
+            proto = read_onnx(path)
+            check_external_data(path, root, proto)
+            _check_io(g, graph_io(proto, path), mpath)
     return Artifact(path=root, manifest=m, model=m["model"], precision=m["precision"],
                     opset=m["opset"], spec=ExportSpec(tuple(graphs), axes, tols))

@@ -318,6 +318,13 @@ def _dense_params(proto: Any) -> int:
     return total
 
 
+def graph_io(proto: Any, path: Path) -> tuple[dict[str, tuple[str, int]], dict[str, tuple[str, int]]]:
+    """The graph's inputs and outputs as name -> (dtype, rank), read from `proto` (the ONNX file at `path`)."""
+    inits = {t.name for t in proto.graph.initializer}
+    return tuple({n: (dt, len(dims)) for n, dt, dims in _tensors(vs, inits, what, path)}  # type: ignore[return-value]
+                 for vs, what in ((proto.graph.input, "input"), (proto.graph.output, "output")))
+
+
 def _tensors(values: Sequence[Any], inits: set[str], what: str, path: Path) -> list[tuple[str, str, list[Any]]]:
     """(name, dtype, dims) of graph inputs or outputs; a dim is an int, a dim_param or None (unnamed)."""
     from onnx.helper import tensor_dtype_to_np_dtype

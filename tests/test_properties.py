@@ -114,3 +114,26 @@ def test_mutated_manifests_load_or_fail_cleanly(art, tmp_path, data):
         assert "\n" not in str(e)
     else:
         assert loaded.graph("model").inputs  # whatever loads is usable
+
+
+@pytest.mark.parametrize(("model", "edit", "expect"), [
+    # each loaded before, then failed in use: a TypeError in the decode loop, a KeyError in a decode step, a
+    # numpy broadcast error in the probes' output masks, a TypeError while listing the probed graphs
+    ("gpt", lambda m: m["config"].__setitem__("eos_token_id", "x"), "config field 'eos_token_id' is 'x'; expected int"),
+    ("gpt", lambda m: m["capabilities"]["decoding"].__setitem__("positions", "x"),
+     "decoding names 'x', which graph 'decode' does not take"),
+    ("transformer", lambda m: m["graphs"]["encoder"]["outputs"][0]["dims"].pop(1),
+     "graph 'encoder' outputs [memory float32 rank 5] differ from its ONNX file's [memory float32 rank 6]"),
+    ("gpt", lambda m: m["probes"]["cases"][1].__setitem__("graph", []), "probes: case 1 needs a graph"),
+])
+def test_manifests_that_failed_in_use_are_refused_in_one_line(tiny_export, tmp_path, capsys, model, edit, expect):
+    from xdeploy.cli import main
+
+    d = tmp_path / "a"
+    shutil.copytree(tiny_export(model), d)
+    m = json.loads((d / MANIFEST).read_text())
+    edit(m)
+    (d / MANIFEST).write_text(json.dumps(m))
+    assert main(["generate", str(d), "--prompt-ids", "1,2", "--new-tokens", "2", "--runner", "ort"]) == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if "error" in x]
+    assert len(err) == 1 and expect in err[0], err
