@@ -24,15 +24,12 @@ def load_reference(artifact: Any) -> torch.nn.Module:
     """Rebuild the PyTorch model an artifact was exported from (its reference/model.safetensors)."""
     from safetensors.torch import load_file
 
-    from xdeploy.models.checkpoint import load_state
-    from xdeploy.models.registry import get_family
+    from xdeploy.models.registry import build_loaded, get_family
 
     path = artifact.path / "reference" / "model.safetensors"
     if not path.exists():
         raise XDeployError(f"artifact {artifact.path} has no reference/model.safetensors for the torch runner")
-    module = get_family(artifact.model).build(artifact.config).eval()
-    load_state(module, load_file(str(path)), source=str(path))
-    return module
+    return build_loaded(get_family(artifact.model), artifact.config, load_file(str(path)), source=str(path))
 
 
 class TorchRunner(Runner):

@@ -200,8 +200,7 @@ def _trace_child(job: str) -> None:
     a = json.loads(Path(job).read_text(encoding="utf-8"))
     fam = registry.get_family(a["family"])
     config = parse_config(a["family"], a["config"], Path(job))  # the config as a manifest records it
-    module = fam.build(config).eval()
-    registry.load_state(module, load_file(a["reference"]), source=a["reference"])
+    module = registry.build_loaded(fam, config, load_file(a["reference"]), source=a["reference"])
     src = Source(fam, config, module, None, {})
     spec = fam.spec(config)
     with torch.no_grad():

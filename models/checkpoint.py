@@ -15,9 +15,8 @@ from torch import nn
 from xdeploy.core.errors import XDeployError
 from xdeploy.core.fsutil import sha256_file
 
-# load_state lives beside the registry's `build` (which loads the tiny presets' trained weights with it); it is
-# imported here for load_checkpoint and for the callers that know it as checkpoint.load_state
-from .registry import MODELS, check_finite, load_state, read_safetensors
+# loading weights into a module lives beside the registry's `build` (which loads the tiny presets' trained weights)
+from .registry import MODELS, build_loaded, check_finite, read_safetensors
 from .sbert import TOKENIZER_FILES, Pooling, _read_json, _transformer_dir  # noqa: F401 - Pooling: this module's API
 
 
@@ -60,8 +59,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     except (KeyError, TypeError, ValueError) as e:
         raise XDeployError(f"cannot read {tdir / 'config.json'} as a {model_type} config: {e}") from None
     tensors = read_safetensors(weights)
-    module = family.build(cfg).eval()
-    load_state(module, family.hf.state_dict(tensors, cfg), source=str(weights))
+    module = build_loaded(family, cfg, family.hf.state_dict(tensors, cfg), source=str(weights))
     check_finite(module)
     tok = [tdir / n for n in TOKENIZER_FILES if (tdir / n).exists()] or [
         root / n for n in TOKENIZER_FILES if (root / n).exists()]

@@ -134,8 +134,26 @@ def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
         raise XDeployError(f"cannot read {path}: {first}") from None
 
 
+def build_loaded(family: ModelFamily, cfg: Any, state: dict[str, torch.Tensor], *, source: str) -> nn.Module:
+    """`family`'s module of `cfg` in eval mode holding `state` (a checkpoint's or an artifact's reference weights).
+    The shapes are checked on the meta device first: a config that does not fit the weights (a manifest or a
+    config.json asking for a vocabulary of 10^12) is one line naming the tensor, not an allocation of terabytes."""
+    with torch.device("meta"):
+        check_state(family.build(cfg), state, source=source)
+    module = family.build(cfg).eval()
+    load_state(module, state, source=source)
+    return module
+
+
 def load_state(module: nn.Module, state: dict[str, torch.Tensor], *, source: str) -> None:
     """Strict load with errors that name the tensor (and both shapes when they differ)."""
+    check_state(module, state, source=source)
+    expected = module.state_dict()
+    module.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=True)
+
+
+def check_state(module: nn.Module, state: dict[str, torch.Tensor], *, source: str) -> None:
+    """`state` has exactly `module`'s tensors at its shapes, or a one-line error naming the first that differs."""
     expected = module.state_dict()
     for name, ref in expected.items():
         if name not in state:
@@ -147,4 +165,3 @@ def load_state(module: nn.Module, state: dict[str, torch.Tensor], *, source: str
     extra = sorted(set(state) - set(expected))
     if extra:
         raise XDeployError(f"{source} has {len(extra)} tensor(s) the model does not use, e.g. {extra[0]!r}")
-    module.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=True)

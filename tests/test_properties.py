@@ -137,3 +137,15 @@ def test_manifests_that_failed_in_use_are_refused_in_one_line(tiny_export, tmp_p
     assert main(["generate", str(d), "--prompt-ids", "1,2", "--new-tokens", "2", "--runner", "ort"]) == 2
     err = [x for x in capsys.readouterr().err.splitlines() if "error" in x]
     assert len(err) == 1 and expect in err[0], err
+
+
+def test_a_config_that_does_not_fit_the_reference_weights_is_refused_before_allocating(tiny_export, tmp_path):
+    from xdeploy.deploy.torch_runner import load_reference
+
+    d = tmp_path / "a"
+    shutil.copytree(tiny_export("bert"), d)
+    m = json.loads((d / MANIFEST).read_text())
+    m["config"]["type_vocab_size"] = 10**12  # built as asked: 256 TB of embeddings, a RuntimeError from torch
+    (d / MANIFEST).write_text(json.dumps(m))
+    with pytest.raises(XDeployError, match=r"has shape \(2, \d+\); the model expects \(1000000000000, \d+\)"):
+        load_reference(load_artifact(d))
