@@ -55,7 +55,16 @@ class TorchRunner(Runner):
                 raise XDeployError(f"runner 'torch:fp16' runs on CUDA only; {missing[0]}; use 'torch:bf16' on the "
                                    "CPU")
             self.device = torch.device("cuda", 0)
+        from xdeploy.models.registry import get_family
+
         self.module = load_reference(self.artifact)
+        # the method is the manifest's word (untrusted): it must be the one the family exports this graph from
+        spec = get_family(self.artifact.model).spec(self.artifact.config)
+        want = next((g.method for g in spec.graphs if g.name == self.graph.name), None)
+        if self.graph.method != want:
+            raise XDeployError(f"artifact {self.artifact.path}: graph {self.graph.name!r} names method "
+                               f"{self.graph.method!r}; the {self.artifact.model} family computes "
+                               + (f"it with {want!r}" if want else "no such graph"))
         if self.variant == "fp16":
             self.module = self.module.half().to(self.device)
         fn = getattr(self.module, self.graph.method)

@@ -7,11 +7,15 @@ benchmarks all read the same declaration, so a model is added by writing one fil
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import psutil
+
+from xdeploy.core.errors import XDeployError
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int8-dynamic")  # compute precisions (tolerance keys)
 # What an artifact holds: int8 = static Q/DQ (calibrated), int8-dynamic = onnxruntime dynamic quantization.
@@ -390,8 +394,16 @@ def make_feeds(graph: Graph, sizes: Mapping[str, int], seed: int = 0, *, pad: bo
     """
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
+    shapes = {t.name: tuple(d if isinstance(d, int) else int(sizes[d]) for d in t.dims) for t in graph.inputs}
+    # 8 bytes an element while drawn (float64 / int64), then the cast: a size no machine holds (a manifest's dim of
+    # 10^12) is one line, not numpy's allocation error
+    need = sum(8 * math.prod(shape) for shape in shapes.values())
+    if need > (avail := psutil.virtual_memory().available):
+        big = max(shapes, key=lambda n: math.prod(shapes[n]))
+        raise XDeployError(f"inputs of graph {graph.name!r} at these sizes take {need / 2**30:.3g} GiB ({big!r}: "
+                           f"{shapes[big]}); {avail / 2**30:.3g} GiB of memory is available")
     for t in graph.inputs:
-        shape = tuple(d if isinstance(d, int) else int(sizes[d]) for d in t.dims)
+        shape = shapes[t.name]
         if t.kind == "ids":
             a = rng.integers(0, t.high, size=shape)
         elif t.kind == "mask":

@@ -125,6 +125,9 @@ def test_mutated_manifests_load_or_fail_cleanly(art, tmp_path, data):
     ("transformer", lambda m: m["graphs"]["encoder"]["outputs"][0]["dims"].pop(1),
      "graph 'encoder' outputs [memory float32 rank 5] differ from its ONNX file's [memory float32 rank 6]"),
     ("gpt", lambda m: m["probes"]["cases"][1].__setitem__("graph", []), "probes: case 1 needs a graph"),
+    # the torch runner called the method the manifest names: an AttributeError, or forward() with 9 arguments
+    ("gpt", lambda m: m["graphs"]["decode"].__setitem__("method", "forward"),
+     "graph 'decode' names method 'forward'; the gpt family computes it with 'decode'"),
 ])
 def test_manifests_that_failed_in_use_are_refused_in_one_line(tiny_export, tmp_path, capsys, model, edit, expect):
     from xdeploy.cli import main
@@ -134,7 +137,8 @@ def test_manifests_that_failed_in_use_are_refused_in_one_line(tiny_export, tmp_p
     m = json.loads((d / MANIFEST).read_text())
     edit(m)
     (d / MANIFEST).write_text(json.dumps(m))
-    assert main(["generate", str(d), "--prompt-ids", "1,2", "--new-tokens", "2", "--runner", "ort"]) == 2
+    runner = "torch" if "method" in expect else "ort"
+    assert main(["generate", str(d), "--prompt-ids", "1,2", "--new-tokens", "2", "--runner", runner]) == 2
     err = [x for x in capsys.readouterr().err.splitlines() if "error" in x]
     assert len(err) == 1 and expect in err[0], err
 
@@ -149,3 +153,13 @@ def test_a_config_that_does_not_fit_the_reference_weights_is_refused_before_allo
     (d / MANIFEST).write_text(json.dumps(m))
     with pytest.raises(XDeployError, match=r"has shape \(2, \d+\); the model expects \(1000000000000, \d+\)"):
         load_reference(load_artifact(d))
+
+
+def test_feeds_no_machine_holds_are_one_line_not_an_allocation():
+    from xdeploy.models.spec import make_feeds
+
+    g = Graph("model", "forward", (TensorSpec("x", "float32", ("batch", 10**9)),),
+              (TensorSpec("y", "float32", ("batch",)),))
+    assert make_feeds(g, {"batch": 0})["x"].shape == (0, 10**9)  # empty: nothing to hold
+    with pytest.raises(XDeployError, match=r"inputs of graph 'model' at these sizes take .* GiB \('x': \(4096, "):
+        make_feeds(g, {"batch": 4096})  # 32 TiB while drawn
