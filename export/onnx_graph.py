@@ -321,8 +321,9 @@ def _dense_params(proto: Any) -> int:
 def graph_io(proto: Any, path: Path) -> tuple[dict[str, tuple[str, int]], dict[str, tuple[str, int]]]:
     """The graph's inputs and outputs as name -> (dtype, rank), read from `proto` (the ONNX file at `path`)."""
     inits = {t.name for t in proto.graph.initializer}
-    return tuple({n: (dt, len(dims)) for n, dt, dims in _tensors(vs, inits, what, path)}  # type: ignore[return-value]
-                 for vs, what in ((proto.graph.input, "input"), (proto.graph.output, "output")))
+    ins = {n: (dt, len(dims)) for n, dt, dims in _tensors(proto.graph.input, inits, "input", path)}
+    outs = {n: (dt, len(dims)) for n, dt, dims in _tensors(proto.graph.output, inits, "output", path)}
+    return ins, outs
 
 
 def _tensors(values: Sequence[Any], inits: set[str], what: str, path: Path) -> list[tuple[str, str, list[Any]]]:
