@@ -717,8 +717,7 @@ def _at_least_opset(proto: onnx.ModelProto, opset: int) -> onnx.ModelProto:
         return onnx.version_converter.convert_version(proto, opset)
     except Exception as e:  # the converter raises assorted types for ops it has no adapter for
         raise XDeployError(f"static int8 needs opset >= {opset} (per-channel DequantizeLinear); the graph is opset "
-                           f"{have} and onnx's version converter cannot upgrade it: "
-                           f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+                           f"{have} and onnx's version converter cannot upgrade it: {ort_reason(e)}") from None
 
 
 def to_int8_static(proto: onnx.ModelProto, calibration: Sequence[Mapping[str, np.ndarray]],
