@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,9 +21,11 @@ LAYOUT_OPS = ("Transpose", "Reorder", "Eltwise", "FullyConnected", "ScaledDotPro
 
 
 def op_counts(runner: Any) -> dict[str, int]:
-    """Layer types of the compiled (runtime) model, as the CPU plugin executes it."""
-    c = Counter(op.get_rt_info()["layerType"].astype(str) for op in runner.compiled.get_runtime_model().get_ops())
-    return {k: c[k] for k in LAYOUT_OPS if c[k]}
+    """Layer types of the compiled (runtime) model, as the CPU plugin executes it (the layout ones)."""
+    from xdeploy.studies.ov_ir_ab import layers
+
+    c = layers(runner.compiled)["layers"]
+    return {k: c[k] for k in LAYOUT_OPS if c.get(k)}
 
 
 def run(models: Sequence[str], *, artifacts: Path, threads: int, max_seconds: float) -> list[dict[str, Any]]:
