@@ -108,6 +108,7 @@ def verification_rows(records: Iterable[Mapping[str, Any]], runners: Sequence[st
         row = rows.setdefault(key, {"model": key[0], "preset": key[1], "precision": key[2], "runner": key[3],
                                     "parity_passed": 0, "parity_outputs": 0, "min_cosine": None,
                                     "p50_ms": None, "shape": None, "decode_agreement": None,
+                                    "decode_tokens_per_s": None, "decode_ttft_ms": None,
                                     "gpu_memory_peak_mib": peak_mib, "first_failure": None})
         if r["kind"] == "parity":
             row["parity_outputs"] += 1
@@ -122,6 +123,9 @@ def verification_rows(records: Iterable[Mapping[str, Any]], runners: Sequence[st
             agreement = float(r["agreement"])
             if row["decode_agreement"] is None or agreement < row["decode_agreement"]:
                 row["decode_agreement"] = agreement
+            if row["decode_tokens_per_s"] is None:  # the first cache-mode run: batch 1 where the run has it
+                row["decode_tokens_per_s"] = float(r["tokens_per_s"])
+                row["decode_ttft_ms"] = 1e3 * float(r["ttft_s"])
             if agreement < 1.0 and key[2] == "fp32" and row["first_failure"] is None:
                 row["first_failure"] = (f"KV-cache decoding: greedy tokens {100 * agreement:.1f}% equal to "
                                         "PyTorch's")
@@ -135,15 +139,17 @@ def render(rows: Sequence[Mapping[str, Any]], tests: Mapping[str, Any], meta: Ma
     from xdeploy.reports.render import markdown_table
 
     header = ("preset", "model", "artifact", "runner", "parity outputs passed", "min cosine", "p50 ms (shape)",
-              "greedy agreement, KV cache (lowest)", "GPU memory peak MiB (nvidia-smi, whole run)", "first failure")
+              "greedy agreement, KV cache (lowest)",
+              "KV-cache decode tokens/s (TTFT ms)", "GPU memory peak MiB (nvidia-smi, whole run)", "first failure")
     table = [(r["preset"], r["model"], r["precision"], r["runner"], f"{r['parity_passed']}/{r['parity_outputs']}",
               f"{r['min_cosine']:.6f}" if r["min_cosine"] is not None else "-",
               f"{r['p50_ms']:.3f} ({r['shape']})" if r["p50_ms"] is not None else "-",
               f"{100 * r['decode_agreement']:.1f}%" if r.get("decode_agreement") is not None else "-",
+              f"{r['decode_tokens_per_s']:.1f} ({r['decode_ttft_ms']:.2f})" if r.get("decode_tokens_per_s") else "-",
               f"{r['gpu_memory_peak_mib']:.0f}" if r["gpu_memory_peak_mib"] == r["gpu_memory_peak_mib"] else "-",
               r.get("first_failure") or "") for r in rows]
     if not rows:
-        table = [("(no record from the GPU runners: see the run logs next to this file)", *[""] * 9)]
+        table = [("(no record from the GPU runners: see the run logs next to this file)", *[""] * (len(header) - 1))]
     lines = ["# GPU verification (`make gpu-check`)", "",
              f"Machine: {meta.get('gpu', '?')}; driver {meta.get('driver', '?')}; "
              f"TensorRT {meta.get('tensorrt', '?')}; onnxruntime-gpu {meta.get('onnxruntime', '?')}; "

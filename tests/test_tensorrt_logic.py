@@ -498,8 +498,10 @@ def test_gpu_verification_fails_an_fp32_kv_cache_decoding_that_leaves_pytorch():
     assert seq2seq["decode_agreement"] == 0.0 and seq2seq["first_failure"]
     assert rows["gpt", "fp16"]["decode_agreement"] < 1 and rows["gpt", "fp16"]["first_failure"] is None
     assert rows["bert", "fp32"]["decode_agreement"] is None and rows["bert", "fp32"]["first_failure"] is None
+    assert gpt["decode_tokens_per_s"] > 0 and gpt["decode_ttft_ms"] > 0
     text = render(list(rows.values()), {}, {"gpu": "NVIDIA H200"})
-    assert "| 6.2% | - | KV-cache decoding: greedy tokens 6.2% equal to PyTorch's |" in text
+    speed = f"{gpt['decode_tokens_per_s']:.1f} ({gpt['decode_ttft_ms']:.2f})"
+    assert f"| 6.2% | {speed} | - | KV-cache decoding: greedy tokens 6.2% equal to PyTorch's |" in text
 
 
 def test_gpu_check_names_the_runners_it_leaves_out():
