@@ -91,6 +91,63 @@ class CachedStep(abc.ABC):
         next `hold`; the caller keeps the arrays alive and unchanged meanwhile."""
 
 
+class LoopArrays:
+    """Where the decoding loop keeps the arrays it binds and updates every step (deploy/generate.py: the KV
+    cache, the step's new K/V, an encoder-decoder's held memory): host numpy here, read in place by the CPU
+    runners. A GPU runner's `loop_arrays()` keeps them on its device (TorchArrays), so that a step copies only
+    the token in and the logits out instead of the whole cache in and the new K/V out."""
+
+    device = "cpu"
+
+    def zeros(self, shape: Sequence[int], dtype: np.dtype) -> Any:
+        return np.zeros(tuple(shape), dtype)
+
+    def put(self, a: np.ndarray) -> Any:
+        """A host array as this store's array (a copy on a device; here the array itself, made C-contiguous)."""
+        return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+    def take(self, a: Any, rows: np.ndarray, axis: int) -> Any:
+        """`a`'s slices `rows` along `axis`, gathered into a new array (beam reordering)."""
+        return np.take(a, rows, axis=axis)
+
+
+class TorchArrays(LoopArrays):
+    """The loop's arrays as torch tensors on `device` ("cuda:0"): the slot writes and beam gathers run there.
+    Runners bind them by address (OrtRunner.bind); on "cpu" it is the same path without a GPU (the tests')."""
+
+    def __init__(self, device: str) -> None:
+        import torch
+
+        self.torch, self.device = torch, device
+
+    def zeros(self, shape: Sequence[int], dtype: np.dtype) -> Any:
+        return self.torch.zeros(tuple(shape), dtype=torch_dtype(dtype), device=self.device)
+
+    def put(self, a: np.ndarray) -> Any:
+        return self.torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
+
+    def take(self, a: Any, rows: np.ndarray, axis: int) -> Any:
+        return a.index_select(axis, self.torch.as_tensor(np.asarray(rows, np.int64), device=self.device))
+
+
+def torch_dtype(dtype: np.dtype) -> Any:
+    import torch
+
+    return torch.from_numpy(np.zeros(0, dtype)).dtype
+
+
+def numpy_dtype(tensor: Any) -> np.dtype:
+    """A torch tensor's element type as numpy's (on any device)."""
+    import torch
+
+    return torch.empty(0, dtype=tensor.dtype).numpy().dtype
+
+
+def is_tensor(a: Any) -> bool:
+    """Whether `a` is a torch tensor, without importing torch where no tensor can exist."""
+    return type(a).__module__.startswith("torch") and hasattr(a, "data_ptr")
+
+
 def cuda_gaps() -> list[str]:
     """[] when torch sees a CUDA device, else the line saying it does not: the device check of every GPU runner's
     `gaps` (torch is a core dependency, and a CUDA build in the GPU env, `make gpu-env`)."""
@@ -210,6 +267,10 @@ class Runner(abc.ABC):
         if unknown:
             raise XDeployError(f"unknown output(s) {unknown}; graph {self.graph.name!r} has {self.output_names}")
         return checked
+
+    def loop_arrays(self) -> LoopArrays:
+        """Where the decoding loop keeps the arrays it binds to this runner (see LoopArrays): on the host."""
+        return LoopArrays()
 
     @classmethod
     def keeps_cache(cls, artifact: Artifact, graph: str) -> bool:

@@ -281,14 +281,17 @@ class _CachedSteps(_Steps):
     def _alloc(self, n: int, capacity: int, extra: Mapping[str, np.ndarray]) -> None:
         g, f, lay = self.gen, self.gen.feeds, self.gen.cache_layout
         dec = g.decode.graph
-        self.cache = np.zeros((lay.layers, 2, n, lay.heads, capacity, lay.head_size), lay.dtype)
+        # the arrays the step binds and updates, where the runner reads them (Runner.loop_arrays): host numpy,
+        # or a GPU runner's device, so that the cache never crosses to the host
+        self.arrays = arrays = g.decode.loop_arrays()
+        self.cache = arrays.zeros((lay.layers, 2, n, lay.heads, capacity, lay.head_size), lay.dtype)
         self.cache_mask = np.zeros((n, capacity), np.int64)
         self.tok = np.zeros((n, 1), np.int64)
         self.pos = np.zeros((n, 1), np.int64)
         out = {t.name: t for t in dec.outputs}
         v = out[f.logits].dims[-1]
         self.logits = np.zeros((n, 1, v), np.dtype(out[f.logits].dtype))
-        self.new_kv = np.zeros((lay.layers, 2, n, lay.heads, 1, lay.head_size), np.dtype(out[f.new_kv].dtype))
+        self.new_kv = arrays.zeros((lay.layers, 2, n, lay.heads, 1, lay.head_size), np.dtype(out[f.new_kv].dtype))
         feeds = {f.step_ids: self.tok, f.positions: self.pos, f.cache_mask: self.cache_mask} | lay.feeds(self.cache)
         self.call = g.decode.bind(feeds | dict(extra), {f.logits: self.logits, f.new_kv: self.new_kv})
         self.slot = 0  # next cache slot to write
@@ -312,7 +315,7 @@ class _CachedSteps(_Steps):
         # Beam reordering: only the filled slots [0, slot) move; np.take makes the gathered copy first, so
         # rows that read from rows being overwritten are safe.
         s = self.slot
-        self.cache[:, :, :, :, :s] = np.take(self.cache[:, :, :, :, :s], rows, axis=2)
+        self.cache[:, :, :, :, :s] = self.arrays.take(self.cache[:, :, :, :, :s], rows, axis=2)
         self.cache_mask[:] = self.cache_mask[rows]
         self.pos[:] = self.pos[rows]
 
@@ -341,7 +344,7 @@ class _DecoderCached(_CachedSteps):
         step_mask = {} if f.step_mask is None else {f.step_mask: np.ones((n, 1), _dtype(g.decode.graph, f.step_mask))}
         self._alloc(n, t + self.new - 1, step_mask)
         rep = np.repeat(np.arange(b), k)  # beam copies of each prompt row: row r -> prompt r // k
-        self.cache[:, :, :, :, :t] = kv[:, :, rep]  # the one whole-prompt copy, at prefill
+        self.cache[:, :, :, :, :t] = self.arrays.put(kv[:, :, rep])  # the one whole-prompt copy, at prefill
         self.cache_mask[:, :t] = self.mask[rep]
         self.pos[:, 0] = self.mask.sum(-1)[rep]  # next position = number of real prompt tokens
         self.slot = t
@@ -414,8 +417,11 @@ class _Seq2SeqEngineCached(_EngineCached):
 class _Seq2SeqCached(_CachedSteps):
     def start(self) -> np.ndarray:
         g = self.gen
-        self.held = _encode(g, self.ids, self.mask, self.beams)  # bound into every step: kept alive here
-        n = len(self.held[g.feeds.prompt_mask])
+        held = _encode(g, self.ids, self.mask, self.beams)
+        n = len(held[g.feeds.prompt_mask])
+        arrays = g.decode.loop_arrays()
+        # bound into every step, where the runner reads them (the memory on a GPU runner's device): kept alive here
+        self.held = {k: arrays.put(v) for k, v in held.items()}
         self._alloc(n, self.new, self.held)
         return self._run_step(np.full(n, g.cfg.bos_token_id, np.int64))  # position 0: BOS
 

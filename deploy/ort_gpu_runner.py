@@ -22,7 +22,7 @@ from xdeploy.core.errors import XDeployError
 from xdeploy.export.tensorrt import default_cache_root, format_shapes, int8_format, profile_shapes
 from xdeploy.models.spec import Axis, Graph
 
-from .base import RunnerInfo, cuda_gaps, validate_feeds
+from .base import LoopArrays, RunnerInfo, TorchArrays, cuda_gaps, validate_feeds
 from .ort_runner import OrtRunner
 
 Provider = tuple[str, dict[str, str]]
@@ -250,6 +250,11 @@ class _OrtGpuRunner(OrtRunner):
             run(binding)
 
         return call
+
+    def loop_arrays(self) -> LoopArrays:
+        """The decoding loop's KV cache on this GPU (torch tensors bound by address): a step then copies the token
+        in and the logits out, not the whole cache in and the step's K/V out."""
+        return TorchArrays(f"cuda:{self.device_id}")
 
     def info(self) -> RunnerInfo:
         import onnxruntime as ort

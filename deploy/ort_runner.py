@@ -20,7 +20,7 @@ from xdeploy.core.errors import XDeployError, ort_reason
 from xdeploy.core.fingerprint import usable_cpus
 from xdeploy.export.onnx_graph import TWO_GB, proto_size
 
-from .base import CachedStep, Runner, RunnerInfo, validate_feeds
+from .base import CachedStep, Runner, RunnerInfo, is_tensor, numpy_dtype, validate_feeds
 from .saturation_guard import refuse_saturating_int8
 from .sessions import (
     CPU_PROVIDERS,
@@ -232,21 +232,39 @@ class OrtRunner(Runner):
         run = self.session.run_with_iobinding
         return lambda: run(binding)
 
-    def bind(self, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> Callable[[], None]:
-        """IO binding onto the caller's numpy buffers, both ways, with no copy at bind or run time.
+    def bind(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> Callable[[], None]:
+        """IO binding onto the caller's buffers, both ways, with no copy at bind or run time.
 
-        `bind_cpu_input` wraps the array's own memory in an OrtValue (onnxruntime keeps a reference to the
+        `bind_cpu_input` wraps a numpy array's own memory in an OrtValue (onnxruntime keeps a reference to the
         array, see IOBinding.bind_cpu_input), so in-place changes between calls are seen by the next run;
         outputs are bound by raw pointer (`buffer_ptr`) with their fixed shape and dtype, so the session writes
-        straight into them. Arrays must be C-contiguous with the graph's dtype, otherwise binding would copy."""
+        straight into them. Arrays must be C-contiguous with the graph's dtype, otherwise binding would copy.
+        torch tensors (LoopArrays on a device: the GPU runners' KV cache) are bound by address on their own
+        device, in and out, so a GPU session reads and writes them where they are."""
         if self.stateful:  # the decode graph's call emulated (see _run): the base class's copying bind
             return super().bind(inputs, outputs)
-        checked = self.check_bound(inputs, outputs)  # outputs: among those this runner computes (outputs=)
+        tensors = {n: a for n, a in (*inputs.items(), *outputs.items()) if is_tensor(a)}
+        # the checks every bind makes, with a tensor's shape and dtype standing in for it (np.empty: no page touched)
+        stand_in = {n: np.empty(tuple(t.shape), numpy_dtype(t)) for n, t in tensors.items() if n in inputs}
+        checked = self.check_bound({**inputs, **stand_in}, outputs)
         declared = {t.name: t for t in self.graph.outputs}
         binding = self.session.io_binding()
-        for name, a in checked.items():
+        host = {n: a for n, a in checked.items() if n not in tensors}
+        for name, a in host.items():
             binding.bind_cpu_input(name, a)
+        for name, t in tensors.items():
+            if not t.is_contiguous():
+                raise XDeployError(f"bound tensor {name!r} must be contiguous")
+            where = (t.device.type, t.device.index or 0, numpy_dtype(t), list(t.shape), t.data_ptr())
+            if name in inputs:
+                binding.bind_input(name, *where)
+            elif numpy_dtype(t) != np.dtype(declared[name].dtype):
+                raise XDeployError(f"bound output {name!r} must hold {declared[name].dtype}, not {numpy_dtype(t)}")
+            else:
+                binding.bind_output(name, *where)
         for name, buf in outputs.items():
+            if name in tensors:
+                continue
             if not isinstance(buf, np.ndarray) or buf.dtype != np.dtype(declared[name].dtype) \
                     or not buf.flags.c_contiguous or not buf.flags.writeable:
                 raise XDeployError(f"bound output {name!r} must be a writeable C-contiguous "
@@ -255,7 +273,7 @@ class OrtRunner(Runner):
         for name in self.output_names:
             if name not in outputs:  # not wanted by the caller: let the session allocate it
                 binding.bind_output(name, "cpu")
-        return _BoundCall(self.session, binding, self.graph.name, (dict(checked), dict(outputs)),
+        return _BoundCall(self.session, binding, self.graph.name, (host, dict(outputs), tensors),
                           rebind=not self.binds_in_place)
 
     def info(self) -> RunnerInfo:
@@ -272,19 +290,30 @@ class OrtRunner(Runner):
 
 
 class _BoundCall:
-    """One bound run. Holds the bound numpy buffers (their memory must outlive the binding) and the binding
-    (tests read `binding.get_outputs()` to check the outputs alias the caller's buffers); with `rebind`, binds the
-    inputs again before each run (OrtRunner.binds_in_place)."""
+    """One bound run. Holds the bound buffers (their memory must outlive the binding: host inputs, outputs, tensors)
+    and the binding (tests read `binding.get_outputs()` to check the outputs alias the caller's buffers); with
+    `rebind`, binds the host inputs again before each run (OrtRunner.binds_in_place). Bound CUDA tensors are
+    written by torch on its stream (the loop's slot writes): that stream is waited on before each run, which
+    onnxruntime runs on a stream of its own and synchronizes before it returns."""
 
-    def __init__(self, session: Any, binding: Any, graph: str, buffers: tuple[dict, dict], *,
+    def __init__(self, session: Any, binding: Any, graph: str, buffers: tuple[dict, dict, dict], *,
                  rebind: bool = False) -> None:
         self.session, self.binding, self.graph, self.buffers = session, binding, graph, buffers
         self.rebind = rebind
+        cuda = {t.device for t in buffers[2].values() if t.device.type == "cuda"}
+        if cuda:
+            import torch
+
+            self.waits = [torch.cuda.current_stream(d).synchronize for d in cuda]
+        else:
+            self.waits = []
 
     def __call__(self) -> None:
         if self.rebind:
             for name, a in self.buffers[0].items():
                 self.binding.bind_cpu_input(name, a)
+        for wait in self.waits:
+            wait()
         try:
             self.session.run_with_iobinding(self.binding)
         except Exception as e:  # onnxruntime's own exception types

@@ -11,6 +11,7 @@
 #   bash studies/gpu_lease.sh stash         # moves the carried .gpuN/ parts into /tmp/gpustash/ (kept between calls)
 #   bash studies/gpu_lease.sh check ARGS    # joins and checks the parts, installs xdeploy (editable, no deps) and
 #                                           # onnxruntime-gpu over the image's CPU wheel, runs gpu_check ARGS
+#   bash studies/gpu_lease.sh run CMD ...   # the same set-up, then any command (python3 -m xdeploy.studies.gpu_decode)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PART_MIB=${PART_MIB:-49}
@@ -35,7 +36,8 @@ stash)
     mkdir -p /tmp/gpustash && for d in .gpu[0-9]*; do [ -d "$d" ] && mv "$d"/* /tmp/gpustash/; done
     ls -la /tmp/gpustash
     ;;
-check)
+check|run)
+    what=$1
     shift
     [ -f /tmp/gpustash/sha256 ] || { echo "gpu_lease: no /tmp/gpustash/sha256: run 'stash' with every part first"; exit 2; }
     if [ ! -f /tmp/ortgpu/.done ]; then  # once per machine: later checks in the same lease reuse it
@@ -55,10 +57,11 @@ check)
     libs=$(python3 -c 'import glob, os, site; print(":".join(sorted({os.path.dirname(p) for d in site.getsitepackages() for p in glob.glob(d + "/nvidia/**/lib*.so*", recursive=True)})))')
     export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     python3 -c 'import onnxruntime as o, torch; print("onnxruntime", o.__version__, o.get_available_providers(), "| torch", torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))'
-    exec python3 -m xdeploy.studies.gpu_check "$@"
+    [ "$what" = check ] && exec python3 -m xdeploy.studies.gpu_check "$@"
+    exec "$@"
     ;;
 *)
-    echo "usage: bash studies/gpu_lease.sh pack|stash|check [gpu_check args]" >&2
+    echo "usage: bash studies/gpu_lease.sh pack|stash|check [gpu_check args]|run CMD..." >&2
     exit 2
     ;;
 esac

@@ -205,6 +205,50 @@ def test_ort_bind_reads_and_writes_caller_buffers_in_place(hf):
             r.bind(feeds, {"logits": np.zeros((2, 1, V), np.float64)})
 
 
+class _SpyArrays:
+    """The GPU runners' loop arrays (deploy/base.py TorchArrays) on the CPU, counting the tensors it hands out."""
+
+    def __init__(self):
+        from xdeploy.deploy.base import TorchArrays
+
+        self.inner, self.made = TorchArrays("cpu"), []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def zeros(self, shape, dtype):
+        self.made.append(self.inner.zeros(shape, dtype))
+        return self.made[-1]
+
+    def put(self, a):
+        self.made.append(self.inner.put(a))
+        return self.made[-1]
+
+
+def test_the_loop_cache_kept_in_torch_tensors_generates_the_host_caches_tokens(hf, seq2seq, monkeypatch):
+    """ort-cuda keeps the loop's KV cache, the step's new K/V and an encoder-decoder's memory on its GPU as torch
+    tensors bound by address (Runner.loop_arrays): a step copies the token in and the logits out, not the whole
+    cache in and the K/V out (GPT-2 small on an NVIDIA H200 moved ~12 MB per step so). The same path on the CPU
+    provider with CPU tensors: greedy and beam tokens equal to the numpy cache's, for a decoder and a seq2seq."""
+    _, art = hf
+    greedy = GenerationConfig(max_new_tokens=12, eos_token_id=-1)
+    # beams whose reordering changes the tokens (a cache left unordered fails; fewer new tokens did not show it)
+    beams = GenerationConfig(max_new_tokens=20, num_beams=4, eos_token_id=-1)
+    for artifact, prompts in ((art, PROMPTS[:2]), (seq2seq, [[5, 9, 13, 400, 77, 21, 8], [300, 44, 6]])):
+        with Generator(artifact, "ort", threads=1, kv_cache="loop") as g:
+            want = [g.generate(prompts, c) for c in (greedy, beams)]
+            spy = _SpyArrays()
+            monkeypatch.setattr(g.decode, "loop_arrays", lambda spy=spy: spy)
+            got = [g.generate(prompts, c) for c in (greedy, beams)]
+        assert [x.tokens for x in got] == [x.tokens for x in want] and got[0].mode == "cache", artifact.model
+        assert np.allclose(got[1].scores, want[1].scores, atol=1e-5)
+        assert spy.made and all(isinstance(t, torch.Tensor) for t in spy.made)  # the cache was a tensor
+    with open_runner("ort", art, "decode") as r:  # a bound tensor output of the wrong dtype: one line
+        feeds = make_feeds(r.graph, {"batch": 1, "cache": 3, "step": 1}, seed=1)
+        with pytest.raises(XDeployError, match="bound output 'new_kv' must hold float32, not float64"):
+            r.bind(feeds, {"new_kv": torch.zeros((2, 2, 1, 4, 1, 16), dtype=torch.float64)})
+
+
 def test_token_agreement():
     a = token_agreement([[1, 2, 3, 4], [5, 6]], [[1, 2, 9, 4], [5, 6]])
     assert a.first_divergence == (2, None) and a.agreement == pytest.approx(5 / 6) and a.compared == 6

@@ -1,0 +1,113 @@
+"""KV-cache decoding on a GPU runner: token parity, and the loop's cache kept on the device against the host.
+
+    python -m xdeploy.studies.gpu_decode --out /tmp/gd                       # on an NVIDIA GPU (ort-cuda)
+    python -m xdeploy.studies.gpu_decode --runner ort --presets tiny         # the same path on the CPU
+
+For each model that generates (the registry's decoders and encoder-decoders), at each preset: greedy and beam
+tokens of `--runner` equal to onnxruntime's on the CPU (the loop's host cache), with the runner's loop arrays on
+its device (Runner.loop_arrays: the KV cache, the step's K/V and an encoder-decoder's memory stay there) and on the
+host (what ort-cuda did before: the whole cache copied in and the step's K/V out at every step); greedy agreement
+with PyTorch fp32 on the first decoder at the largest preset; then the two placements timed in interleaved rounds
+(bench/interleave.py compare: one `generate` of --new tokens from a --prompt-token prompt per call, batch 1,
+paired speed-up with its 95% interval). Writes <out>/gpu_decode.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _prompts(vocab: int, rows: int, length: int) -> list[list[int]]:
+    rng = np.random.default_rng(0)
+    return [rng.integers(4, vocab - 1, size=length - 2 * r).tolist() for r in range(rows)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from xdeploy.bench.interleave import compare
+    from xdeploy.core.fsutil import atomic_write_json
+    from xdeploy.deploy.base import LoopArrays
+    from xdeploy.deploy.generate import GenerationConfig, Generator, token_agreement
+    from xdeploy.export.artifact import load_artifact
+    from xdeploy.export.onnx_export import export
+    from xdeploy.models.registry import MODELS, families
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runner", default="ort-cuda")
+    ap.add_argument("--presets", default="tiny,small", help="presets to export and check (the last one is timed)")
+    ap.add_argument("--models", default="", help="default: every registered model that generates")
+    ap.add_argument("--new", type=int, default=128, help="new tokens per timed call")
+    ap.add_argument("--prompt", type=int, default=32, help="prompt tokens per timed call")
+    ap.add_argument("--max-seconds", type=float, default=20.0)
+    ap.add_argument("--out", default="reports/gpu/decode")
+    a = ap.parse_args(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    models = [m for m in a.models.split(",") if m] or [f.name for f in families(generates=True)]
+    presets = [p for p in a.presets.split(",") if p]
+    greedy = GenerationConfig(max_new_tokens=16, eos_token_id=-1)
+    beams = GenerationConfig(max_new_tokens=12, num_beams=4, eos_token_id=-1)
+    result: dict[str, Any] = {"runner": a.runner, "checks": [], "timing": None}
+    for preset in presets:
+        for model in models:
+            if preset not in MODELS[model].presets:
+                continue
+            t0 = time.perf_counter()
+            path = out / "artifacts" / f"{model}-{preset}"
+            art = load_artifact(path if (path / "manifest.json").is_file() else export(model, preset=preset, out=path))
+            prompts = _prompts(art.config.vocab_size, 2, 8)
+            with Generator(art, "ort", kv_cache="loop") as ref, Generator(art, a.runner, kv_cache="loop") as g:
+                want = [ref.generate(prompts, c).tokens for c in (greedy, beams)]
+                device = g.decode.loop_arrays()
+                for where, arrays in (("device", device), ("host", LoopArrays())):
+                    g.decode.loop_arrays = lambda arrays=arrays: arrays  # this instance only
+                    row = {"model": model, "preset": preset, "arrays": f"{where} ({arrays.device})"}
+                    try:
+                        got = [g.generate(prompts, c).tokens for c in (greedy, beams)]
+                    except Exception as e:  # noqa: BLE001 - a study: the failure is the finding, kept in the row
+                        row |= {"greedy_equal": False, "error": f"{type(e).__name__}: {e}"}
+                    else:
+                        row |= {"greedy_equal": got[0] == want[0], "beam_equal": got[1] == want[1],
+                                "greedy_agreement": token_agreement(want[0], got[0]).agreement}
+                    result["checks"].append(row)
+                    print(json.dumps(row), flush=True)
+            print(f"{model} {preset}: export and checks {time.perf_counter() - t0:.1f} s", flush=True)
+    model, preset = models[0], presets[-1]
+    art = load_artifact(out / "artifacts" / f"{model}-{preset}")
+    prompt = _prompts(art.config.vocab_size, 1, a.prompt)
+    gc = GenerationConfig(max_new_tokens=a.new, eos_token_id=-1)
+    with Generator(art, a.runner, kv_cache="loop") as g:
+        device = g.decode.loop_arrays()
+        calls, last = {}, {}
+        for where, arrays in (("host cache", LoopArrays()), ("device cache", device)):
+            def call(arrays: Any = arrays, where: str = where) -> None:
+                g.decode.loop_arrays = lambda: arrays
+                last[where] = g.generate(prompt, gc)
+            calls[where] = call
+        c = compare(calls, baseline="host cache", min_rounds=5, max_seconds=a.max_seconds)
+    with Generator(art, "torch") as t:
+        ref = t.generate(prompt, gc)
+    sp = c.speedups["device cache"]
+    timing = {"model": model, "preset": preset, "batch": 1, "prompt": a.prompt, "new": a.new,
+              "per_call_s": {k: s.median_s for k, s in c.series.items()},
+              "tokens_per_s": {k: a.new / s.median_s for k, s in c.series.items()},
+              "ttft_ms_last": {k: 1e3 * g_.time_to_first_token_s for k, g_ in last.items()},
+              "speedup": {"median": sp.median, "low": sp.low, "high": sp.high, "rounds": sp.rounds},
+              "verdict": c.verdict("device cache"),
+              "agreement_with_torch": {k: token_agreement(ref.tokens, g_.tokens).agreement for k, g_ in last.items()}}
+    result["timing"] = timing
+    atomic_write_json(out / "gpu_decode.json", result)
+    print(json.dumps(timing, indent=1))
+    ok = all(r["greedy_equal"] for r in result["checks"]) and all(
+        v == 1.0 for v in timing["agreement_with_torch"].values())
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
