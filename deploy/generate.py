@@ -21,6 +21,9 @@ the artifact's manifest; below are gpt's:
             Each step writes the token into `ids`, runs, then writes `new_kv` into cache slot `slot` and sets
             cache_mask[:, slot] = 1: (L, 2, B, nh, 1, hs) floats move per step, never the whole cache.
 
+The cache, new_kv and an encoder-decoder's memory live where the decode runner reads them (Runner.loop_arrays):
+host numpy for the CPU runners, torch tensors on the GPU for ort-cuda / ort-trt (bound by address; the slot write
+and beam gather run there), so that a GPU step moves only the token in and the logits out.
 On onnxruntime (IO binding) and OpenVINO (shared-memory tensors) the graph reads the cache buffer in place;
 runners without an override of `bind` copy their outputs (the torch reference does). Beam search reorders the
 cache rows by beam index after each step: that copy is inherent to beam search and touches only the filled
