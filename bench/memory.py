@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xdeploy.core.errors import XDeployError
+from xdeploy.core.memory import system_available
 
 
 def _status_kib(field: str) -> float | None:
@@ -232,32 +233,10 @@ def parse_bytes(text: str | float | int) -> float:
     return value
 
 
-def _cgroup_headroom() -> float | None:
-    """memory.max - memory.current of this process's cgroup (v2), where a container limit is set."""
-    try:
-        with open("/proc/self/cgroup", encoding="ascii") as f:
-            rel = next((line.split(":", 2)[2].strip() for line in f if line.startswith("0::")), None)
-        if rel is None:
-            return None
-        base = f"/sys/fs/cgroup{rel}"
-        with open(f"{base}/memory.max", encoding="ascii") as f:
-            mx = f.read().strip()
-        if mx == "max":
-            return None
-        with open(f"{base}/memory.current", encoding="ascii") as f:
-            return float(mx) - float(f.read().strip())
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def available_memory(limit: float | None = None) -> float:
     """Bytes a new configuration may use: the system's available memory (psutil), a container's headroom, and
     the configured limit (argument, or $XDEPLOY_MEMORY_LIMIT), whichever is smallest."""
-    import psutil
-
-    cands = [float(psutil.virtual_memory().available)]
-    if (cg := _cgroup_headroom()) is not None:
-        cands.append(cg)
+    cands = [system_available()]
     if limit is None and os.environ.get(LIMIT_ENV):
         limit = parse_bytes(os.environ[LIMIT_ENV])
     if limit is not None:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from xdeploy.core.errors import XDeployError
+from xdeploy.core.memory import system_available
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int8-dynamic")  # compute precisions (tolerance keys)
 # What an artifact holds: int8 = static Q/DQ (calibrated), int8-dynamic = onnxruntime dynamic quantization.
@@ -384,16 +385,6 @@ def layer_flops(t: int, s: int, d: int, d_ff: int, cross_s: int = 0) -> float:
     return f
 
 
-def _available_bytes() -> float:
-    """The memory available to new allocations (psutil); unbounded where psutil is not installed (the serving
-    environment runs without it)."""
-    try:
-        import psutil
-    except ImportError:
-        return math.inf
-    return float(psutil.virtual_memory().available)
-
-
 def make_feeds(graph: Graph, sizes: Mapping[str, int], seed: int = 0, *, pad: bool = True,
                empty_row: bool = False) -> dict[str, np.ndarray]:
     """Seeded example inputs for `graph` at the given axis sizes.
@@ -407,7 +398,7 @@ def make_feeds(graph: Graph, sizes: Mapping[str, int], seed: int = 0, *, pad: bo
     # 8 bytes an element while drawn (float64 / int64), then the cast: a size no machine holds (a manifest's dim of
     # 10^12) is one line, not numpy's allocation error
     need = sum(8 * math.prod(shape) for shape in shapes.values())
-    if need > (avail := _available_bytes()):
+    if need > (avail := system_available()):
         big = max(shapes, key=lambda n: math.prod(shapes[n]))
         raise XDeployError(f"inputs of graph {graph.name!r} at these sizes take {need / 2**30:.3g} GiB ({big!r}: "
                            f"{shapes[big]}); {avail / 2**30:.3g} GiB of memory is available")

@@ -163,3 +163,20 @@ def test_feeds_no_machine_holds_are_one_line_not_an_allocation():
     assert make_feeds(g, {"batch": 0})["x"].shape == (0, 10**9)  # empty: nothing to hold
     with pytest.raises(XDeployError, match=r"inputs of graph 'model' at these sizes take .* GiB \('x': \(4096, "):
         make_feeds(g, {"batch": 4096})  # 32 TiB while drawn
+
+
+def test_available_memory_is_read_without_psutil_too(monkeypatch):
+    """The serving environment has no psutil: the check then reads /proc/meminfo's MemAvailable, the figure
+    psutil reports on Linux (within what other processes allocate between the two reads), never "unbounded"."""
+    import math
+    import sys
+
+    import psutil
+
+    from xdeploy.core.memory import system_available
+
+    with_psutil, total = system_available(), psutil.virtual_memory().total
+    monkeypatch.setitem(sys.modules, "psutil", None)  # `import psutil` now raises ImportError
+    without = system_available()
+    assert math.isfinite(without) and 0 < without <= total
+    assert abs(without - with_psutil) < 0.1 * total
