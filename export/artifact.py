@@ -36,7 +36,7 @@ from xdeploy.models.spec import (
     Tolerance,
 )
 
-from .onnx_graph import check_external_data, graph_io, read_onnx, view_manifest
+from .onnx_graph import IO, check_external_data, graph_io, read_onnx, view_manifest
 from .openvino_ir import IR_WEIGHTS
 
 FORMAT = "xdeploy-artifact"
@@ -196,13 +196,20 @@ def parse_config(model: str, config: Mapping[str, Any], mpath: Path) -> Any:
         raise XDeployError(f"invalid manifest {mpath}: config: {e}") from None
 
 
-def _check_io(g: Graph, io: tuple[Mapping[str, tuple[str, int]], Mapping[str, tuple[str, int]]], mpath: Path) -> None:
-    """The manifest's tensors of graph `g` are its ONNX graph's: the same names, dtypes and ranks (the decoding
-    loop, the probes' masks and the runners' feed checks read the manifest, not the graph)."""
+def _check_io(g: Graph, io: tuple[IO, IO], mpath: Path) -> None:
+    """The manifest's tensors of graph `g` are its ONNX graph's: the same names, dtypes and ranks, and every dim the
+    ONNX graph fixes fixed alike (the decoding loop sizes its cache, the probes their masks and the runners check
+    feeds from the manifest, not the graph). A dim the manifest fixes where the graph has a name only narrows
+    what is fed."""
     for declared, actual, what in ((g.inputs, io[0], "inputs"), (g.outputs, io[1], "outputs")):
         want = {t.name: (t.dtype, len(t.dims)) for t in declared}
-        _need(want == dict(actual), mpath, f"graph {g.name!r} {what} {_io_text(want)} differ from its ONNX file's "
-              f"{_io_text(actual)}")
+        have = {n: (dt, len(dims)) for n, (dt, dims) in actual.items()}
+        _need(want == have, mpath, f"graph {g.name!r} {what} {_io_text(want)} differ from its ONNX file's "
+              f"{_io_text(have)}")
+        for t in declared:
+            for i, (mine, theirs) in enumerate(zip(t.dims, actual[t.name][1])):
+                _need(not _is_int(theirs) or mine == theirs, mpath, f"graph {g.name!r} {what[:-1]} {t.name!r} dim {i} "
+                      f"is {mine!r} in the manifest, {theirs} in its ONNX file")
 
 
 def _io_text(io: Mapping[str, tuple[str, int]]) -> str:

@@ -318,11 +318,14 @@ def _dense_params(proto: Any) -> int:
     return total
 
 
-def graph_io(proto: Any, path: Path) -> tuple[dict[str, tuple[str, int]], dict[str, tuple[str, int]]]:
-    """The graph's inputs and outputs as name -> (dtype, rank), read from `proto` (the ONNX file at `path`)."""
+IO = dict[str, tuple[str, tuple[Any, ...]]]  # tensor name -> (dtype, dims: int, dim name or None)
+
+
+def graph_io(proto: Any, path: Path) -> tuple[IO, IO]:
+    """The graph's inputs and outputs as name -> (dtype, dims), read from `proto` (the ONNX file at `path`)."""
     inits = {t.name for t in proto.graph.initializer}
-    ins = {n: (dt, len(dims)) for n, dt, dims in _tensors(proto.graph.input, inits, "input", path)}
-    outs = {n: (dt, len(dims)) for n, dt, dims in _tensors(proto.graph.output, inits, "output", path)}
+    ins = {n: (dt, tuple(dims)) for n, dt, dims in _tensors(proto.graph.input, inits, "input", path)}
+    outs = {n: (dt, tuple(dims)) for n, dt, dims in _tensors(proto.graph.output, inits, "output", path)}
     return ins, outs
 
 

@@ -125,6 +125,9 @@ def test_mutated_manifests_load_or_fail_cleanly(art, tmp_path, data):
     ("transformer", lambda m: m["graphs"]["encoder"]["outputs"][0]["dims"].pop(1),
      "graph 'encoder' outputs [memory float32 rank 5] differ from its ONNX file's [memory float32 rank 6]"),
     ("gpt", lambda m: m["probes"]["cases"][1].__setitem__("graph", []), "probes: case 1 needs a graph"),
+    # a head count the ONNX graph does not have: the loop sized its cache by it, onnxruntime refused the step
+    ("gpt", lambda m: next(t for t in m["graphs"]["decode"]["inputs"] if t["name"] == "cache.0.key")["dims"]
+     .__setitem__(1, 8), "graph 'decode' input 'cache.0.key' dim 1 is 8 in the manifest, 4 in its ONNX file"),
     # the torch runner called the method the manifest names: an AttributeError, or forward() with 9 arguments
     ("gpt", lambda m: m["graphs"]["decode"].__setitem__("method", "forward"),
      "graph 'decode' names method 'forward'; the gpt family computes it with 'decode'"),
