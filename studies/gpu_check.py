@@ -209,8 +209,20 @@ def render_extras(not_run: Mapping[str, Sequence[str]], timings: Sequence[Mappin
     return "\n".join(lines)
 
 
+def run_command(name: str, out: Path, runners: str, models: Sequence[str] = (), skip: Sequence[str] = ()
+                ) -> list[str]:
+    """The `xdeploy run` of preset run `name` (PRESET_RUNS) with the GPU runners; scaling and the roofline are
+    always left out (CPU studies), `skip` leaves out more (bench: the PyTorch reference's CPU rounds, most of a
+    base preset's time on a lease)."""
+    left_out = ",".join(dict.fromkeys(["scale", "roofline", *skip]))
+    return [sys.executable, "-m", "xdeploy.cli", "run", *PRESET_RUNS[name], "--runners", runners,
+            "--precisions", PRECISIONS, *(["--models", ",".join(models)] if models else []),
+            "--skip", left_out, "--out", str(out / f"report-{name}"), "--artifacts", str(out / "artifacts"),
+            "--json", str(out / f"run-{name}.json")]
+
+
 def full_check(out: Path, runs: Sequence[str] = tuple(PRESET_RUNS), tests: bool = True, timing: bool = True,
-               models: Sequence[str] = ()) -> int:
+               models: Sequence[str] = (), skip: Sequence[str] = ()) -> int:
     from xdeploy.core.fsutil import atomic_write_json, atomic_write_text
 
     gaps = machine_gaps()
@@ -238,13 +250,8 @@ def full_check(out: Path, runs: Sequence[str] = tuple(PRESET_RUNS), tests: bool 
         test_result = {"returncode": t.returncode, "summary": tail[-1] if tail else "no output"}
     rows: list[dict[str, Any]] = []
     for name in runs:
-        args = PRESET_RUNS[name]
         js = out / f"run-{name}.json"
-        cmd = [sys.executable, "-m", "xdeploy.cli", "run", *args, "--runners", runners,
-               "--precisions", PRECISIONS,
-               *(["--models", ",".join(models)] if models else []),
-               "--skip", "scale,roofline", "--out", str(out / f"report-{name}"),
-               "--artifacts", str(out / "artifacts"), "--json", str(js)]
+        cmd = run_command(name, out, runners, models, skip)
         with MemorySampler() as mem:
             r = subprocess.run(cmd, capture_output=True, text=True, cwd=root)
         (out / f"run-{name}.log").write_text(" ".join(cmd) + "\n" + r.stdout + r.stderr)
@@ -279,6 +286,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--models", default="",
                     help="the `xdeploy run`s' models (default: every registered one; the base presets of all four "
                          "took over 5.5 min on an H200 machine's 16 cores, mostly export)")
+    ap.add_argument("--skip", default="", help="more `xdeploy run` phases to leave out (bench, decode; scale and "
+                    "roofline always are). On a 15-minute lease: --skip bench (an H200 machine's smoke run took "
+                    "over 200 s with it, GPT-2 small's base run 290 s)")
     ap.add_argument("--no-tests", action="store_true", help="skip the gpu-marked tests")
     ap.add_argument("--no-timing", action="store_true", help="skip the interleaved BERT-base timing")
     a = ap.parse_args(argv)
@@ -291,8 +301,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(one_line(gaps))
             return 2
         return 0
+    skip = [p for p in a.skip.split(",") if p]
+    if set(skip) - {"bench", "decode"}:
+        ap.error("--skip: expected bench and/or decode")
     return full_check(Path(a.out), runs, tests=not a.no_tests, timing=not a.no_timing,
-                      models=[m for m in a.models.split(",") if m])
+                      models=[m for m in a.models.split(",") if m], skip=skip)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,12 @@
 #   bash studies/gpu_lease.sh check ARGS    # joins and checks the parts, installs xdeploy (editable, no deps) and
 #                                           # onnxruntime-gpu over the image's CPU wheel, runs gpu_check ARGS
 #   bash studies/gpu_lease.sh run CMD ...   # the same set-up, then any command (python3 -m xdeploy.studies.gpu_decode)
+#
+# What fits a 15-minute lease (H200 machine, 2026-11-30; the working tree is ~17 MiB, so PART_MIB=45 and five parts):
+# the machine's start ~40 s, each part's call ~6 s; the check's set-up ~15 s; the gpu tests 24-27 s; `gpu_decode`
+# (tiny GPT and Transformer, GPT-2 small: exports, token checks, the cache-placement timing) ~110 s. The full
+# smoke run did not finish in 200 s and GPT-2 small's base run took 290 s (its bench 71 s and decode 116 s are
+# mostly the PyTorch reference on the CPU): `check --runs default --skip bench` for parity and decoding only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PART_MIB=${PART_MIB:-49}

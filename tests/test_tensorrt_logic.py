@@ -517,6 +517,24 @@ def test_gpu_check_names_the_runners_it_leaves_out():
     assert "- `trt`: the tensorrt package is not installed" in text and "Timing at batch 8 failed: boom" in text
 
 
+def test_gpu_check_runs_are_commands_xdeploy_run_takes():
+    """gpu-check's `xdeploy run`s, as built for a lease (--skip bench), parse as the run command and become the
+    run configuration asked for: the smoke presets, the GPU runner, the models, the phases left out."""
+    from pathlib import Path
+
+    from xdeploy.cli import build_parser
+    from xdeploy.pipeline import RunConfig
+    from xdeploy.studies.gpu_check import run_command
+
+    cmd = run_command("default", Path("/tmp/g"), "ort-cuda", ["gpt", "transformer"], ["bench"])
+    assert cmd[1:4] == ["-m", "xdeploy.cli", "run"]
+    args = build_parser("run").parse_args(cmd[3:])
+    assert args.smoke and args.runners == "ort-cuda" and args.models == "gpt,transformer"
+    cfg = RunConfig(out=args.out, skip=tuple(args.skip.split(",")), runners=("ort-cuda",))
+    assert set(cfg.skip) == {"scale", "roofline", "bench"} and not cfg.runs("bench") and cfg.runs("decode")
+    assert "--full" in run_command("base", Path("/tmp/g"), "ort-cuda")
+
+
 def test_xdeploy_doctor_lists_runner_gaps_and_refuses_gpu_check_here(capsys):
     from xdeploy.cli import main
     from xdeploy.deploy.registry import RUNNERS
