@@ -253,8 +253,11 @@ class _OrtGpuRunner(OrtRunner):
 
     def loop_arrays(self) -> LoopArrays:
         """The decoding loop's KV cache on this GPU (torch tensors bound by address): a step then copies the token
-        in and the logits out, not the whole cache in and the step's K/V out."""
-        return TorchArrays(f"cuda:{self.device_id}")
+        in and the logits out, not the whole cache in and the step's K/V out. Beside a torch without CUDA (the
+        runner opens: onnxruntime-gpu needs no torch) the cache stays on the host, bound again every call."""
+        import torch
+
+        return TorchArrays(f"cuda:{self.device_id}") if torch.cuda.is_available() else LoopArrays()
 
     def info(self) -> RunnerInfo:
         import onnxruntime as ort

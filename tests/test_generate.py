@@ -243,6 +243,14 @@ def test_the_loop_cache_kept_in_torch_tensors_generates_the_host_caches_tokens(h
         assert [x.tokens for x in got] == [x.tokens for x in want] and got[0].mode == "cache", artifact.model
         assert np.allclose(got[1].scores, want[1].scores, atol=1e-5)
         assert spy.made and all(isinstance(t, torch.Tensor) for t in spy.made)  # the cache was a tensor
+    from types import SimpleNamespace
+
+    from xdeploy.deploy.base import LoopArrays, TorchArrays
+    from xdeploy.deploy.ort_gpu_runner import OrtCudaRunner
+
+    # ort-cuda opens beside a torch without CUDA (onnxruntime-gpu needs none): its loop then keeps the host cache
+    placed = OrtCudaRunner.loop_arrays(SimpleNamespace(device_id=0))
+    assert type(placed) is (TorchArrays if torch.cuda.is_available() else LoopArrays)
     with open_runner("ort", art, "decode") as r:  # a bound tensor output of the wrong dtype: one line
         feeds = make_feeds(r.graph, {"batch": 1, "cache": 3, "step": 1}, seed=1)
         with pytest.raises(XDeployError, match="bound output 'new_kv' must hold float32, not float64"):
