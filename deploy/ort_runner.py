@@ -216,7 +216,10 @@ class OrtRunner(Runner):
 
             out = decode_call(self.session, self._feeds, self._layers, feeds)
             return {n: out[n] for n in self.output_names}
-        outs = self.session.run(self.output_names, feeds)
+        try:
+            outs = self.session.run(self.output_names, feeds)
+        except Exception as e:  # onnxruntime's own exception types: a kernel refusing these inputs, say
+            raise XDeployError(f"onnxruntime run of graph {self.graph.name!r} failed: {ort_reason(e)}") from None
         return dict(zip(self.output_names, outs))
 
     def prepare(self, feeds: Mapping[str, np.ndarray]) -> Callable[[], Any]:

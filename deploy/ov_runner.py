@@ -98,7 +98,9 @@ class OvRunner(Runner):
         def run(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
             res = compiled(dict(feeds))
             by_name = {n: res[o] for o in compiled.outputs for n in o.get_names()}
-            return {n: np.asarray(by_name[n]) for n in names}
+            # a tensor OpenVINO fused away keeps no name among the outputs (squeezenet's Relus into their Convs):
+            # left out, layerwise skips it
+            return {n: np.asarray(by_name[n]) for n in names if n in by_name}
 
         return run
 
@@ -159,8 +161,9 @@ class OvRunner(Runner):
         self._out_ports = {n: p for p in self.compiled.outputs for n in p.get_names()}
         missing = [t.name for t in self.graph.inputs if t.name not in self._in_ports] + \
                   [n for n in self.output_names if n not in self._out_ports]
-        if missing:
-            raise XDeployError(f"{path} does not match its manifest: OpenVINO finds no tensor(s) {missing}")
+        if missing:  # a foreign graph's input OpenVINO's frontend dropped (one only a sequence op reads), say
+            raise XDeployError(f"OpenVINO compiled {path.name} without its tensor(s) {missing} (its frontend dropped "
+                               "or renamed them): this runner cannot feed or read that graph")
 
     def _check_weights(self) -> None:
         """Option weights="bf16": an fp32 artifact's weights stored as bf16 in the compiled model, the arithmetic

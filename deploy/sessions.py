@@ -98,7 +98,9 @@ def ort_session_options(threads: int = 0, opt_level: str = "all", *, profile_pre
     so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, ORT_OPT_LEVELS[opt_level])
     so.intra_op_num_threads = intra_op_threads(threads)
     so.inter_op_num_threads = 1
-    so.log_severity_level = 3
+    # fatal only: every failure onnxruntime logs as an error is also raised, and the runners raise it again as
+    # one line (core/errors.py ort_reason); its logged copy was a second, coloured line before ours
+    so.log_severity_level = 4
     if disabled_optimizers:  # onnxruntime splits this entry on ';' (a ',' would name one optimizer that is not)
         so.add_session_config_entry("optimization.disable_specified_optimizers", ";".join(disabled_optimizers))
     if spinning is not None:

@@ -36,7 +36,7 @@ from xdeploy.models.spec import (
     Tolerance,
 )
 
-from .onnx_graph import IO, check_external_data, graph_io, read_onnx, view_manifest
+from .onnx_graph import IO, MAX_OPSET, MIN_OPSET, check_external_data, graph_io, read_onnx, view_manifest
 from .openvino_ir import IR_WEIGHTS
 
 FORMAT = "xdeploy-artifact"
@@ -320,7 +320,8 @@ def parse_manifest(root: Path, m: Any, mpath: Path, *, verify: bool = True) -> A
           f"format is {m['format']!r}, expected {FORMAT!r}")
     _need(_is_int(m["schema_version"]) and m["schema_version"] == SCHEMA_VERSION, mpath,
           f"schema_version {m['schema_version']!r}; this xdeploy reads version {SCHEMA_VERSION}")
-    _need(_is_int(m["opset"]) and 7 <= m["opset"] <= 30, mpath, f"opset {m['opset']!r} out of range")
+    _need(_is_int(m["opset"]) and MIN_OPSET <= m["opset"] <= MAX_OPSET, mpath,
+          f"opset {m['opset']!r} out of range ({MIN_OPSET} to {MAX_OPSET})")
     _need(isinstance(m["precision"], str) and m["precision"] in ARTIFACT_PRECISIONS, mpath,
           f"precision {m['precision']!r} unknown")
     _need(isinstance(m["model"], str) and isinstance(m["config"], dict), mpath,

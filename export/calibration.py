@@ -99,7 +99,9 @@ class _Tokenizer:
 
 
 def _text_inputs(graph: Graph) -> list[TensorSpec]:
-    return [t for t in graph.inputs if t.kind == "ids"]
+    """The (batch, tokens) id inputs tokenized text fills; other int inputs (a foreign graph's shape or index
+    operand, of another rank) keep make_feeds' draw."""
+    return [t for t in graph.inputs if t.kind == "ids" and len(t.dims) == 2]
 
 
 def _image_input(t: TensorSpec) -> bool:

@@ -60,6 +60,9 @@ TWO_GB = 2**31  # protobuf's limit: a larger ONNX model is serialized with its w
 _SLACK = 64  # bytes per message or field counted on top of its payload (tags, lengths, names of a few bytes)
 
 
+MIN_OPSET, MAX_OPSET = 7, 30  # the opsets an artifact may declare (export/artifact.py checks its manifest's)
+
+
 def default_opset(proto: Any) -> int:
     """The graph's opset of the default ("" / "ai.onnx") domain; 0 when it imports none."""
     return next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
@@ -452,6 +455,10 @@ def view_manifest(path: Path, *, verify: bool = True) -> tuple[Path, dict[str, A
         inputs.append({"name": name, "dtype": dtype, "dims": dims_of[name], "kind": kind, "high": high})
     outputs = [{"name": n, "dtype": d, "dims": dims_of[n], "kind": "float", "high": 0} for n, d, _ in outs]
     opset = default_opset(proto)
+    if not MIN_OPSET <= opset <= MAX_OPSET:  # else a refusal of the view's own manifest, which the user never wrote
+        raise XDeployError(f"{gpath.name}: ONNX opset {opset}; xdeploy runs opsets {MIN_OPSET} to {MAX_OPSET} "
+                           f"(onnxruntime's oldest is {MIN_OPSET}): convert it first, e.g. "
+                           "onnx.version_converter.convert_version(model, 17)")
     text = _text_feeds(inputs, outputs)
     tok_files = [n for n in TOKENIZER_FILES if tok is not None and (root / n).is_file()]
     files = [rel, *external, *tok_files]

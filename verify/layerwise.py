@@ -162,7 +162,17 @@ class _Probe:
                                f"{ort_reason(e)}") from None
         finally:
             del g.output[n_before:]
-        return lambda: probe(self.feeds)
+
+        def call() -> dict[str, np.ndarray]:
+            try:
+                return probe(self.feeds)
+            except XDeployError:
+                raise
+            except Exception as e:  # a kernel refusing these feeds (a foreign graph's shape operand drawn at random)
+                raise XDeployError(f"{self.runtime} run of the graph with exposed tensors failed: "
+                                   f"{ort_reason(e)}") from None
+
+        return call
 
 
 def tensor_values(model: onnx.ModelProto, feeds: dict[str, np.ndarray], names: list[str], *,
@@ -221,13 +231,16 @@ def find_divergence(reference: onnx.ModelProto | str | Path, candidate: onnx.Mod
     skipped: set[int] = set()
 
     def judge(idx: list[int]) -> dict[int, Divergence | None]:
-        """Divergence, or None when within tolerance, of each index; shape/dtype mismatches go to `skipped`."""
+        """Divergence, or None when within tolerance, of each index; shape/dtype mismatches and tensors a runtime
+        does not expose (fused away) go to `skipped`."""
         names = [tensors[i][0] for i in idx]
         rv, cv = ref_probe.run(names), cand_probe.run(names)
         out: dict[int, Divergence | None] = {}
         for i, name in zip(idx, names):
-            r, c = rv[name], cv[name]
-            if r.dtype.kind != "f" or c.dtype.kind != "f" or r.shape != c.shape:
+            r, c = rv.get(name), cv.get(name)
+            # a sequence-typed value comes back as a list (a foreign graph's SplitToSequence): not compared
+            if not isinstance(r, np.ndarray) or not isinstance(c, np.ndarray) or r.dtype.kind != "f" \
+                    or c.dtype.kind != "f" or r.shape != c.shape:
                 skipped.add(i)
                 continue
             r32, c32 = r.astype(np.float32), c.astype(np.float32)
