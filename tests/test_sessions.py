@@ -62,7 +62,7 @@ def _add_model() -> bytes:
 def test_ort_session_gets_the_layer_options() -> None:
     sess = sessions.ort_session(_add_model(), threads=2, opt_level="basic")
     so = sess.get_session_options()
-    assert so.intra_op_num_threads == 2 and so.inter_op_num_threads == 1 and so.log_severity_level == 3
+    assert so.intra_op_num_threads == 2 and so.inter_op_num_threads == 1 and so.log_severity_level == 4
     assert str(so.graph_optimization_level).endswith("ORT_ENABLE_BASIC")
     assert sess.run(None, {"x": np.array([1.0, 2.0], np.float32)})[0].tolist() == [2.0, 4.0]
     with pytest.raises(XDeployError, match="onnxruntime cannot load the serialized model"):
