@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from xdeploy.core.errors import XDeployError
+from xdeploy.core.errors import XDeployError, ort_line
 from xdeploy.core.fingerprint import fingerprint
 from xdeploy.core.records import best, make_record
 from xdeploy.core.targets import TARGETS
@@ -385,7 +385,9 @@ def bench_artifacts(arts: Sequence[Any], *, runners: Sequence[str], batches: Seq
 
     def fail(what: str, e: BaseException | str) -> None:
         text = str(e).strip()
-        msg = text.splitlines()[-1][:200] if text else type(e).__name__
+        # the last line (a child's traceback ends with its error), without onnxruntime's status prefix (its refusal
+        # of drawn inputs mid-comparison: "Error in execution: [ONNXRuntimeError] : 2 : ...")
+        msg = ort_line(text.splitlines()[-1])[:200] if text else type(e).__name__
         failures.append(f"{what}: {msg}")
         if log:  # escaped: an error text such as "pip install 'xdeploy[gpu]'" is not rich markup
             from rich.markup import escape

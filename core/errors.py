@@ -39,7 +39,8 @@ def one_of(kind: str, value: object, valid: object) -> XDeployError:
 # onnxruntime's exceptions put a status prefix and the C++ function that raised before the reason:
 #   [ONNXRuntimeError] : 1 : FAIL : Load model from m.onnx failed:/onnxruntime_src/onnxruntime/core/graph/model.cc:256
 #   onnxruntime::Model::Model(onnx::ModelProto&&, ...) Unsupported model IR version: 14, ...
-_ORT_STATUS = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
+# the status prefix of a session run, or the one run_with_iobinding puts before it
+_ORT_STATUS = re.compile(r"^(?:Error in execution: )?(?:\[ONNXRuntimeError\] : \d+ : \w+ : )?")
 _ORT_SOURCE = re.compile(r"\s*/onnxruntime_src/\S+:\d+ (?:[\w:~<>]+\((?:[^()]|\([^()]*\))*\)(?: const)? )?")
 
 
@@ -50,4 +51,9 @@ def ort_reason(e: BaseException) -> str:
     # indented lines continue the first ("Got invalid dimensions for input: x for the following indices\n index: 1
     # Got: 5 Expected: 4")
     first = " ".join([lines[0], *(x.strip() for x in itertools.takewhile(lambda x: x[:1].isspace(), lines[1:]))])
-    return _ORT_SOURCE.sub(" ", _ORT_STATUS.sub("", first)).strip()
+    return ort_line(first)
+
+
+def ort_line(line: str) -> str:
+    """One line of an onnxruntime message without its status prefix and C++ source location."""
+    return _ORT_SOURCE.sub(" ", _ORT_STATUS.sub("", line)).strip()

@@ -267,6 +267,9 @@ def _corpus(tmp_path: Path, rel: str) -> Path:
      "onnxruntime run of graph 'model' failed: Non-zero status code returned while running Expand node"),
     ("simple/test_expand_shape_model1/model.onnx", ["convert", "--precision", "int8", "--no-sensitivity"], 2,
      "invalid expand shape"),
+    # (bench's comparison kept onnxruntime's "Error in execution: [ONNXRuntimeError] : 2 : ..." prefix)
+    ("simple/test_expand_shape_model1/model.onnx", ["bench", "--no-isolate", "--max-seconds", "0.2", "--no-roofline"],
+     2, "comparison at {'batch': 1}: Non-zero status code returned while running Expand node"),
     # fp16's sensitivity search (layerwise) met a sequence-typed value, which comes back as a list
     ("simple/test_sequence_model1/model.onnx", ["convert", "--precision", "fp16"], 0, None),
     # OpenVINO fuses squeezenet's Relus into their Convs: the exposed tensors it no longer names were a KeyError
