@@ -39,7 +39,7 @@ from xdeploy.core.errors import ParityError, XDeployError
 from xdeploy.core.fsutil import atomic_write_json, sha256_file
 from xdeploy.export.artifact import MANIFEST, Artifact, load_artifact
 from xdeploy.export.probes import SECTION, key
-from xdeploy.models.spec import InputCase
+from xdeploy.models.spec import DTYPES, InputCase
 
 from .base import Runner, RunnerInfo
 from .registry import open_runner
@@ -48,7 +48,6 @@ from .verdict import OutputCheck, check_outputs, judged_precision
 CACHE_FILE = "probes.json"  # under export/cache.py's cache_root()
 CACHE_VERSION = 1
 CACHE_ENTRIES = 512  # newest kept: one per (artifact, machine class, runner) ever opened here
-DTYPES = ("int64", "int32", "float32", "float16", "bool")
 HEADER_SLACK = 4096  # bytes an .npy member may hold beyond its declared array (its header)
 
 

@@ -27,6 +27,7 @@ from xdeploy.core.fsutil import sha256_file
 from xdeploy.models.spec import (
     ARTIFACT_PRECISIONS,
     DEFAULT_TOLERANCES,
+    DTYPES,
     Axis,
     Capabilities,
     DecoderFeeds,
@@ -276,7 +277,7 @@ def _inside(root: Path, rel: Any, mpath: Path) -> Path:
 def _parse_tensor(d: Any, mpath: Path) -> TensorSpec:
     _need(isinstance(d, dict) and isinstance(d.get("name"), str) and isinstance(d.get("dims"), list), mpath,
           f"tensor entry {d!r} needs a name and dims")
-    _need(d.get("dtype") in ("int64", "int32", "float32", "float16", "bool"), mpath,
+    _need(d.get("dtype") in DTYPES, mpath,
           f"tensor {d.get('name')!r} has unsupported dtype {d.get('dtype')!r}")
     dims = d["dims"]
     _need(all(isinstance(x, str) or (_is_int(x) and x > 0) for x in dims),

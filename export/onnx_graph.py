@@ -18,7 +18,7 @@ from typing import Any
 from xdeploy.core.errors import XDeployError
 from xdeploy.core.fsutil import sha256_file
 from xdeploy.models.sbert import TOKENIZER_FILES, _transformer_dir
-from xdeploy.models.spec import Axis
+from xdeploy.models.spec import DTYPES, Axis
 
 SECTION = "foreign"
 REFERENCE = "onnxruntime CPU fp32 (the foreign graph)"  # what the golden probes of a converted foreign graph hold
@@ -37,7 +37,6 @@ BATCH = Axis(1, 1, 256)
 SEQ = Axis(1, 128, 512)
 IMAGE = 224
 ANY = Axis(1, 1, 1 << 20)  # a dim not recognized: any size until --shapes binds it
-DTYPES = ("int64", "int32", "float32", "float16", "bool")  # what the runners feed (export/artifact.py)
 QDQ_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearMatMul", "QLinearConv", "QGemm"}
 DYNAMIC_INT8_OPS = {"DynamicQuantizeLinear", "MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul",
                     "MatMulIntegerToFloat"}
@@ -348,8 +347,9 @@ def _tensors(values: Sequence[Any], inits: set[str], what: str, path: Path) -> l
         except (KeyError, ValueError, TypeError):
             dtype = f"element type {tt.elem_type}"
         if dtype not in DTYPES:
+            hint = " (a float64 graph: cast it to float32 first)" if dtype == "float64" else ""
             raise XDeployError(f"{path.name}: {what} {v.name!r} is {dtype}; xdeploy feeds and reads "
-                               f"{', '.join(DTYPES)}")
+                               f"{', '.join(DTYPES)}{hint}")
         if not tt.HasField("shape"):
             raise XDeployError(f"{path.name}: {what} {v.name!r} declares no shape (not even its rank); re-export it "
                                "with shapes")

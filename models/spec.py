@@ -22,12 +22,18 @@ PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int8-dynamic")  # compute precisi
 ARTIFACT_PRECISIONS = ("fp32", "fp16", "int8", "int8-dynamic")
 
 
+# The element types a graph's inputs and outputs may have (numpy names): what the runners feed and read, manifests
+# may declare (export/artifact.py), foreign graphs may take (export/onnx_graph.py) and golden probes may hold.
+# Not float64: a foreign float64 graph would be labelled fp32 and "converted" to fp16 or int8 without a change.
+DTYPES = ("int64", "int32", "float32", "float16", "bool")
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """One graph input or output. `dims` holds axis names (dynamic) or ints (fixed)."""
 
     name: str
-    dtype: str  # numpy dtype name: "int64", "float32", "float16"
+    dtype: str  # numpy dtype name, one of DTYPES
     dims: tuple[str | int, ...]
     kind: str = "float"  # how example inputs are drawn: ids | mask | positions | zeros | float
     high: int = 0  # exclusive upper bound for kind="ids"

@@ -44,7 +44,7 @@ ACCELERATORS = ("none", "openvino", "tensorrt")
 GRAPH_BACKENDS = ("onnxruntime", "python")
 TOKENIZERS = ("hf", "graph")
 DTYPES = {"int64": "TYPE_INT64", "int32": "TYPE_INT32", "float32": "TYPE_FP32", "float16": "TYPE_FP16",
-          "bool": "TYPE_BOOL"}
+          "bool": "TYPE_BOOL"}  # models/spec.py DTYPES -> Triton's data types
 TEMPLATES = Path(__file__).parent  # triton_tokenizer_model.py, triton_pooling_model.py
 TEXT_INPUT, EMBEDDING_OUTPUT = "TEXT", "EMBEDDING"
 TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")

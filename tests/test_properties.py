@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from xdeploy.core.errors import XDeployError
 from xdeploy.deploy.base import validate_feeds
 from xdeploy.export.artifact import MANIFEST, load_artifact
+from xdeploy.models.spec import DTYPES as SPEC_DTYPES
 from xdeploy.models.spec import Axis, Graph, TensorSpec
 
 GRAPH = Graph("model", "forward",
@@ -22,7 +23,7 @@ GRAPH = Graph("model", "forward",
                       TensorSpec("pixels", "float32", ("batch", 3, 4))),
               outputs=())
 AXES = {"batch": Axis(1, 2, 4), "seq": Axis(1, 8, 16)}
-DTYPES = ["int64", "int32", "float32", "float16", "bool"]
+DTYPES = list(SPEC_DTYPES)  # every dtype a graph may declare: drawn for the wrong-dtype cases
 
 
 def _ok(feeds) -> bool:
