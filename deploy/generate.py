@@ -280,13 +280,14 @@ class _CachedSteps(_Steps):
         self.gen, self.beams = gen, beams
         self.ids, self.mask = ids, mask  # (B, T) prompt (gpt: left-padded) / source (transformer: right-padded)
         self.new = new
+        # the arrays the step binds and updates, where the decode runner reads them (Runner.loop_arrays): host
+        # numpy, or a GPU runner's device, so that the cache never crosses to the host
+        self.arrays = gen.decode.loop_arrays()
 
     def _alloc(self, n: int, capacity: int, extra: Mapping[str, np.ndarray]) -> None:
         g, f, lay = self.gen, self.gen.feeds, self.gen.cache_layout
         dec = g.decode.graph
-        # the arrays the step binds and updates, where the runner reads them (Runner.loop_arrays): host numpy,
-        # or a GPU runner's device, so that the cache never crosses to the host
-        self.arrays = arrays = g.decode.loop_arrays()
+        arrays = self.arrays
         self.cache = arrays.zeros((lay.layers, 2, n, lay.heads, capacity, lay.head_size), lay.dtype)
         self.cache_mask = np.zeros((n, capacity), np.int64)
         self.tok = np.zeros((n, 1), np.int64)
@@ -422,9 +423,8 @@ class _Seq2SeqCached(_CachedSteps):
         g = self.gen
         held = _encode(g, self.ids, self.mask, self.beams)
         n = len(held[g.feeds.prompt_mask])
-        arrays = g.decode.loop_arrays()
         # bound into every step, where the runner reads them (the memory on a GPU runner's device): kept alive here
-        self.held = {k: arrays.put(v) for k, v in held.items()}
+        self.held = {k: self.arrays.put(v) for k, v in held.items()}
         self._alloc(n, self.new, self.held)
         return self._run_step(np.full(n, g.cfg.bos_token_id, np.int64))  # position 0: BOS
 

@@ -258,11 +258,12 @@ class OrtRunner(Runner):
         for name, t in tensors.items():
             if not t.is_contiguous():
                 raise XDeployError(f"bound tensor {name!r} must be contiguous")
-            where = (t.device.type, t.device.index or 0, numpy_dtype(t), list(t.shape), t.data_ptr())
+            dtype = numpy_dtype(t)
+            where = (t.device.type, t.device.index or 0, dtype, list(t.shape), t.data_ptr())
             if name in inputs:
                 binding.bind_input(name, *where)
-            elif numpy_dtype(t) != np.dtype(declared[name].dtype):
-                raise XDeployError(f"bound output {name!r} must hold {declared[name].dtype}, not {numpy_dtype(t)}")
+            elif dtype != np.dtype(declared[name].dtype):
+                raise XDeployError(f"bound output {name!r} must hold {declared[name].dtype}, not {dtype}")
             else:
                 binding.bind_output(name, *where)
         for name, buf in outputs.items():
