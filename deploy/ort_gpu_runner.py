@@ -11,6 +11,7 @@ like the `trt` runner's, so both engines cover the same exported shape range.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,19 +23,19 @@ from xdeploy.core.errors import XDeployError
 from xdeploy.export.tensorrt import default_cache_root, format_shapes, int8_format, profile_shapes
 from xdeploy.models.spec import Axis, Graph
 
-from .base import LoopArrays, RunnerInfo, TorchArrays, cuda_gaps, validate_feeds
+from .base import LoopArrays, RunnerInfo, TorchArrays, cuda_gaps, is_tensor, torch_dtype, validate_feeds
 from .ort_runner import OrtRunner
 
 Provider = tuple[str, dict[str, str]]
 
 
-def cuda_options(device_id: int = 0) -> dict[str, str]:
-    # use_tf32=0: keep fp32 artifacts at fp32 so parity tolerances mean the same as on CPU. No CUDA graphs:
-    # onnxruntime replays a captured graph on the device addresses of the first run, so every run would have to
-    # IO-bind the same preallocated inputs *and outputs* (ORT docs, CUDA EP "Using CUDA Graphs"); `cuda_graph`
-    # is refused instead of being passed through and silently breaking infer().
+def cuda_options(device_id: int = 0, *, graph: bool = False) -> dict[str, str]:
+    # use_tf32=0: keep fp32 artifacts at fp32 so parity tolerances mean the same as on CPU. `graph`: CUDA graphs
+    # (option cuda_graph): onnxruntime captures a run's kernels once and replays them on the device addresses of
+    # that run, so a captured run must IO-bind the same device inputs *and outputs* every time (ORT docs, CUDA EP
+    # "Using CUDA Graphs"): only the runner's bind() does (CudaGraphs), every other run is annotated not to capture.
     return {"device_id": str(device_id), "use_tf32": "0", "arena_extend_strategy": "kSameAsRequested",
-            "cudnn_conv_algo_search": "HEURISTIC", "enable_cuda_graph": "0"}
+            "cudnn_conv_algo_search": "HEURISTIC", "enable_cuda_graph": "1" if graph else "0"}
 
 
 def ort_trt_cache_dir(root: str | Path, model: str, graph: str, precision: str, graph_sha256: str) -> Path:
@@ -74,7 +75,7 @@ class GpuEP:
 
 
 def _cuda_list(graph: Graph, axes: Mapping[str, Axis], variant: str, device_id: int, **opts: Any) -> list[Provider]:
-    return [("CUDAExecutionProvider", cuda_options(device_id))]
+    return [("CUDAExecutionProvider", cuda_options(device_id, graph=bool(opts.get("cuda_graph", False))))]
 
 
 def _trt_list(graph: Graph, axes: Mapping[str, Axis], variant: str, device_id: int, **opts: Any) -> list[Provider]:
@@ -96,7 +97,7 @@ GPU_EPS: dict[str, GpuEP] = {
     "ort-cuda": GpuEP("CUDAExecutionProvider", ("",), _cuda_list),
     "ort-trt": GpuEP("TensorrtExecutionProvider", ("", "fp16"), _trt_list),
 }
-OPTIONS = ("opt_level", "device", "cache_dir", "workspace_mib")
+OPTIONS = ("opt_level", "device", "cache_dir", "workspace_mib", "cuda_graph")
 # session options, not provider ones: the CPU thread pool (nodes no GPU provider takes) is the `ort` runner's
 # (ort_runner.OrtRunner: spinning, and spin_between_runs, which it is opened with when timed beside others)
 SESSION_OPTIONS = ("spinning", "spin_between_runs")
@@ -115,10 +116,9 @@ def provider_list(runner: str, graph: Graph, axes: Mapping[str, Axis], variant: 
     if variant not in ep.variants:
         raise XDeployError(f"runner {runner!r} has no variant {variant!r}; expected one of: "
                            f"{', '.join(repr(v) for v in ep.variants)}")
-    if "cuda_graph" in opts:
-        raise XDeployError(f"runner {runner!r} does not support cuda_graph: onnxruntime's CUDA graphs replay the "
-                           "device addresses of the captured run, so every run must IO-bind the same preallocated "
-                           "inputs and outputs; use prepare() for the steady-state call instead")
+    if opts.get("cuda_graph") and ep.provider != "CUDAExecutionProvider":
+        raise XDeployError(f"runner {runner!r} does not take cuda_graph: the TensorRT execution provider's own CUDA "
+                           "graphs (trt_cuda_graph_enable) are not wired or measured here; expected runner ort-cuda")
     unknown = set(opts) - set(OPTIONS) - set(ARTIFACT_FACTS)
     if unknown:
         raise unknown_options(runner, unknown)
@@ -221,7 +221,11 @@ class _OrtGpuRunner(OrtRunner):
         self._plist = provider_list(self.name, self.graph, self.artifact.spec.axes, self.variant, self.device_id,
                                     **extra, **facts)
         create_cache_dirs(self._plist)
-        super()._load()
+        self.graphs = None
+        if extra.get("cuda_graph"):
+            self._load_graphs(extra, facts)
+        else:
+            super()._load()
         active = self.session.get_providers()
         want = GPU_EPS[self.name].provider
         if want not in active:  # onnxruntime falls back to the next provider when one fails to start
@@ -229,8 +233,37 @@ class _OrtGpuRunner(OrtRunner):
             raise XDeployError(f"runner {self.name!r}: onnxruntime could not start {want} ({why}); "
                                f"active providers: {active}")
 
+    def _load_graphs(self, extra: dict[str, Any], facts: dict[str, Any]) -> None:
+        """The session with CUDA graphs on, or, where onnxruntime refuses them for this graph (a node that needs
+        a copy between host and device, control flow) or torch has no CUDA, without them and a note saying why."""
+        import onnxruntime as ort
+
+        why = cuda_gaps()
+        if not why:
+            try:
+                super()._load()
+            except XDeployError as e:
+                why = [str(e)]
+            else:
+                self.graphs = CudaGraphs(f"cuda:{self.device_id}")
+                self.run_options = ort.RunOptions()  # an unbound run: neither captured nor replayed
+                self.run_options.add_run_config_entry(GRAPH_ID, "-1")
+                return
+        print(f"xdeploy: note: {self.name} graph {self.graph.name!r}: CUDA graphs off ({'; '.join(why)})",
+              file=sys.stderr)
+        self._plist = provider_list(self.name, self.graph, self.artifact.spec.axes, self.variant, self.device_id,
+                                    **(extra | {"cuda_graph": False}), **facts)
+        super()._load()
+
     def _providers(self) -> tuple[Any, ...]:
         return (*self._plist, "CPUExecutionProvider")
+
+    def bind(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> Callable[[], None]:
+        """With CUDA graphs (option cuda_graph): every input and output on fixed device buffers, the host ones
+        mirrored (CudaGraphs.bind), so that onnxruntime captures the bound call once and replays it after."""
+        if self.graphs is None or set(self.output_names) - set(outputs):
+            return super().bind(inputs, outputs)
+        return self.graphs.bind(self.bind_with, inputs, outputs)
 
     def prepare(self, feeds: Mapping[str, np.ndarray]) -> Callable[[], Any]:
         """Inputs copied to the GPU once as OrtValues; outputs stay on the device."""
@@ -243,11 +276,11 @@ class _OrtGpuRunner(OrtRunner):
             binding.bind_ortvalue_input(n, v)
         for n in self.output_names:
             binding.bind_output(n, "cuda", self.device_id)
-        run = self.session.run_with_iobinding
+        run, options = self.session.run_with_iobinding, self.run_options
 
         def call() -> None:
             _ = resident  # the device copies must outlive the binding
-            run(binding)
+            run(binding, options)
 
         return call
 
@@ -266,6 +299,79 @@ class _OrtGpuRunner(OrtRunner):
         return RunnerInfo(runner=self.name + (f":{self.variant}" if self.variant else ""),
                           device=f"cuda:{self.device_id}", precision=precision, threads=1,
                           versions={"onnxruntime": ort.__version__})
+
+
+GRAPH_ID = "gpu_graph_id"  # onnxruntime's run config key (kOrtRunOptionsConfigCudaGraphAnnotation); -1: no graph
+MAX_CUDA_GRAPHS = 32  # captured graphs one runner keeps (each holds its launch sequence); beyond: runs uncaptured
+
+
+class CudaGraphs:
+    """The device side of `ort-cuda`'s CUDA graphs: fixed device mirrors of host buffers and one graph id per set
+    of bound addresses.
+
+    onnxruntime replays a captured graph on the addresses and shapes of the run it captured, so a bound call gets
+    the id of its exact (name, address, shape, dtype) set: a later bind with the same set (torch's caching
+    allocator hands the next generation of the same shape the same cache buffers) replays the same graph, any other
+    set is captured anew (onnxruntime runs a new id uncaptured first, then captures it). Host arrays are mirrored
+    into device buffers kept per (name, shape, dtype): copied in before each run, outputs copied out after. On
+    "cpu" it is the same path with no graph to capture (the tests')."""
+
+    def __init__(self, device: str, limit: int = MAX_CUDA_GRAPHS) -> None:
+        self.device, self.limit = device, limit
+        self.mirrors: dict[tuple[str, tuple[int, ...], str], Any] = {}
+        self.ids: dict[tuple[Any, ...], int] = {}
+
+    def mirror(self, name: str, a: np.ndarray) -> Any:
+        import torch
+
+        key = (name, tuple(a.shape), a.dtype.str)
+        if key not in self.mirrors:
+            self.mirrors[key] = torch.empty(a.shape, dtype=torch_dtype(a.dtype), device=self.device)
+        return self.mirrors[key]
+
+    def graph_id(self, tensors: Mapping[str, Any]) -> int:
+        """The id of the graph of these bound tensors: the one captured on them, a new one, or -1 (past `limit`)."""
+        key = tuple(sorted((n, t.data_ptr(), tuple(t.shape), str(t.dtype)) for n, t in tensors.items()))
+        if key not in self.ids:
+            if len(self.ids) >= self.limit:
+                return -1
+            self.ids[key] = len(self.ids) + 1  # 0 is what an unannotated run would capture as
+        return self.ids[key]
+
+    def bind(self, bind_with: Callable[..., Callable[[], None]], inputs: Mapping[str, Any],
+             outputs: Mapping[str, Any]) -> Callable[[], None]:
+        """`bind_with` (OrtRunner.bind_with) on device tensors only, under this set's graph id."""
+        import onnxruntime as ort
+
+        host_in = {n: a for n, a in inputs.items() if not is_tensor(a)}
+        host_out = {n: a for n, a in outputs.items() if not is_tensor(a)}
+        ins = {n: self.mirror(n, a) if n in host_in else a for n, a in inputs.items()}
+        outs = {n: self.mirror(n, a) if n in host_out else a for n, a in outputs.items()}
+        options = ort.RunOptions()
+        options.add_run_config_entry(GRAPH_ID, str(self.graph_id(ins | outs)))
+        call = bind_with(ins, outs, options)
+        return _MirroredCall(call, [(a, ins[n]) for n, a in host_in.items()],
+                             [(a, outs[n]) for n, a in host_out.items()])
+
+
+class _MirroredCall:
+    """A bound call on device mirrors: the host inputs' current contents copied in before the run (the bound call
+    waits for torch's stream), the host outputs copied out after it (onnxruntime synchronizes before returning)."""
+
+    def __init__(self, call: Callable[[], None], ins: list[tuple[np.ndarray, Any]],
+                 outs: list[tuple[np.ndarray, Any]]) -> None:
+        import torch
+
+        self.call = call
+        self.ins = [(torch.from_numpy(a), t) for a, t in ins]
+        self.outs = [(torch.from_numpy(a), t) for a, t in outs]
+
+    def __call__(self) -> None:
+        for host, dev in self.ins:
+            dev.copy_(host)
+        self.call()
+        for host, dev in self.outs:
+            host.copy_(dev)
 
 
 class OrtCudaRunner(_OrtGpuRunner):

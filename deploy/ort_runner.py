@@ -67,6 +67,7 @@ class OrtRunner(Runner):
     # (ort-cuda agreed with PyTorch on 1 of 16 greedy tokens, NVIDIA H200, 2026-11-30). Where False, every bound
     # call binds its inputs again (the host->device copy session.run makes too).
     binds_in_place: ClassVar[bool] = True
+    run_options: Any = None  # onnxruntime RunOptions of every unbound run (a GPU runner's CUDA graphs: none captured)
 
     @classmethod
     def keeps_cache(cls, artifact: Any, graph: str) -> bool:
@@ -217,7 +218,7 @@ class OrtRunner(Runner):
             out = decode_call(self.session, self._feeds, self._layers, feeds)
             return {n: out[n] for n in self.output_names}
         try:
-            outs = self.session.run(self.output_names, feeds)
+            outs = self.session.run(self.output_names, feeds, self.run_options)
         except Exception as e:  # onnxruntime's own exception types: a kernel refusing these inputs, say
             raise XDeployError(f"onnxruntime run of graph {self.graph.name!r} failed: {ort_reason(e)}") from None
         return dict(zip(self.output_names, outs))
@@ -232,10 +233,14 @@ class OrtRunner(Runner):
             binding.bind_cpu_input(name, a)
         for name in self.output_names:
             binding.bind_output(name, "cpu")
-        run = self.session.run_with_iobinding
-        return lambda: run(binding)
+        run, options = self.session.run_with_iobinding, self.run_options
+        return lambda: run(binding, options)
 
     def bind(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> Callable[[], None]:
+        return self.bind_with(inputs, outputs)
+
+    def bind_with(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any], run_options: Any = None
+                  ) -> Callable[[], None]:
         """IO binding onto the caller's buffers, both ways, with no copy at bind or run time.
 
         `bind_cpu_input` wraps a numpy array's own memory in an OrtValue (onnxruntime keeps a reference to the
@@ -243,12 +248,14 @@ class OrtRunner(Runner):
         outputs are bound by raw pointer (`buffer_ptr`) with their fixed shape and dtype, so the session writes
         straight into them. Arrays must be C-contiguous with the graph's dtype, otherwise binding would copy.
         torch tensors (LoopArrays on a device: the GPU runners' KV cache) are bound by address on their own
-        device, in and out, so a GPU session reads and writes them where they are."""
+        device, in and out, so a GPU session reads and writes them where they are. `run_options`: onnxruntime
+        RunOptions of every run of this binding (a GPU runner's CUDA graph id: _OrtGpuRunner.bind)."""
         if self.stateful:  # the decode graph's call emulated (see _run): the base class's copying bind
             return super().bind(inputs, outputs)
         tensors = {n: a for n, a in (*inputs.items(), *outputs.items()) if is_tensor(a)}
-        # the checks every bind makes, with a tensor's shape and dtype standing in for it (np.empty: no page touched)
-        stand_in = {n: np.empty(tuple(t.shape), numpy_dtype(t)) for n, t in tensors.items() if n in inputs}
+        # the checks every bind makes, with a tensor's shape and dtype standing in for it (np.zeros: calloc'd pages,
+        # none touched for a big cache; zeros, not np.empty's garbage, for the ids check of a token tensor)
+        stand_in = {n: np.zeros(tuple(t.shape), numpy_dtype(t)) for n, t in tensors.items() if n in inputs}
         checked = self.check_bound({**inputs, **stand_in}, outputs)
         declared = {t.name: t for t in self.graph.outputs}
         binding = self.session.io_binding()
@@ -278,7 +285,7 @@ class OrtRunner(Runner):
             if name not in outputs:  # not wanted by the caller: let the session allocate it
                 binding.bind_output(name, "cpu")
         return _BoundCall(self.session, binding, self.graph.name, (host, dict(outputs), tensors),
-                          rebind=not self.binds_in_place)
+                          rebind=not self.binds_in_place, run_options=run_options)
 
     def info(self) -> RunnerInfo:
         import onnxruntime as ort
@@ -301,9 +308,9 @@ class _BoundCall:
     onnxruntime runs on a stream of its own and synchronizes before it returns."""
 
     def __init__(self, session: Any, binding: Any, graph: str, buffers: tuple[dict, dict, dict], *,
-                 rebind: bool = False) -> None:
+                 rebind: bool = False, run_options: Any = None) -> None:
         self.session, self.binding, self.graph, self.buffers = session, binding, graph, buffers
-        self.rebind = rebind
+        self.rebind, self.run_options = rebind, run_options
         cuda = {t.device for t in buffers[2].values() if t.device.type == "cuda"}
         if cuda:
             import torch
@@ -319,6 +326,6 @@ class _BoundCall:
         for wait in self.waits:
             wait()
         try:
-            self.session.run_with_iobinding(self.binding)
+            self.session.run_with_iobinding(self.binding, self.run_options)
         except Exception as e:  # onnxruntime's own exception types
             raise XDeployError(f"onnxruntime run of graph {self.graph!r} failed: {ort_reason(e)}") from None

@@ -9,7 +9,9 @@ its device (Runner.loop_arrays: the KV cache, the step's K/V and an encoder-deco
 host (what ort-cuda did before: the whole cache copied in and the step's K/V out at every step); greedy agreement
 with PyTorch fp32 on the first decoder at the largest preset; then the two placements timed in interleaved rounds
 (bench/interleave.py compare: one `generate` of --new tokens from a --prompt-token prompt per call, batch 1,
-paired speed-up with its 95% interval). Writes <out>/gpu_decode.json and prints a table.
+paired speed-up with its 95% interval). On ort-cuda a third placement, the device cache with CUDA graphs (runner
+option cuda_graph: each decode step one graph replay instead of one launch per kernel), is checked and timed the
+same way (--no-cuda-graph leaves it out). Writes <out>/gpu_decode.json and prints a table.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import json
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,28 @@ import numpy as np
 def _prompts(vocab: int, rows: int, length: int) -> list[list[int]]:
     rng = np.random.default_rng(0)
     return [rng.integers(4, vocab - 1, size=length - 2 * r).tolist() for r in range(rows)]
+
+
+def _graphs(g: Any) -> int | None:
+    """How many CUDA graphs the decode runner captured (None: graphs off, its note on stderr says why)."""
+    graphs = getattr(g.decode, "graphs", None)
+    return None if graphs is None else len(graphs.ids)
+
+
+def _check(row: dict[str, Any], g: Any, prompts: list[list[int]], configs: tuple[Any, ...],
+           want: list[Any]) -> dict[str, Any]:
+    """Greedy and beam tokens of `g` against onnxruntime CPU's (`want`), as one printed row."""
+    from xdeploy.deploy.generate import token_agreement
+
+    try:
+        got = [g.generate(prompts, c).tokens for c in configs]
+    except Exception as e:  # noqa: BLE001 - a study: the failure is the finding, kept in the row
+        row |= {"greedy_equal": False, "error": f"{type(e).__name__}: {e}"}
+    else:
+        row |= {"greedy_equal": got[0] == want[0], "beam_equal": got[1] == want[1],
+                "greedy_agreement": token_agreement(want[0], got[0]).agreement, "cuda_graphs": _graphs(g)}
+    print(json.dumps(row), flush=True)
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt", type=int, default=32, help="prompt tokens per timed call")
     ap.add_argument("--max-seconds", type=float, default=20.0)
     ap.add_argument("--out", default="reports/gpu/decode")
+    ap.add_argument("--no-cuda-graph", action="store_true", help="leave out the CUDA-graph placement (ort-cuda)")
     a = ap.parse_args(argv)
+    graph = a.runner == "ort-cuda" and not a.no_cuda_graph
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     models = [m for m in a.models.split(",") if m] or [f.name for f in families(generates=True)]
@@ -68,21 +95,18 @@ def main(argv: list[str] | None = None) -> int:
                 for where, arrays in (("device", device), ("host", LoopArrays())):
                     g.decode.loop_arrays = lambda arrays=arrays: arrays  # this instance only
                     row = {"model": model, "preset": preset, "arrays": f"{where} ({arrays.device})"}
-                    try:
-                        got = [g.generate(prompts, c).tokens for c in (greedy, beams)]
-                    except Exception as e:  # noqa: BLE001 - a study: the failure is the finding, kept in the row
-                        row |= {"greedy_equal": False, "error": f"{type(e).__name__}: {e}"}
-                    else:
-                        row |= {"greedy_equal": got[0] == want[0], "beam_equal": got[1] == want[1],
-                                "greedy_agreement": token_agreement(want[0], got[0]).agreement}
-                    result["checks"].append(row)
-                    print(json.dumps(row), flush=True)
+                    result["checks"].append(_check(row, g, prompts, (greedy, beams), want))
+                if graph:
+                    with Generator(art, a.runner, kv_cache="loop", cuda_graph=True) as gg:
+                        row = {"model": model, "preset": preset, "arrays": "device, CUDA graphs"}
+                        result["checks"].append(_check(row, gg, prompts, (greedy, beams), want))
             print(f"{model} {preset}: export and checks {time.perf_counter() - t0:.1f} s", flush=True)
     model, preset = models[0], presets[-1]
     art = load_artifact(out / "artifacts" / f"{model}-{preset}")
     prompt = _prompts(art.config.vocab_size, 1, a.prompt)
     gc = GenerationConfig(max_new_tokens=a.new, eos_token_id=-1)
-    with Generator(art, a.runner, kv_cache="loop") as g:
+    with Generator(art, a.runner, kv_cache="loop") as g, \
+            (Generator(art, a.runner, kv_cache="loop", cuda_graph=True) if graph else nullcontext()) as gg:
         device = g.decode.loop_arrays()
         calls, last = {}, {}
         for where, arrays in (("host cache", LoopArrays()), ("device cache", device)):
@@ -90,16 +114,22 @@ def main(argv: list[str] | None = None) -> int:
                 g.decode.loop_arrays = lambda: arrays
                 last[where] = g.generate(prompt, gc)
             calls[where] = call
-        c = compare(calls, baseline="host cache", min_rounds=5, max_seconds=a.max_seconds)
+        if gg is not None:
+            def call_graph() -> None:
+                last["CUDA graphs"] = gg.generate(prompt, gc)
+            calls["CUDA graphs"] = call_graph
+        c = compare(calls, baseline="device cache", min_rounds=5, max_seconds=a.max_seconds)
+        captured = None if gg is None else _graphs(gg)
     with Generator(art, "torch") as t:
         ref = t.generate(prompt, gc)
-    sp = c.speedups["device cache"]
+    sp = {k: c.speedups[k] for k in calls if k != "device cache"}
     timing = {"model": model, "preset": preset, "batch": 1, "prompt": a.prompt, "new": a.new,
               "per_call_s": {k: s.median_s for k, s in c.series.items()},
               "tokens_per_s": {k: a.new / s.median_s for k, s in c.series.items()},
               "ttft_ms_last": {k: 1e3 * g_.time_to_first_token_s for k, g_ in last.items()},
-              "speedup": {"median": sp.median, "low": sp.low, "high": sp.high, "rounds": sp.rounds},
-              "verdict": c.verdict("device cache"),
+              "speedup_over_device_cache": {k: {"median": v.median, "low": v.low, "high": v.high, "rounds": v.rounds,
+                                              "verdict": c.verdict(k)} for k, v in sp.items()},
+              "cuda_graphs_captured": captured,
               "agreement_with_torch": {k: token_agreement(ref.tokens, g_.tokens).agreement for k, g_ in last.items()}}
     result["timing"] = timing
     atomic_write_json(out / "gpu_decode.json", result)

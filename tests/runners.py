@@ -106,12 +106,14 @@ def check_bind_with_pruned_outputs(spec: str, art: Any) -> None:
         np.testing.assert_allclose(hidden, want, atol=1e-5)
 
 
-def check_bind_reads_current_inputs(spec: str, art: Any, graph: str, sizes: Mapping[str, int]) -> None:
+def check_bind_reads_current_inputs(spec: str, art: Any, graph: str, sizes: Mapping[str, int],
+                                    **options: Any) -> Any:
     """The bind contract the KV-cache loop relies on: each bound call reads what the caller's input arrays hold
     *now* (the loop writes the next token and the cache in place between steps) and writes the caller's output
-    buffers. Two different requests of one shape through one binding give what infer() gives for each."""
+    buffers. Two different requests of one shape through one binding give what infer() gives for each. Returns
+    the (closed) runner, for checks of its own state."""
     first, second = (make_feeds(art.graph(graph), sizes, seed=s) for s in (1, 2))
-    with open_runner(spec, art, graph, threads=1) as r:
+    with open_runner(spec, art, graph, threads=1, **options) as r:
         want = [r.infer(first), r.infer(second)]
         assert any(not np.array_equal(want[0][k], want[1][k]) for k in want[0])  # the inputs make a difference
         inputs = {k: v.copy() for k, v in first.items()}
@@ -124,6 +126,7 @@ def check_bind_reads_current_inputs(spec: str, art: Any, graph: str, sizes: Mapp
             for k, buf in outputs.items():
                 np.testing.assert_allclose(buf, want[i % 2][k], rtol=1e-5, atol=1e-5,
                                            err_msg=f"{spec}: bound call {i + 1} did not read the current inputs ({k})")
+    return r
 
 
 def check_thread_safe(spec: str, art: Any) -> None:

@@ -257,6 +257,39 @@ def test_the_loop_cache_kept_in_torch_tensors_generates_the_host_caches_tokens(h
             r.bind(feeds, {"new_kv": torch.zeros((2, 2, 1, 4, 1, 16), dtype=torch.float64)})
 
 
+def test_cuda_graph_binding_mirrors_the_host_buffers_and_keys_graphs_by_address(hf, monkeypatch):
+    """ort-cuda's CUDA graphs (option cuda_graph, deploy/ort_gpu_runner.py CudaGraphs): a captured graph replays the
+    device addresses it was captured on, so the bound decode step's host buffers (token, positions, mask, logits)
+    are mirrored into fixed device buffers and each set of bound addresses gets its own graph id. The same path on
+    the CPU provider with CPU tensors (no graph to capture there): greedy and beam tokens equal to the plain
+    binding's; the ids follow the addresses exactly."""
+    from xdeploy.deploy.ort_gpu_runner import CudaGraphs
+
+    _, art = hf
+    greedy = GenerationConfig(max_new_tokens=12, eos_token_id=-1)
+    beams = GenerationConfig(max_new_tokens=20, num_beams=4, eos_token_id=-1)
+    with Generator(art, "ort", threads=1, kv_cache="loop") as g:
+        want = [g.generate(PROMPTS[:2], c) for c in (greedy, beams)]
+        graphs, spy = CudaGraphs("cpu"), _SpyArrays()
+        monkeypatch.setattr(g.decode, "loop_arrays", lambda: spy)
+        monkeypatch.setattr(g.decode, "bind", lambda i, o: graphs.bind(g.decode.bind_with, i, o))
+        got = [g.generate(PROMPTS[:2], c) for c in (greedy, beams)]
+    assert [x.tokens for x in got] == [x.tokens for x in want]
+    assert np.allclose(got[1].scores, want[1].scores, atol=1e-5)
+    # the host token, positions, masks and logits went through mirrors, one per (name, shape, dtype): greedy's
+    # two rows and the beams' eight
+    assert {(n, s[0]) for n, s, _ in graphs.mirrors} == {(n, r) for n in ("input_ids", "position_ids", "step_mask",
+                                                                        "cache_mask", "logits") for r in (2, 8)}
+    assert len(graphs.ids) == 2
+    a, b = torch.zeros(3), torch.zeros(3)
+    small = CudaGraphs("cpu", limit=3)
+    first = small.graph_id({"x": a, "y": b})
+    assert small.graph_id({"y": b, "x": a}) == first  # the same addresses: the captured graph replays
+    assert small.graph_id({"x": b, "y": a}) != first  # swapped buffers are another graph
+    assert small.graph_id({"x": a[:2], "y": b}) not in (first, -1)  # another shape at the same address too
+    assert small.graph_id({"x": torch.zeros(3), "y": b}) == -1  # past the limit: run uncaptured
+
+
 def test_token_agreement():
     a = token_agreement([[1, 2, 3, 4], [5, 6]], [[1, 2, 9, 4], [5, 6]])
     assert a.first_divergence == (2, None) and a.agreement == pytest.approx(5 / 6) and a.compared == 6

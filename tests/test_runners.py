@@ -187,6 +187,16 @@ def test_bind_reads_the_inputs_current_contents_every_call(artifacts, spec):
     check_bind_reads_current_inputs(spec, artifacts("gpt", "fp32"), "decode", SIZES)
 
 
+@pytest.mark.gpu
+def test_cuda_graphs_replay_the_bound_calls_current_inputs(artifacts):
+    """ort-cuda with cuda_graph=True: onnxruntime runs a bound call's first run plainly, captures the second and
+    replays the third on the captured device addresses; each must still read the host inputs' current contents
+    (mirrored into fixed device buffers: deploy/ort_gpu_runner.py CudaGraphs) and write the host outputs."""
+    require("ort-cuda")
+    r = check_bind_reads_current_inputs("ort-cuda", artifacts("gpt", "fp32"), "decode", SIZES, cuda_graph=True)
+    assert r.graphs is not None and len(r.graphs.ids) == 1, "CUDA graphs were turned off (see the note on stderr)"
+
+
 class _CopyAtBindSession:
     """A CPU onnxruntime session whose IO binding copies a host input when it is bound, as onnxruntime does for an
     input a GPU provider reads (IOBinding::BindInput -> CopyOneInputAcrossDevices): a simulation of that copy on
