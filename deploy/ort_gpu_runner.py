@@ -172,6 +172,7 @@ def ep_library_gap(provider: str) -> str | None:
 
 
 class _OrtGpuRunner(OrtRunner):
+    graphs: CudaGraphs | None = None  # ort-cuda's CUDA graphs, where on (option cuda_graph)
     # not a layerwise runtime: each bisection round would build a GPU session (a TensorRT engine for ort-trt)
     # for another set of exposed tensors; layerwise runs such a candidate in onnxruntime on the CPU
     layerwise = False
@@ -218,6 +219,8 @@ class _OrtGpuRunner(OrtRunner):
                  if self.artifact.precision.startswith("int8") else None,
                  "graph_sha256": self.artifact.manifest["files"][self.artifact.manifest["graphs"][self.graph.name]
                                                                  ["file"]]}
+        if self.name == "ort-cuda":
+            extra.setdefault("cuda_graph", self._steps_graph())
         self._plist = provider_list(self.name, self.graph, self.artifact.spec.axes, self.variant, self.device_id,
                                     **extra, **facts)
         create_cache_dirs(self._plist)
@@ -232,6 +235,12 @@ class _OrtGpuRunner(OrtRunner):
             why = ep_library_gap(want) or "no usable GPU?"
             raise XDeployError(f"runner {self.name!r}: onnxruntime could not start {want} ({why}); "
                                f"active providers: {active}")
+
+    def _steps_graph(self) -> bool:
+        """Whether this is the artifact's decode graph, the one the decoding loop binds once per generation and
+        calls per token: CUDA graphs are on there by default (cuda_graph=False turns them off), off elsewhere."""
+        feeds = self.artifact.capabilities.decoding
+        return feeds is not None and feeds.decode_graph == self.graph.name
 
     def _load_graphs(self, extra: dict[str, Any], facts: dict[str, Any]) -> None:
         """The session with CUDA graphs on, or, where onnxruntime refuses them for this graph (a node that needs

@@ -9,9 +9,10 @@ its device (Runner.loop_arrays: the KV cache, the step's K/V and an encoder-deco
 host (what ort-cuda did before: the whole cache copied in and the step's K/V out at every step); greedy agreement
 with PyTorch fp32 on the first decoder at the largest preset; then the two placements timed in interleaved rounds
 (bench/interleave.py compare: one `generate` of --new tokens from a --prompt-token prompt per call, batch 1,
-paired speed-up with its 95% interval). On ort-cuda a third placement, the device cache with CUDA graphs (runner
-option cuda_graph: each decode step one graph replay instead of one launch per kernel), is checked and timed the
-same way (--no-cuda-graph leaves it out). Writes <out>/gpu_decode.json and prints a table.
+paired speed-up with its 95% interval). On ort-cuda a third placement, the device cache with CUDA graphs (the runner's
+default on the decode graph, option cuda_graph: each decode step one graph replay instead of one launch per
+kernel; the first two placements run with cuda_graph=False), is checked and timed the same way (--no-cuda-graph
+leaves it out). Writes <out>/gpu_decode.json and prints a table.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-cuda-graph", action="store_true", help="leave out the CUDA-graph placement (ort-cuda)")
     a = ap.parse_args(argv)
     graph = a.runner == "ort-cuda" and not a.no_cuda_graph
+    plain = {"cuda_graph": False} if a.runner == "ort-cuda" else {}  # the decode graph's default is on
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     models = [m for m in a.models.split(",") if m] or [f.name for f in families(generates=True)]
@@ -89,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             path = out / "artifacts" / f"{model}-{preset}"
             art = load_artifact(path if (path / "manifest.json").is_file() else export(model, preset=preset, out=path))
             prompts = _prompts(art.config.vocab_size, 2, 8)
-            with Generator(art, "ort", kv_cache="loop") as ref, Generator(art, a.runner, kv_cache="loop") as g:
+            with Generator(art, "ort", kv_cache="loop") as ref, Generator(art, a.runner, kv_cache="loop", **plain) as g:
                 want = [ref.generate(prompts, c).tokens for c in (greedy, beams)]
                 device = g.decode.loop_arrays()
                 for where, arrays in (("device", device), ("host", LoopArrays())):
@@ -105,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     art = load_artifact(out / "artifacts" / f"{model}-{preset}")
     prompt = _prompts(art.config.vocab_size, 1, a.prompt)
     gc = GenerationConfig(max_new_tokens=a.new, eos_token_id=-1)
-    with Generator(art, a.runner, kv_cache="loop") as g, \
+    with Generator(art, a.runner, kv_cache="loop", **plain) as g, \
             (Generator(art, a.runner, kv_cache="loop", cuda_graph=True) if graph else nullcontext()) as gg:
         device = g.decode.loop_arrays()
         calls, last = {}, {}

@@ -189,12 +189,17 @@ def test_bind_reads_the_inputs_current_contents_every_call(artifacts, spec):
 
 @pytest.mark.gpu
 def test_cuda_graphs_replay_the_bound_calls_current_inputs(artifacts):
-    """ort-cuda with cuda_graph=True: onnxruntime runs a bound call's first run plainly, captures the second and
-    replays the third on the captured device addresses; each must still read the host inputs' current contents
-    (mirrored into fixed device buffers: deploy/ort_gpu_runner.py CudaGraphs) and write the host outputs."""
+    """ort-cuda's decode graph runs its bound calls as CUDA graphs by default: onnxruntime runs the first plainly,
+    captures the second and replays the third on the captured device addresses; each must still read the host
+    inputs' current contents (mirrored into fixed device buffers: deploy/ort_gpu_runner.py CudaGraphs) and write
+    the host outputs. cuda_graph=False binds without them, with the same results."""
     require("ort-cuda")
-    r = check_bind_reads_current_inputs("ort-cuda", artifacts("gpt", "fp32"), "decode", SIZES, cuda_graph=True)
+    art = artifacts("gpt", "fp32")
+    r = check_bind_reads_current_inputs("ort-cuda", art, "decode", SIZES)
     assert r.graphs is not None and len(r.graphs.ids) == 1, "CUDA graphs were turned off (see the note on stderr)"
+    assert check_bind_reads_current_inputs("ort-cuda", art, "decode", SIZES, cuda_graph=False).graphs is None
+    with open_runner("ort-cuda", art, "model") as full:  # not the loop's step graph: off unless asked
+        assert full.graphs is None
 
 
 class _CopyAtBindSession:
