@@ -2,9 +2,11 @@
 
     open_runner("ort-cuda", art)                       # computes in the artifact's precision (fp32 / fp16)
     open_runner("ort-trt:fp16", art, cache_dir=...)    # TensorRT EP, fp16 kernels allowed, engine+timing cache
+    open_runner("ort-cuda", art, "decode")             # its bound calls replayed as CUDA graphs (cuda_graph=False: off)
 
 Needs the onnxruntime-gpu wheel (not installed by `make`) and a GPU. The provider options are built by pure
-functions (`provider_list`), tested on CPU; running is NOT verified on this project's CPU-only machine.
+functions (`provider_list`), tested on CPU; running them was verified only on three leases of an NVIDIA H200
+(ort-cuda; docs/runners.md).
 The TensorRT EP's optimization profile comes from the manifest's axes (xdeploy.export.tensorrt), exactly
 like the `trt` runner's, so both engines cover the same exported shape range.
 """
