@@ -10,7 +10,10 @@ file in models/weights/, written by studies/train_tiny.py), which it loads with 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,8 +107,34 @@ def build(model: str, cfg: Any, *, seed: int = 0) -> nn.Module:
     return module
 
 
+_META_BUILD = threading.Lock()
+
+
+@contextlib.contextmanager
+def on_meta() -> Iterator[None]:
+    """Modules built in this block are shapes only: on the meta device, with torch.nn.init's initializers left out.
+    Why leave them out: a meta tensor's normal_/uniform_ is one of torch's Python reference kernels, whose first
+    call imports torch._dynamo (1.9 of a 4.0 s PyTorch benchmark child here, every process that loads a reference
+    model), and there is nothing to initialize on meta. The initializers are module attributes, looked up at each
+    call (nn.Linear.reset_parameters: `init.kaiming_uniform_`), so they are swapped for the block, under a lock;
+    a model initializing through a tensor method instead still builds right, only slower."""
+    names = [n for n in dir(nn.init) if n.endswith("_") and not n.startswith("_")
+             and callable(getattr(nn.init, n))]
+    skip: Callable[..., Any] = lambda tensor, *args, **kwargs: tensor  # noqa: E731
+    with _META_BUILD:
+        saved = {n: getattr(nn.init, n) for n in names}
+        try:
+            for n in names:
+                setattr(nn.init, n, skip)
+            with torch.device("meta"):
+                yield
+        finally:
+            for n, f in saved.items():
+                setattr(nn.init, n, f)
+
+
 def param_count(model: str, cfg: Any) -> int:
-    with torch.device("meta"):  # count without allocating (BERT-base would cost 440 MB otherwise)
+    with on_meta():  # count without allocating (BERT-base would cost 440 MB otherwise)
         module = get_family(model).build(cfg)
     return sum(p.numel() for p in module.parameters())
 
@@ -138,7 +167,7 @@ def build_loaded(family: ModelFamily, cfg: Any, state: dict[str, torch.Tensor], 
     """`family`'s module of `cfg` in eval mode holding `state` (a checkpoint's or an artifact's reference weights).
     The shapes are checked on the meta device first: a config that does not fit the weights (a manifest or a
     config.json asking for a vocabulary of 10^12) is one line naming the tensor, not an allocation of terabytes."""
-    with torch.device("meta"):
+    with on_meta():
         check_state(family.build(cfg), state, source=source)
     module = family.build(cfg).eval()
     load_state(module, state, source=source)

@@ -60,10 +60,12 @@ PRESETS = {
 
 
 def sinusoids(n: int, d: int) -> torch.Tensor:
-    """(n, d) table: PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(...)."""
-    pos = torch.arange(n, dtype=torch.float32)[:, None]
-    inv = torch.exp(torch.arange(0, d, 2, dtype=torch.float32) * (-math.log(10000.0) / d))
-    pe = torch.zeros(n, d)
+    """(n, d) table: PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(...). Always computed on the CPU: a model
+    built on the meta device for its shapes (registry.on_meta) needs no table, and meta's arange/exp would import
+    torch._dynamo (~1.9 s)."""
+    pos = torch.arange(n, dtype=torch.float32, device="cpu")[:, None]
+    inv = torch.exp(torch.arange(0, d, 2, dtype=torch.float32, device="cpu") * (-math.log(10000.0) / d))
+    pe = torch.zeros(n, d, device="cpu")
     pe[:, 0::2], pe[:, 1::2] = torch.sin(pos * inv), torch.cos(pos * inv)
     return pe
 

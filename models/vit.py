@@ -66,7 +66,8 @@ class ViT(nn.Module):
         self.cfg = cfg
         self.patch = nn.Conv2d(cfg.channels, cfg.d_model, cfg.patch_size, stride=cfg.patch_size)
         self.cls = nn.Parameter(torch.zeros(1, 1, cfg.d_model))
-        self.pos = nn.Parameter(torch.randn(1, cfg.n_tokens, cfg.d_model) * 0.02)
+        # (1, N, D) learned positions, N(0, 0.02) through nn.init (skipped when built on meta: registry.on_meta)
+        self.pos = nn.Parameter(nn.init.normal_(torch.empty(1, cfg.n_tokens, cfg.d_model), std=0.02))
         self.layers = nn.ModuleList(
             Layer(cfg.d_model, cfg.n_heads, cfg.d_ff, act="gelu", eps=cfg.eps, norm_first=True,
                   impl=cfg.attn_impl)

@@ -43,12 +43,12 @@ SUBSTITUTIONS: list[tuple[str, str, str]] = [
     (r"\bxdeploy run(?![\w-])(?!.*--smoke)(?!.*--models)", f"xdeploy run {QUICK_RUN}", "the main job's smallest mode"),
     (r"\bxdeploy run(?![\w-])(?!.*--smoke)", "xdeploy run --smoke --skip roofline,bench,decode,scale",
      "the main job's smallest mode"),
-    # a documented smoke run with every phase (docs/report.md): 44 s of a 95 s page, most of it the bench phase's
-    # memory children (one per runner, precision and batch); its bench keeps both CPU runners on two precisions
-    # (tests/test_report.py runs the smoke job's bench end to end with its assertions), and the roofline has its
-    # own blocks (docs/benchmarks.md) and tests
+    # a documented smoke run with every phase (docs/report.md): its bench was 24 of its 31 s (the memory children:
+    # one per runner, precision and batch) and the whole of it tests/test_report.py's smoke test, which runs the
+    # same job's bench on both CPU runners with its assertions; the roofline has its own blocks
+    # (docs/benchmarks.md) and tests
     (r"(?m)(\bxdeploy run\b(?!.*--skip)(?!.*--runners)(?!.*--precision).*--smoke\b[^#\n]*?)([ \t]*(#.*)?)$",
-     r"\1 --skip roofline --runners ort,ov --precision fp32,int8\2", "a smoke run's bench on two precisions"),
+     r"\1 --skip roofline,bench\2", "a smoke run without its bench (tests/test_report.py's smoke test runs it)"),
     (r"\bmake demo\b(?!.*DEMO_ARGS)", f'make demo DEMO_ARGS="{QUICK_RUN}"', "the main job's smallest mode"),
     (r"\bxdeploy roofline(?![\w-])(?!.*--quick)", "xdeploy roofline --quick", "the quick roofline"),
     (r"\bxdeploy scale(?![\w-])(?!.*--smoke)", "xdeploy scale --smoke", "the scaling sweep's smallest mode"),
@@ -192,8 +192,7 @@ def test_substitutions_are_visible_and_do_what_they_say():
     code, applied = substitute('xdeploy run --full --out x\nxdeploy export bert --preset base\n'
                                'export("gpt", preset="small")\nxdeploy run --smoke\n')
     assert code == (f'xdeploy run --preset tiny {QUICK_RUN} --out x\nxdeploy export bert --preset tiny\n'
-                    'export("gpt", preset="tiny")\nxdeploy run --preset tiny --smoke --skip roofline --runners ort,ov '
-                    '--precision fp32,int8\n')
+                    'export("gpt", preset="tiny")\nxdeploy run --preset tiny --smoke --skip roofline,bench\n')
     assert len(applied) == 6
     assert substitute("run_bench('bert', batches=[1, 8], seqs=[32, 128])\n")[0] == \
         "run_bench('bert', batches=[1, 8], seqs=[32])\n"
@@ -201,7 +200,7 @@ def test_substitutions_are_visible_and_do_what_they_say():
     # a smoke run that names its phases, runners or precisions runs as written; a comment stays a comment
     assert substitute("xdeploy run --smoke --runners ort\n")[0] == "xdeploy run --preset tiny --smoke --runners ort\n"
     assert substitute("xdeploy run --smoke --models vit  # why\n")[0] == \
-        "xdeploy run --preset tiny --smoke --models vit --skip roofline --runners ort,ov --precision fp32,int8  # why\n"
+        "xdeploy run --preset tiny --smoke --models vit --skip roofline,bench  # why\n"
     assert substitute("xdeploy report render x")[0] == "xdeploy report render x"  # not `xdeploy run`
     assert substitute("xdeploy bench bert --runners ort\n")[0] == \
         "xdeploy bench --max-seconds 0.5 --extra-seconds 0 bert --runners ort\n"

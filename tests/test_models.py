@@ -168,3 +168,34 @@ def test_fused_qkv_attention_equals_three_projections(impl):
     assert type(build("gpt", get_config("gpt", "tiny")).layers[0].attn.qkv) is torch.nn.Linear
     with pytest.raises(ValueError, match="fused_qkv=False"):
         fused(x, None, kv=past)
+
+
+def test_shape_only_builds_skip_the_initializers_and_restore_them():
+    """models/registry.py on_meta: a module built for its shapes (the weight check before loading a reference, the
+    parameter count) runs none of torch.nn.init's initializers, whose meta kernels import torch._dynamo (1.9 s of a
+    4 s PyTorch benchmark child); the initializers come back after the block, even when the build fails; and a
+    process that loads a reference model and runs it never imports torch._dynamo."""
+    import subprocess
+    import sys
+
+    from torch import nn
+
+    from xdeploy.models.registry import on_meta
+
+    before = nn.init.normal_
+    with pytest.raises(RuntimeError, match="boom"), on_meta():
+        assert nn.init.normal_ is not before and nn.Linear(4, 3).weight.is_meta
+        raise RuntimeError("boom")
+    assert nn.init.normal_ is before
+    w = nn.Linear(64, 64).weight  # initialized again, outside the block
+    assert w.std() > 0.01
+    code = ("import sys, torch\n"
+            "from xdeploy.models.registry import MODELS, build_loaded, build, get_config\n"
+            "from xdeploy.models.spec import make_feeds\n"
+            "for name in MODELS:\n"
+            "    cfg = get_config(name, 'tiny')\n"
+            "    m = build_loaded(MODELS[name], cfg, build(name, cfg).state_dict(), source=name)\n"
+            "print('torch._dynamo' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "False"

@@ -335,7 +335,7 @@ def test_sigkill_mid_write_leaves_previous_report(tmp_path):
 def test_xdeploy_run_smoke_end_to_end(tmp_path, capsys):
     """The main job on the smallest configuration: export -> parity -> bench -> report, for real."""
     out, js = tmp_path / "latest", tmp_path / "run.json"
-    rc = main(["run", "--smoke", "--models", "vit", "--runners", "ort", "--precision", "fp32,int8",
+    rc = main(["run", "--smoke", "--models", "vit", "--runners", "ort,ov", "--precision", "fp32,int8",
                "--out", str(out), "--artifacts", str(tmp_path / "art"), "--json", str(js)])
     cap = capsys.readouterr()
     assert rc == 0, cap
@@ -350,9 +350,10 @@ def test_xdeploy_run_smoke_end_to_end(tmp_path, capsys):
     kinds = {r["kind"] for r in res["records"]}
     assert {"parity", "latency"} <= kinds
     lat = [r for r in res["records"] if r["kind"] == "latency"]
-    # torch (eager reference) once + ort on both artifact precisions, at batch 1 and 4
+    # torch (eager reference) once + both CPU runners on both artifact precisions, at batch 1 and 4
     assert sorted((r["runner"], r["artifact_precision"], r["batch"]) for r in lat) == sorted(
-        (r, p, b) for r, p in (("torch", "fp32"), ("ort", "fp32"), ("ort", "int8")) for b in (1, 4))
+        (r, p, b) for r, p in (("torch", "fp32"), ("ort", "fp32"), ("ort", "int8"), ("ov", "fp32"), ("ov", "int8"))
+        for b in (1, 4))
     assert all(r["memory"]["peak_rss_bytes"] > 0 for r in lat)  # measured in isolated children
     assert "throughput_vs_batch.png" in res["plots"] and "speed_vs_error.png" in res["plots"]
     for p in res["plots"]:
@@ -360,7 +361,7 @@ def test_xdeploy_run_smoke_end_to_end(tmp_path, capsys):
     md = (out / "summary.md").read_text()
     assert "**Parity: all checks pass.**" in md and "| vit tiny | model | ort | int8 |" in md
     # the report records the command as typed, every flag, under a title that says which run it was
-    assert f"xdeploy run --smoke --models vit --runners ort --precision fp32,int8 --out {out}" in md
+    assert f"xdeploy run --smoke --models vit --runners ort,ov --precision fp32,int8 --out {out}" in md
     assert "smoke" in md.splitlines()[0] and "default presets" not in md.splitlines()[0]
     assert f"report: {out}/summary.md" in cap.out
 
