@@ -209,6 +209,11 @@ def render_extras(not_run: Mapping[str, Sequence[str]], timings: Sequence[Mappin
     return "\n".join(lines)
 
 
+def run_json(out: Path, name: str) -> Path:
+    """Where preset run `name`'s `xdeploy run --json` outcome goes."""
+    return out / f"run-{name}.json"
+
+
 def run_command(name: str, out: Path, runners: str, models: Sequence[str] = (), skip: Sequence[str] = ()
                 ) -> list[str]:
     """The `xdeploy run` of preset run `name` (PRESET_RUNS) with the GPU runners; scaling and the roofline are
@@ -218,7 +223,7 @@ def run_command(name: str, out: Path, runners: str, models: Sequence[str] = (), 
     return [sys.executable, "-m", "xdeploy.cli", "run", *PRESET_RUNS[name], "--runners", runners,
             "--precisions", PRECISIONS, *(["--models", ",".join(models)] if models else []),
             "--skip", left_out, "--out", str(out / f"report-{name}"), "--artifacts", str(out / "artifacts"),
-            "--json", str(out / f"run-{name}.json")]
+            "--json", str(run_json(out, name))]
 
 
 def full_check(out: Path, runs: Sequence[str] = tuple(PRESET_RUNS), tests: bool = True, timing: bool = True,
@@ -250,7 +255,7 @@ def full_check(out: Path, runs: Sequence[str] = tuple(PRESET_RUNS), tests: bool 
         test_result = {"returncode": t.returncode, "summary": tail[-1] if tail else "no output"}
     rows: list[dict[str, Any]] = []
     for name in runs:
-        js = out / f"run-{name}.json"
+        js = run_json(out, name)
         cmd = run_command(name, out, runners, models, skip)
         with MemorySampler() as mem:
             r = subprocess.run(cmd, capture_output=True, text=True, cwd=root)

@@ -39,6 +39,35 @@ def _graphs(g: Any) -> int | None:
     return None if graphs is None else len(graphs.ids)
 
 
+def _step_split(g: Any, prompt: list[list[int]], gc: Any, calls: int = 3) -> dict[str, float]:
+    """Where a generated token's time goes: the decode runner's bound step call (the engine's run with its copies
+    in and out: for CUDA graphs, the replay) against the whole token (the loop's token choice, slot write and
+    bookkeeping besides), medians over `calls` generations; the bound call is wrapped only here."""
+    runner, spent = g.decode, []
+    bind = runner.bind
+
+    def timed_bind(inputs: Any, outputs: Any) -> Any:
+        call = bind(inputs, outputs)
+
+        def timed() -> None:
+            t = time.perf_counter()
+            call()
+            spent.append(time.perf_counter() - t)
+        return timed
+
+    runner.bind = timed_bind
+    try:
+        per_token = []
+        for _ in range(calls):
+            t = time.perf_counter()
+            out = g.generate(prompt, gc)
+            per_token.append((time.perf_counter() - t - out.time_to_first_token_s) / max(gc.max_new_tokens - 1, 1))
+    finally:
+        del runner.bind  # the instance attribute: the class's method again
+    return {"bound_call_ms": 1e3 * float(np.median(spent)), "token_ms": 1e3 * float(np.median(per_token)),
+            "bound_calls": len(spent)}
+
+
 def _check(row: dict[str, Any], g: Any, prompts: list[list[int]], configs: tuple[Any, ...],
            want: list[Any]) -> dict[str, Any]:
     """Greedy and beam tokens of `g` against onnxruntime CPU's (`want`), as one printed row."""
@@ -122,6 +151,11 @@ def main(argv: list[str] | None = None) -> int:
             calls["CUDA graphs"] = call_graph
         c = compare(calls, baseline="device cache", min_rounds=5, max_seconds=a.max_seconds)
         captured = None if gg is None else _graphs(gg)
+        g.decode.loop_arrays = lambda: device
+        split = {"device cache": _step_split(g, prompt, gc)}
+        if gg is not None:
+            split["CUDA graphs"] = _step_split(gg, prompt, gc)
+        print(json.dumps({"step_split": split}), flush=True)
     with Generator(art, "torch") as t:
         ref = t.generate(prompt, gc)
     sp = {k: c.speedups[k] for k in calls if k != "device cache"}
@@ -131,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
               "ttft_ms_last": {k: 1e3 * g_.time_to_first_token_s for k, g_ in last.items()},
               "speedup_over_device_cache": {k: {"median": v.median, "low": v.low, "high": v.high, "rounds": v.rounds,
                                               "verdict": c.verdict(k)} for k, v in sp.items()},
-              "cuda_graphs_captured": captured,
+              "cuda_graphs_captured": captured, "step_split": split,
               "agreement_with_torch": {k: token_agreement(ref.tokens, g_.tokens).agreement for k, g_ in last.items()}}
     result["timing"] = timing
     atomic_write_json(out / "gpu_decode.json", result)
