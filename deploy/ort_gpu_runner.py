@@ -14,6 +14,7 @@ like the `trt` runner's, so both engines cover the same exported shape range.
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -331,12 +332,16 @@ class CudaGraphs:
         self.device, self.limit = device, limit
         self.mirrors: dict[tuple[str, tuple[int, ...], str], Any] = {}
         self.ids: dict[tuple[Any, ...], int] = {}
+        # one mirrored call at a time: calls of one shape share their mirrors (and a captured graph its addresses),
+        # so two threads generating on one runner would otherwise overwrite each other's token between copy-in
+        # and replay
+        self.lock = threading.Lock()
 
     def mirror(self, name: str, a: np.ndarray) -> Any:
         import torch
 
         key = (name, tuple(a.shape), a.dtype.str)
-        if key not in self.mirrors:
+        if key not in self.mirrors:  # (bind: under self.lock)
             self.mirrors[key] = torch.empty(a.shape, dtype=torch_dtype(a.dtype), device=self.device)
         return self.mirrors[key]
 
@@ -356,13 +361,14 @@ class CudaGraphs:
 
         host_in = {n: a for n, a in inputs.items() if not is_tensor(a)}
         host_out = {n: a for n, a in outputs.items() if not is_tensor(a)}
-        ins = {n: self.mirror(n, a) if n in host_in else a for n, a in inputs.items()}
-        outs = {n: self.mirror(n, a) if n in host_out else a for n, a in outputs.items()}
-        options = ort.RunOptions()
-        options.add_run_config_entry(GRAPH_ID, str(self.graph_id(ins | outs)))
+        with self.lock:
+            ins = {n: self.mirror(n, a) if n in host_in else a for n, a in inputs.items()}
+            outs = {n: self.mirror(n, a) if n in host_out else a for n, a in outputs.items()}
+            options = ort.RunOptions()
+            options.add_run_config_entry(GRAPH_ID, str(self.graph_id(ins | outs)))
         call = bind_with(ins, outs, options)
         return _MirroredCall(call, [(a, ins[n]) for n, a in host_in.items()],
-                             [(a, outs[n]) for n, a in host_out.items()])
+                             [(a, outs[n]) for n, a in host_out.items()], self.lock)
 
 
 class _MirroredCall:
@@ -370,19 +376,20 @@ class _MirroredCall:
     waits for torch's stream), the host outputs copied out after it (onnxruntime synchronizes before returning)."""
 
     def __init__(self, call: Callable[[], None], ins: list[tuple[np.ndarray, Any]],
-                 outs: list[tuple[np.ndarray, Any]]) -> None:
+                 outs: list[tuple[np.ndarray, Any]], lock: threading.Lock) -> None:
         import torch
 
-        self.call = call
+        self.call, self.lock = call, lock
         self.ins = [(torch.from_numpy(a), t) for a, t in ins]
         self.outs = [(torch.from_numpy(a), t) for a, t in outs]
 
     def __call__(self) -> None:
-        for host, dev in self.ins:
-            dev.copy_(host)
-        self.call()
-        for host, dev in self.outs:
-            host.copy_(dev)
+        with self.lock:
+            for host, dev in self.ins:
+                dev.copy_(host)
+            self.call()
+            for host, dev in self.outs:
+                host.copy_(dev)
 
 
 class OrtCudaRunner(_OrtGpuRunner):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -281,6 +282,16 @@ def test_cuda_graph_binding_mirrors_the_host_buffers_and_keys_graphs_by_address(
     assert {(n, s[0]) for n, s, _ in graphs.mirrors} == {(n, r) for n in ("input_ids", "position_ids", "step_mask",
                                                                         "cache_mask", "logits") for r in (2, 8)}
     assert len(graphs.ids) == 2
+    # two threads generating on one runner share the mirrors of one shape: still each its own tokens
+    with Generator(art, "ort", threads=1, kv_cache="loop") as g:
+        graphs = CudaGraphs("cpu")
+        monkeypatch.setattr(g.decode, "loop_arrays", lambda: _SpyArrays())
+        monkeypatch.setattr(g.decode, "bind", lambda i, o: graphs.bind(g.decode.bind_with, i, o))
+        prompts = [[PROMPTS[0]], [PROMPTS[1]], [PROMPTS[2]], [PROMPTS[0][:2]]] * 2
+        alone = [g.generate(p, greedy).tokens for p in prompts]
+        with ThreadPoolExecutor(4) as pool:
+            together = list(pool.map(lambda p: g.generate(p, greedy).tokens, prompts))
+    assert together == alone
     a, b = torch.zeros(3), torch.zeros(3)
     small = CudaGraphs("cpu", limit=3)
     first = small.graph_id({"x": a, "y": b})
