@@ -15,7 +15,9 @@
 #
 # What fits a 15-minute lease (H200 machine, 2026-11-30; the working tree is ~17 MiB, so PART_MIB=45 and five parts):
 # the machine's start ~40 s, each part's call ~6 s; the check's set-up ~15 s; the gpu tests 24-27 s; `gpu_decode`
-# (tiny GPT and Transformer, GPT-2 small: exports, token checks, the cache-placement timing) ~110 s. The full
+# (tiny GPT and Transformer, GPT-2 small: exports, token checks, the cache-placement timing) ~110 s, ~115 s with
+# the CUDA-graph placement (third lease: the gpu tests and gpu_decode together 141 s; `--models gpt --presets small`
+# 109 s; `--models transformer --presets base` 84 s with the two runner tests). The full
 # smoke run did not finish in 200 s and GPT-2 small's base run took 290 s (its bench 71 s and decode 116 s are
 # mostly the PyTorch reference on the CPU): `check --runs default --skip bench` for parity and decoding only.
 set -euo pipefail
