@@ -83,11 +83,15 @@ def get_config(model: str, preset: str, **overrides: Any) -> Any:
     return out
 
 
+_META_BUILD = threading.Lock()  # a shape-only build (on_meta) and a seeded one never overlap
+
+
 def build(model: str, cfg: Any, *, seed: int = 0) -> nn.Module:
     """A reference model in eval mode: with the trained weights its config names (`cfg.weights`, a file in
     WEIGHTS_DIR: the tiny presets), otherwise with seeded random weights (deterministic for a torch version)."""
-    torch.manual_seed(seed)
-    module = get_family(model).build(cfg).eval()
+    with _META_BUILD:  # not while another thread's on_meta() has the initializers swapped out
+        torch.manual_seed(seed)
+        module = get_family(model).build(cfg).eval()
     name = getattr(cfg, "weights", None)
     if name:
         path = WEIGHTS_DIR / name
@@ -105,9 +109,6 @@ def build(model: str, cfg: Any, *, seed: int = 0) -> nn.Module:
         except XDeployError as e:
             raise XDeployError(f"{e} ({redo})") from None
     return module
-
-
-_META_BUILD = threading.Lock()
 
 
 @contextlib.contextmanager
