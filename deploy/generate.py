@@ -624,6 +624,11 @@ class Generator:
             if gc.max_new_tokens > limit:
                 raise XDeployError(f"{gc.max_new_tokens} new tokens exceed this model's {limit} target positions")
 
+    def _loop_mode(self) -> str:
+        """The loop cache's mode, naming CUDA graphs where the decode runner replays its steps as one (ort-cuda:
+        2.5-3.6x the same loop without them on an H200, docs/runners.md), so a record says which it timed."""
+        return "cache (CUDA graphs)" if getattr(self.decode, "graphs", None) is not None else "cache"
+
     def generate(self, prompts: Any, config: GenerationConfig | None = None, *,
                  attention_mask: np.ndarray | None = None) -> Generation:
         """Generate for a batch of prompts (gpt: the text so far; transformer: the source sequence). The times are
@@ -654,7 +659,7 @@ class Generator:
         return Generation(tokens=tokens, stop=stop, scores=scores, prompt_lengths=tuple(len(r) for r in rows),
                           time_to_first_token_s=float(ttft), step_s=tuple(float(x) for x in steps), total_s=total,
                           mode=(("paged engine cache" if self.paged else "engine cache") if self.engine_cache
-                                else "cache") if self.use_cache else "recompute",
+                                else self._loop_mode()) if self.use_cache else "recompute",
                           runner=self.runner_spec)
 
 

@@ -118,7 +118,8 @@ def verification_rows(records: Iterable[Mapping[str, Any]], runners: Sequence[st
             if r.get("cosine") is not None:
                 row["min_cosine"] = min(r["cosine"], row["min_cosine"] if row["min_cosine"] is not None else 2.0)
         elif r["kind"] == "decode":
-            if r.get("mode") != "cache" or r.get("agreement") is None:
+            # any KV-cache route: the loop's ("cache", "cache (CUDA graphs)" on ort-cuda) or an engine's
+            if r.get("mode") == "recompute" or r.get("agreement") is None:
                 continue
             agreement = float(r["agreement"])
             if row["decode_agreement"] is None or agreement < row["decode_agreement"]:

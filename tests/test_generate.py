@@ -274,8 +274,10 @@ def test_cuda_graph_binding_mirrors_the_host_buffers_and_keys_graphs_by_address(
         graphs, spy = CudaGraphs("cpu"), _SpyArrays()
         monkeypatch.setattr(g.decode, "loop_arrays", lambda: spy)
         monkeypatch.setattr(g.decode, "bind", lambda i, o: graphs.bind(g.decode.bind_with, i, o))
+        monkeypatch.setattr(g.decode, "graphs", graphs, raising=False)  # as ort-cuda holds them
         got = [g.generate(PROMPTS[:2], c) for c in (greedy, beams)]
     assert [x.tokens for x in got] == [x.tokens for x in want]
+    assert want[0].mode == "cache" and got[0].mode == "cache (CUDA graphs)"  # the record says which it timed
     assert np.allclose(got[1].scores, want[1].scores, atol=1e-5)
     # the host token, positions, masks and logits went through mirrors, one per (name, shape, dtype): greedy's
     # two rows and the beams' eight
