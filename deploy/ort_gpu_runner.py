@@ -261,11 +261,11 @@ class _OrtGpuRunner(OrtRunner):
                 self.run_options = ort.RunOptions()  # an unbound run: neither captured nor replayed
                 self.run_options.add_run_config_entry(GRAPH_ID, "-1")
                 return
-        print(f"xdeploy: note: {self.name} graph {self.graph.name!r}: CUDA graphs off ({'; '.join(why)})",
-              file=sys.stderr)
         self._plist = provider_list(self.name, self.graph, self.artifact.spec.axes, self.variant, self.device_id,
                                     **(extra | {"cuda_graph": False}), **facts)
-        super()._load()
+        super()._load()  # a graph onnxruntime refuses outright fails here too, with its own line and no note
+        print(f"xdeploy: note: {self.name} graph {self.graph.name!r}: CUDA graphs off ({'; '.join(why)})",
+              file=sys.stderr)
 
     def _providers(self) -> tuple[Any, ...]:
         return (*self._plist, "CPUExecutionProvider")
