@@ -401,7 +401,7 @@ def _prepare(proto: onnx.ModelProto, d: Path) -> tuple[Path, bool]:
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     so.optimized_model_filepath = str(pre)
-    so.log_severity_level = 3
+    so.log_severity_level = 4  # fatal only, as the runners' sessions (deploy/sessions.py): raised, not logged
     if large:  # the optimized model's weights beside it, not pointing at in.onnx.data
         so.add_session_config_entry("session.optimized_model_external_initializers_file_name", "pre.onnx.data")
     session = ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"])
@@ -601,7 +601,7 @@ def collect_ranges(model_path: Path, samples: Sequence[Mapping[str, np.ndarray]]
     external = any(i.data_location == onnx.TensorProto.EXTERNAL for i in model.graph.initializer)
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # as onnxruntime's calibrators
-    so.log_severity_level = 3
+    so.log_severity_level = 4  # fatal only, as the runners' sessions (deploy/sessions.py): raised, not logged
     if external:  # weights stay in the pre-processed model's data file, next to which this graph is written
         src = model_path.with_name("calibrate.onnx")
         onnx.save_model(model, str(src))
