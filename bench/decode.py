@@ -49,7 +49,7 @@ def decode_records(paths: Mapping[str, Path], *, runners: Sequence[str], model: 
 
     fp = fingerprint()
     arts = {p: load_artifact(path) for p, path in paths.items()}
-    vocab = arts["fp32"].config.vocab_size
+    vocab = arts["fp32"].vocabulary.size
     prompt = [np.random.default_rng(0).integers(4, vocab - 1, size=prompt_len).tolist()]
     gc = GenerationConfig(max_new_tokens=new_tokens, eos_token_id=-1)  # never stop early: fixed work per run
     runs: dict[str, tuple[str, str, bool]] = {BASELINE: ("torch", "fp32", True)}

@@ -409,7 +409,7 @@ class _Seq2SeqEngineCached(_EngineCached):
         self.run.hold(held)
         self.seen = np.ones((n, self.new), np.int64)  # the target has no padding: every position so far is real
         self.filled = 1
-        self.tok = np.full((n, 1), g.cfg.bos_token_id, np.int64)
+        self.tok = np.full((n, 1), g.vocab.bos_token_id, np.int64)
         self.pos = np.zeros((n, 1), np.int64)
         self.rows = np.arange(n, dtype=np.int32)
         self.beam = self.rows
@@ -426,7 +426,7 @@ class _Seq2SeqCached(_CachedSteps):
         # bound into every step, where the runner reads them (the memory on a GPU runner's device): kept alive here
         self.held = {k: self.arrays.put(v) for k, v in held.items()}
         self._alloc(n, self.new, self.held)
-        return self._run_step(np.full(n, g.cfg.bos_token_id, np.int64))  # position 0: BOS
+        return self._run_step(np.full(n, g.vocab.bos_token_id, np.int64))  # position 0: BOS
 
 
 def _encode(gen: Generator, ids: np.ndarray, mask: np.ndarray, beams: int) -> dict[str, np.ndarray]:
@@ -448,7 +448,7 @@ class _Recompute(_Steps):
         self.ids, self.mask = ids[rep], mask[rep]
         self.seq2seq = gen.seq2seq
         n = len(rep)
-        self.tgt = np.full((n, 1), gen.cfg.bos_token_id, np.int64) if self.seq2seq else np.zeros((n, 0), np.int64)
+        self.tgt = np.full((n, 1), gen.vocab.bos_token_id, np.int64) if self.seq2seq else np.zeros((n, 0), np.int64)
 
     def _run(self) -> np.ndarray:
         f = self.gen.feeds
@@ -503,7 +503,7 @@ class Generator:
         self.artifact = artifact if isinstance(artifact, Artifact) else load_artifact(artifact)
         self.feeds = f = decoding_feeds(self.artifact)
         self.seq2seq = self.artifact.capabilities.role == "encoder-decoder"
-        self.cfg = self.artifact.config
+        self.vocab = self.artifact.vocabulary  # token facts from the manifest: no model code, no torch
         self.runner_spec, self.use_cache = runner, use_cache
         names = [g.name for g in self.artifact.spec.graphs]
         first = f.prefill_graph if use_cache else f.full_graph
@@ -596,9 +596,9 @@ class Generator:
         prompt_axis = _axis(self.prefill.graph, f.prompt_ids)
         cache_axis = _axis(spec.graph(f.decode_graph), f.cache_mask)
         if not self.seq2seq:
-            return axes[prompt_axis].max, min(self.cfg.max_positions, axes[cache_axis].max, axes[prompt_axis].max)
+            return axes[prompt_axis].max, min(self.vocab.max_positions, axes[cache_axis].max, axes[prompt_axis].max)
         target_axis = _axis(spec.graph(f.full_graph), f.target_ids or "")
-        return axes[prompt_axis].max, min(self.cfg.max_positions, axes[cache_axis].max, axes[target_axis].max)
+        return axes[prompt_axis].max, min(self.vocab.max_positions, axes[cache_axis].max, axes[target_axis].max)
 
     def _check_sizes(self, rows: list[list[int]], gc: GenerationConfig) -> None:
         axes = self.artifact.spec.axes
@@ -606,7 +606,7 @@ class Generator:
         if n > axes["batch"].max:
             raise XDeployError(f"batch {len(rows)} x beams {gc.num_beams} = {n} rows exceeds the artifact's "
                                f"batch limit {axes['batch'].max}")
-        v = self.cfg.vocab_size
+        v = self.vocab.size
         bad = [t for r in rows for t in r if not 0 <= t < v]
         if bad:
             raise XDeployError(f"prompt token id {bad[0]} is outside the vocabulary 0..{v - 1}")
@@ -640,8 +640,8 @@ class Generator:
         self._check_sizes(rows, gc)
         seq2seq = self.seq2seq
         ids, mask = pad_rows(rows, "right" if seq2seq else "left",
-                             getattr(self.cfg, "pad_token_id", 0))
-        eos = self.cfg.eos_token_id if gc.eos_token_id is None else gc.eos_token_id
+                             self.vocab.pad_token_id or 0)
+        eos = self.vocab.eos_token_id if gc.eos_token_id is None else gc.eos_token_id
         eos = None if eos is not None and eos < 0 else eos
         if not self.use_cache:
             engine_cls: type[_Steps] = _Recompute

@@ -35,8 +35,7 @@ from typing import Any
 import numpy as np
 
 from xdeploy.core.errors import XDeployError, ort_reason
-from xdeploy.models.attention import MASK_VALUE
-from xdeploy.models.spec import DecoderFeeds
+from xdeploy.models.spec import MASK_VALUE, DecoderFeeds
 
 from .base import CachedStep
 

@@ -35,6 +35,7 @@ from xdeploy.models.spec import (
     Graph,
     TensorSpec,
     Tolerance,
+    Vocabulary,
 )
 
 from .onnx_graph import IO, MAX_OPSET, MIN_OPSET, check_external_data, graph_io, read_onnx, view_manifest
@@ -76,6 +77,12 @@ class Artifact:
     def config(self) -> Any:
         """The model's config dataclass (imports the torch-based model registry; the ONNX path does not)."""
         return parse_config(self.model, self.manifest["config"], self.path / MANIFEST)
+
+    @property
+    def vocabulary(self) -> Vocabulary:
+        """The token facts the decoding loop reads (vocabulary size, positions, special ids), from the manifest's
+        config without the model registry: generation from an artifact needs no torch."""
+        return _vocabulary(self.manifest["config"], self.capabilities.role, self.path / MANIFEST)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -195,6 +202,13 @@ def parse_config(model: str, config: Mapping[str, Any], mpath: Path) -> Any:
         return cfg_cls(**config)
     except (TypeError, ValueError) as e:
         raise XDeployError(f"invalid manifest {mpath}: config: {e}") from None
+
+
+def _vocabulary(config: Mapping[str, Any], role: str, mpath: Path) -> Vocabulary:
+    try:
+        return Vocabulary.from_config(config, role)
+    except ValueError as e:
+        raise XDeployError(f"invalid manifest {mpath}: {e}") from None
 
 
 def _check_io(g: Graph, io: tuple[IO, IO], mpath: Path) -> None:
@@ -383,6 +397,7 @@ def parse_manifest(root: Path, m: Any, mpath: Path, *, verify: bool = True) -> A
             raise XDeployError(f"invalid manifest {mpath}: capabilities: {e}") from None
         if caps.decoding is not None:
             _check_decoding(caps.decoding, {g.name: g for g in graphs}, mpath)
+            _vocabulary(m["config"], caps.role, mpath)  # a bad token id fails here, not deep in a decode loop
 
     ov_ir = m.get("openvino")
     if ov_ir is not None:

@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-MASK_VALUE = -1.0e4
+from .spec import MASK_VALUE
+
 ATTENTION_IMPLS = ("sdpa", "math")
 
 

@@ -27,6 +27,11 @@ ARTIFACT_PRECISIONS = ("fp32", "fp16", "int8", "int8-dynamic")
 # Not float64: a foreign float64 graph would be labelled fp32 and "converted" to fp16 or int8 without a change.
 DTYPES = ("int64", "int32", "float32", "float16", "bool")
 
+# The additive attention bias of a masked key (models/attention.py): finite and representable in fp16. Here, not
+# beside the torch attention, because runtime code that builds masks for the exported graphs (deploy/ort_cache.py)
+# must not import torch.
+MASK_VALUE = -1.0e4
+
 
 @dataclass(frozen=True)
 class TensorSpec:
@@ -192,6 +197,44 @@ class DecoderFeeds:
         """Decode inputs fixed for a whole sequence (an encoder-decoder's memory and source mask): an engine
         that keeps the cache holds them once per sequence (deploy/base.py CachedStep.hold)."""
         return (self.memory, self.prompt_mask) if self.memory else ()
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The token facts a decoding loop reads from a model's config: how many ids there are, how many positions a
+    sequence may fill, and the special ids. Read from the manifest's "config" by these field names (every
+    generating family's config has `vocab_size`, `max_positions`, `eos_token_id`; an encoder-decoder's also
+    `bos_token_id`, the first target token), so generation from an artifact needs no model code and no torch."""
+
+    size: int
+    max_positions: int
+    eos_token_id: int
+    bos_token_id: int | None = None
+    pad_token_id: int | None = None
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], role: str) -> Vocabulary:
+        """Parse a manifest's config (untrusted: raises ValueError naming the field and what was expected)."""
+        def field_of(name: str, required: bool) -> int | None:
+            v = config.get(name)
+            if v is None and not required:
+                return None
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"config field {name!r} is {v!r}; expected a non-negative integer")
+            return v
+
+        size = field_of("vocab_size", True)
+        out = cls(size=size, max_positions=field_of("max_positions", True),  # type: ignore[arg-type]
+                  eos_token_id=field_of("eos_token_id", True),  # type: ignore[arg-type]
+                  bos_token_id=field_of("bos_token_id", role == "encoder-decoder"),
+                  pad_token_id=field_of("pad_token_id", False))
+        if size < 1 or out.max_positions < 1:
+            raise ValueError(f"config has vocab_size {size} and max_positions {out.max_positions}; expected >= 1")
+        for name in ("eos_token_id", "bos_token_id", "pad_token_id"):
+            v = getattr(out, name)
+            if v is not None and v >= size:
+                raise ValueError(f"config field {name!r} is {v}; expected an id below vocab_size {size}")
+        return out
 
 
 def cache_names(prefix: str, layers: int) -> tuple[str, ...]:

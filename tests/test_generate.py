@@ -4,6 +4,9 @@ seeded sampling, zero-copy IO binding, token agreement, limits and the CLI. Tiny
 from __future__ import annotations
 
 import json
+import re
+import shutil
+import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -360,6 +363,52 @@ def test_limits_and_bad_input(hf):
             with pytest.raises(XDeployError, match=msg):
                 fn()
     assert normalize_prompts(np.array([[0, 4, 5], [6, 0, 0]]), np.array([[0, 1, 1], [1, 0, 0]])) == [[4, 5], [6]]
+
+
+def test_generation_from_an_artifact_runs_without_torch(hf, seq2seq):
+    """The decoding loop reads its token facts from the manifest (Artifact.vocabulary), not the model's config class
+    (whose file imports torch): a decoder and an encoder-decoder generate, greedy and with beams, in a process
+    where `import torch` fails, the same tokens as here."""
+    model, art = hf
+    cases = [(art, [[5, 17, 250]], 2), (seq2seq, [[5, 9, 13, 400, 77]], 3)]
+    want = []
+    for a, prompt, beams in cases:
+        with Generator(a, "ort") as g:
+            want.append([list(map(list, g.generate(prompt, GenerationConfig(max_new_tokens=8, num_beams=b)).tokens))
+                         for b in (1, beams)])
+    code = ("import json, sys; sys.modules['torch'] = None\n"  # any `import torch` now raises ImportError
+            "from xdeploy.deploy.generate import GenerationConfig, Generator\n"
+            f"cases = {[(str(a.path), p, b) for a, p, b in cases]!r}\n"
+            "got = []\n"
+            "for a, prompt, beams in cases:\n"
+            "    with Generator(a, 'ort') as g:\n"
+            "        got.append([[list(t) for t in g.generate(prompt, GenerationConfig(max_new_tokens=8, "
+            "num_beams=b)).tokens] for b in (1, beams)])\n"
+            "assert 'xdeploy.models.registry' not in sys.modules\n"
+            "print(json.dumps(got))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout) == want
+    assert art.vocabulary.size == model.config.vocab_size and art.vocabulary.eos_token_id == model.config.eos_token_id
+    assert seq2seq.vocabulary.bos_token_id is not None
+
+
+def test_a_manifests_bad_token_facts_fail_at_load(hf, tmp_path):
+    """The vocabulary is untrusted manifest input: a special id outside the vocabulary, a missing or non-integer
+    field is refused when the artifact loads, in one line naming the field."""
+    _, art = hf
+    for change, msg in [({"eos_token_id": 300}, "'eos_token_id' is 300; expected an id below vocab_size 300"),
+                        ({"vocab_size": "300"}, "'vocab_size' is '300'; expected a non-negative integer"),
+                        ({"max_positions": None}, "'max_positions' is None; expected a non-negative integer"),
+                        ({"eos_token_id": True}, "'eos_token_id' is True")]:
+        bad = tmp_path / f"bad-{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(art.path, bad)
+        m = json.loads((bad / "manifest.json").read_text())
+        m["config"] |= change
+        (bad / "manifest.json").write_text(json.dumps(m))
+        with pytest.raises(XDeployError, match="invalid manifest .*" + re.escape(msg)) as e:
+            load_artifact(bad)
+        assert "\n" not in str(e.value)
 
 
 def test_cli_generate_json_and_errors(hf, tmp_path, capsys):

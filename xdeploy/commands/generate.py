@@ -99,7 +99,7 @@ def _artifact(args: argparse.Namespace) -> Artifact:
 def _prompts(args: argparse.Namespace, art: Artifact) -> tuple[list[list[int]], object | None]:
     import numpy as np
 
-    cfg = art.config
+    vocab = art.vocabulary
     tokenizer = None
     if art.tokenizer_dir is not None:
         from tokenizers import Tokenizer
@@ -123,8 +123,8 @@ def _prompts(args: argparse.Namespace, art: Artifact) -> tuple[list[list[int]], 
         raise XDeployError(f"--prompt-len and --batch must be >= 1, got {n} and {args.batch}")
     rng = np.random.default_rng(args.seed)
     # random-weight models have no special vocabulary beyond EOS: draw from every id except EOS
-    ids = rng.integers(0, cfg.vocab_size - 1, size=(args.batch, n))
-    ids[ids >= cfg.eos_token_id] += 1
+    ids = rng.integers(0, vocab.size - 1, size=(args.batch, n))
+    ids[ids >= vocab.eos_token_id] += 1
     return ids.tolist(), tokenizer
 
 
