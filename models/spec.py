@@ -219,8 +219,10 @@ class Vocabulary:
             v = config.get(name)
             if v is None and not required:
                 return None
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ValueError(f"config field {name!r} is {v!r}; expected a non-negative integer")
+            if not isinstance(v, int) or isinstance(v, bool):  # worded as export/artifact.py parse_config says it
+                raise ValueError(f"config field {name!r} is {v!r}; expected int")
+            if v < 0:
+                raise ValueError(f"config field {name!r} is {v}; expected an int >= 0")
             return v
 
         size = field_of("vocab_size", True)

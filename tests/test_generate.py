@@ -398,9 +398,10 @@ def test_a_manifests_bad_token_facts_fail_at_load(hf, tmp_path):
     field is refused when the artifact loads, in one line naming the field."""
     _, art = hf
     for change, msg in [({"eos_token_id": 300}, "'eos_token_id' is 300; expected an id below vocab_size 300"),
-                        ({"vocab_size": "300"}, "'vocab_size' is '300'; expected a non-negative integer"),
-                        ({"max_positions": None}, "'max_positions' is None; expected a non-negative integer"),
-                        ({"eos_token_id": True}, "'eos_token_id' is True")]:
+                        ({"vocab_size": "300"}, "'vocab_size' is '300'; expected int"),
+                        ({"max_positions": None}, "'max_positions' is None; expected int"),
+                        ({"pad_token_id": -1}, "'pad_token_id' is -1; expected an int >= 0"),
+                        ({"eos_token_id": True}, "'eos_token_id' is True; expected int")]:
         bad = tmp_path / f"bad-{len(list(tmp_path.iterdir()))}"
         shutil.copytree(art.path, bad)
         m = json.loads((bad / "manifest.json").read_text())
