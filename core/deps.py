@@ -22,6 +22,14 @@ def installed(package: str) -> bool:
         return False
 
 
+def missing_package(e: ModuleNotFoundError) -> str | None:
+    """The top-level package whose absence raised `e`, or None where `e` names a module of an installed package
+    (or of xdeploy): a bug, not a missing dependency. What the CLI says in one line instead of a traceback, e.g.
+    `xdeploy bench` in a lean environment without PyTorch."""
+    top = (e.name or "").partition(".")[0]
+    return None if not top or top == "xdeploy" or installed(top) else top
+
+
 # OpenVINO's converter (openvino.tools.ovc) and nncf send usage telemetry by default (openvino-telemetry, a
 # dependency of openvino) unless the user opted out or the environment says CI. On Linux every event forks the
 # whole process (a child per event, to time out a network call that may hang), and an export sends several per

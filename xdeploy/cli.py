@@ -10,6 +10,7 @@ import argparse
 import importlib
 import sys
 
+from xdeploy.core.deps import missing_package
 from xdeploy.core.errors import XDeployError
 
 COMMANDS: dict[str, str] = {
@@ -65,13 +66,20 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = argv[0] if argv and argv[0] in COMMANDS else None
-    args = build_parser(command).parse_args(argv)
-    args.argv = argv  # the command line as typed (reports record it)
     try:
+        args = build_parser(command).parse_args(argv)  # a command's options may come from the model registry
+        args.argv = argv  # the command line as typed (reports record it)
         return int(importlib.import_module(f"xdeploy.commands.{args.command}").run(args) or 0)
     except XDeployError as e:
         print(f"xdeploy: error: {e}", file=sys.stderr)
         return e.exit_code
+    except ModuleNotFoundError as e:
+        missing = missing_package(e)
+        if missing is None:  # a module of a package that is installed: a bug, shown as one
+            raise
+        print(f"xdeploy: error: {command or 'xdeploy'} needs the Python package {missing!r}, which is not installed "
+              "here (`pip install xdeploy` installs every package it needs)", file=sys.stderr)
+        return XDeployError.exit_code
     except KeyboardInterrupt:
         print("xdeploy: interrupted", file=sys.stderr)
         return 130
