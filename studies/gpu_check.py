@@ -38,7 +38,7 @@ COMPARE_BATCHES = (1, 8)
 # int8 is left out although `export --precision int8` now writes static Q/DQ graphs, which TensorRT can build
 # (int8-dynamic it cannot): its calibration and sensitivity search take minutes per base preset (GPT-2 small:
 # 2 min 41 s on 2 Xeon cores, docs/export.md), more than a GPU session's device budget can spare beside fp32 and
-# fp16; `xdeploy run --runners trt --precisions fp32,fp16,int8` covers it where time allows
+# fp16; `xdeploy run --runners trt --precision fp32,fp16,int8` covers it where time allows
 PRECISIONS = "fp32,fp16"
 # --full = the base presets (bert base, gpt small, vit base16, transformer base); it excludes --smoke
 PRESET_RUNS = {"default": ["--smoke"], "base": ["--full"]}
@@ -222,7 +222,7 @@ def run_command(name: str, out: Path, runners: str, models: Sequence[str] = (), 
     base preset's time on a lease)."""
     left_out = ",".join(dict.fromkeys(["scale", "roofline", *skip]))
     return [sys.executable, "-m", "xdeploy.cli", "run", *PRESET_RUNS[name], "--runners", runners,
-            "--precisions", PRECISIONS, *(["--models", ",".join(models)] if models else []),
+            "--precision", PRECISIONS, *(["--models", ",".join(models)] if models else []),
             "--skip", left_out, "--out", str(out / f"report-{name}"), "--artifacts", str(out / "artifacts"),
             "--json", str(run_json(out, name))]
 

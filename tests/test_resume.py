@@ -27,7 +27,7 @@ from xdeploy.reports.compare import identity
 from xdeploy.reports.render import load_results
 
 # the smallest run that has every kind of step: export, parity, bench (isolated children), report
-ARGS = ["--smoke", "--models", "vit", "--runners", "ort", "--precisions", "fp32", "--skip", "roofline,scale,decode"]
+ARGS = ["--smoke", "--models", "vit", "--runners", "ort", "--precision", "fp32", "--skip", "roofline,scale,decode"]
 
 
 def _ids(records):
