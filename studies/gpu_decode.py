@@ -122,9 +122,12 @@ def _precision_timing(model: str, preset: str, precisions: list[str], out: Path,
     gens, failed = {}, {}
     for p in precisions:
         path = out / "artifacts" / f"{model}-{preset}" if p == "fp32" else out / "artifacts" / f"{model}-{preset}-{p}"
+        precision, *more = p.split("+")  # fp16+opt: optimized (export/optimize.py); +opset18: another opset
+        kw: dict[str, Any] = {"optimize": "opt" in more}
+        kw |= [("opset", int(m[5:])) for m in more if m.startswith("opset")]
         try:
             art = load_artifact(path if (path / "manifest.json").is_file()
-                                else export(model, preset=preset, precision=p, out=path))
+                                else export(model, preset=preset, precision=precision, out=path, **kw))
             gens[p] = Generator(art, runner, kv_cache="loop")
         except Exception as e:  # noqa: BLE001 - a study: a precision the runner cannot take is a finding
             failed[p] = f"{type(e).__name__}: {e}"
@@ -194,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-seconds", type=float, default=20.0)
     ap.add_argument("--out", default="reports/gpu/decode")
     ap.add_argument("--no-cuda-graph", action="store_true", help="leave out the CUDA-graph placement (ort-cuda)")
-    ap.add_argument("--precisions", default="fp32", help="precisions of the timed model to time against each other")
+    ap.add_argument("--precisions", default="fp32", help="precisions of the timed model to time against each other; "
+                    "a '+opt' suffix optimizes the export (onnxruntime's fusions), '+opset18' picks its opset")
     ap.add_argument("--kernels", action="store_true", help="a kernel census per precision (torch's profiler, CUDA)")
     a = ap.parse_args(argv)
     graph = a.runner == "ort-cuda" and not a.no_cuda_graph

@@ -20,6 +20,12 @@
 # 109 s; `--models transformer --presets base` 84 s with the two runner tests). The full
 # smoke run did not finish in 200 s and GPT-2 small's base run took 290 s (its bench 71 s and decode 116 s are
 # mostly the PyTorch reference on the CPU): `check --runs default --skip bench` for parity and decoding only.
+# Fourth lease: `gpu_decode --models gpt,transformer --presets tiny,small --precisions fp32,fp16,int8-dynamic
+# --kernels` ~215 s (the fp16 and int8-dynamic exports of GPT-2 small ~50 and ~65 s); `xdeploy run --smoke --runners
+# ort-cuda --precision fp32,int8,int8-dynamic --skip bench,decode,scale,roofline` 33 s; a bare `pytest -m gpu tests`
+# stops at collection (the bundled MiniLM is not carried): pass --continue-on-collection-errors as gpu_check does.
+# Optimized exports (`--precisions ...+opt`) of GPT-2 small take ~70 s each on 2 cores and more there: three did
+# not finish in 330 s; give them a call of their own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PART_MIB=${PART_MIB:-49}
