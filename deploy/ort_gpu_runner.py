@@ -154,6 +154,27 @@ EP_LIBRARIES = {"CUDAExecutionProvider": "libonnxruntime_providers_cuda.so",
                 "TensorrtExecutionProvider": "libonnxruntime_providers_tensorrt.so"}
 
 
+# Quantized graph formats (export/tensorrt.py int8_format) whose products onnxruntime's CUDA provider cannot run:
+# they fall back to the host, silently but for the speed. Dynamic int8's DynamicQuantizeLinear makes uint8
+# activations, and the CUDA provider registers MatMulInteger for int8 activations only (cuda_execution_provider.cc):
+# on an NVIDIA H200 GPT-2 small's int8-dynamic artifact decoded at 0.22x its fp32 one, CUDA graphs refused
+# (docs/runners.md, fourth lease).
+HOST_PRODUCTS = {"dynamic": "its dynamic-int8 products (DynamicQuantizeLinear to uint8, MatMulInteger) have no CUDA "
+                            "kernel and run on the host with copies around each (GPT-2 small decoded at 0.22x its "
+                            "fp32 artifact on an NVIDIA H200); fp32, fp16 and int8 (Q/DQ) artifacts run on the GPU"}
+_HOST_NOTES_SAID: set[tuple[str, str]] = set()
+
+
+def host_products_note(runner: str, int8_fmt: str | None, graph_file: str) -> str | None:
+    """The one-line note for a graph whose products a GPU runner runs on the host (by its quantization format),
+    or None; said once per process for each (runner, graph file)."""
+    why = HOST_PRODUCTS.get(int8_fmt or "")
+    if why is None or (runner, graph_file) in _HOST_NOTES_SAID:
+        return None
+    _HOST_NOTES_SAID.add((runner, graph_file))
+    return f"xdeploy: note: {runner} on {graph_file}: {why}"
+
+
 def ep_library_gap(provider: str) -> str | None:
     """Why the provider's shared library cannot load (the loader's own message, e.g. `libnvinfer.so.10: cannot
     open shared object file`), or None. onnxruntime-gpu lists its GPU providers whenever their libraries are in
@@ -238,6 +259,9 @@ class _OrtGpuRunner(OrtRunner):
             why = ep_library_gap(want) or "no usable GPU?"
             raise XDeployError(f"runner {self.name!r}: onnxruntime could not start {want} ({why}); "
                                f"active providers: {active}")
+        note = host_products_note(self.name, facts["int8_format"], str(self.artifact.onnx_path(self.graph.name)))
+        if note:
+            print(note, file=sys.stderr)
 
     def _steps_graph(self) -> bool:
         """Whether this is the artifact's decode graph, the one the decoding loop binds once per generation and

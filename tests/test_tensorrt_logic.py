@@ -25,7 +25,13 @@ from onnx import TensorProto, helper
 from sim_tensorrt import make_simulated_tensorrt, simulated_backend
 
 from xdeploy.core.errors import XDeployError
-from xdeploy.deploy.ort_gpu_runner import check_available, create_cache_dirs, ort_trt_cache_dir, provider_list
+from xdeploy.deploy.ort_gpu_runner import (
+    check_available,
+    create_cache_dirs,
+    host_products_note,
+    ort_trt_cache_dir,
+    provider_list,
+)
 from xdeploy.deploy.trt_runner import attach_timing_cache, build_engine
 from xdeploy.export.tensorrt import (
     BuildPlan,
@@ -339,6 +345,31 @@ def test_ort_gpu_provider_options(tmp_path):
     with pytest.raises(XDeployError, match="needs onnxruntime-gpu with CUDAExecutionProvider.*offers only"):
         check_available("ort-cuda", ["CPUExecutionProvider"], "1.31.1")
     check_available("ort-trt", ["TensorrtExecutionProvider", "CUDAExecutionProvider"], "1.31.1")
+
+
+def test_a_gpu_runner_says_once_when_a_graphs_products_run_on_the_host(tmp_path):
+    """Dynamic int8's uint8 MatMulInteger has no CUDA kernel: onnxruntime runs those products on the host without a
+    word (GPT-2 small decoded at 0.22x fp32 on an H200). The GPU runners say so once per graph file; Q/DQ int8
+    and float graphs run on the GPU and get no note. The format comes from the graph itself (int8_format)."""
+    from xdeploy.export.tensorrt import int8_format
+
+    # what onnxruntime's dynamic quantization writes for a product: uint8 activations into MatMulInteger
+    w = helper.make_tensor("w", TensorProto.INT8, [4, 2], [1, -2, 3, -4, 5, -6, 7, -8])
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+             helper.make_node("MatMulInteger", ["xq", "w", "xz"], ["y"])]
+    g = helper.make_graph(nodes, "dyn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.INT32, [1, 2])], [w])
+    graph = str(tmp_path / "dyn.onnx")
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), graph)
+    fmt = int8_format(graph)
+    assert fmt == "dynamic"
+    note = host_products_note("ort-cuda", fmt, graph)
+    assert note is not None and note.startswith(f"xdeploy: note: ort-cuda on {graph}: ") and "\n" not in note
+    assert "MatMulInteger" in note and "host" in note
+    assert host_products_note("ort-cuda", fmt, graph) is None  # once per (runner, graph file)
+    assert host_products_note("ort-trt", fmt, graph) is not None
+    for other in ("qdq", None):
+        assert host_products_note("ort-cuda", other, graph + other if other else graph + "-fp32") is None
 
 
 def test_ort_trt_cache_directories_are_created_with_parents(tmp_path):
