@@ -595,3 +595,30 @@ def test_engine_cache_lives_under_the_one_cache_root(monkeypatch, tmp_path):
     monkeypatch.setenv("XDEPLOY_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # not used: one root for every cache
     assert default_cache_root() == cache_root() / "trt" == tmp_path / "cache" / "trt"
+
+
+def test_the_gpu_decode_study_runs_its_cpu_path(tmp_path, capsys):
+    """studies/gpu_decode.py is run on leased GPU machines, where a broken study wastes the lease: its whole path
+    (token checks per placement, the placements' timing, the precisions' timing) runs here on `ort`, at the
+    smallest preset of the first generating model, with two precisions; the tokens must agree."""
+    import torch
+    from families import first, smallest
+
+    from xdeploy.export.precision import EXPORT_PRECISIONS
+    from xdeploy.studies import gpu_decode
+
+    model = first(generates=True)
+    precisions = ["fp32", *(["fp16"] if "fp16" in EXPORT_PRECISIONS else [])]
+    rc = gpu_decode.main(["--runner", "ort", "--models", model, "--presets", smallest(model), "--new", "4",
+                          "--prompt", "6", "--max-seconds", "0.3", "--precisions", ",".join(precisions),
+                          "--kernels", "--out", str(tmp_path)])
+    capsys.readouterr()
+    result = json.loads((tmp_path / "gpu_decode.json").read_text())
+    assert rc == 0 and result["runner"] == "ort"
+    assert result["checks"] and all(r["greedy_equal"] and r["beam_equal"] for r in result["checks"])
+    prec = result["precisions"]
+    assert set(prec["tokens_per_s"]) == set(precisions) and all(v > 0 for v in prec["tokens_per_s"].values())
+    assert prec["agreement_with_torch"]["fp32"] == 1.0 and not prec["failed"]
+    assert set(prec["speedups"]) == set(precisions[1:])
+    if not torch.cuda.is_available():
+        assert prec["kernels"].startswith("left out")
