@@ -568,6 +568,10 @@ def test_gpu_check_runs_are_commands_xdeploy_run_takes():
     cfg = RunConfig(out=args.out, skip=tuple(args.skip.split(",")), runners=("ort-cuda",))
     assert set(cfg.skip) == {"scale", "roofline", "bench"} and not cfg.runs("bench") and cfg.runs("decode")
     assert "--full" in run_command("base", Path("/tmp/g"), "ort-cuda")
+    # the smoke presets check static Q/DQ int8 on the GPU runners too (TensorRT's explicit quantization); the base
+    # presets leave it out (minutes of calibration), and int8-dynamic neither TensorRT nor the CUDA provider runs
+    assert args.precisions.split(",") == ["fp32", "fp16", "int8"]
+    assert build_parser("run").parse_args(run_command("base", Path("/tmp/g"), "trt")[3:]).precisions == "fp32,fp16"
 
 
 def test_xdeploy_doctor_lists_runner_gaps_and_refuses_gpu_check_here(capsys):
