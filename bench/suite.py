@@ -219,9 +219,14 @@ def tokens_per_call(art: Any, sizes: Mapping[str, int]) -> float | None:
     seq = sum(sizes[a] for a in token_axes(art.capabilities) if a in sizes)
     if seq:
         return float(sizes["batch"] * seq)
-    from xdeploy.models.registry import dims
+    if art.foreign is not None:
+        return None
+    if art.cost is not None:  # the manifest's (no model code)
+        n = art.cost.fixed_tokens
+    else:  # an artifact written before the manifest had it
+        from xdeploy.models.registry import dims
 
-    n = dims(art.config).fixed_tokens if art.foreign is None else None
+        n = dims(art.config).fixed_tokens
     return float(sizes["batch"] * n) if n else None
 
 
@@ -247,7 +252,9 @@ def latency_record(art: Any, job: BenchJob, result: dict[str, Any], mem: MemoryS
         from xdeploy.export.foreign import dense_flops
 
         flops = dense_flops(art, sizes)
-    else:
+    elif art.cost is not None:  # recorded at export from the family's `flops` (models/spec.py Cost): no torch here
+        flops = art.cost.flops(sizes)
+    else:  # an artifact written before the manifest had it
         from xdeploy.models.registry import get_family
 
         flops = float(get_family(art.model).flops(art.config, sizes))

@@ -30,6 +30,7 @@ from xdeploy.models.spec import (
     DTYPES,
     Axis,
     Capabilities,
+    Cost,
     DecoderFeeds,
     ExportSpec,
     Graph,
@@ -83,6 +84,13 @@ class Artifact:
         """The token facts the decoding loop reads (vocabulary size, positions, special ids), from the manifest's
         config without the model registry: generation from an artifact needs no torch."""
         return _vocabulary(self.manifest["config"], self.capabilities.role, self.path / MANIFEST)
+
+    @property
+    def cost(self) -> Cost | None:
+        """FLOPs per call as the manifest records them (models/spec.py Cost; checked at load), or None for an
+        artifact written before that section (the model registry's `flops` then, which needs torch)."""
+        c = self.manifest.get("cost")
+        return None if c is None else Cost.from_json(c)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -398,6 +406,12 @@ def parse_manifest(root: Path, m: Any, mpath: Path, *, verify: bool = True) -> A
         if caps.decoding is not None:
             _check_decoding(caps.decoding, {g.name: g for g in graphs}, mpath)
             _vocabulary(m["config"], caps.role, mpath)  # a bad token id fails here, not deep in a decode loop
+
+    if m.get("cost") is not None:
+        try:
+            Cost.from_json(m["cost"])
+        except ValueError as e:
+            raise XDeployError(f"invalid manifest {mpath}: cost: {e}") from None
 
     ov_ir = m.get("openvino")
     if ov_ir is not None:

@@ -26,7 +26,7 @@ from torch import nn
 from xdeploy.core.errors import XDeployError
 from xdeploy.core.fsutil import require_space
 from xdeploy.models import registry
-from xdeploy.models.spec import ExportSpec, Graph, ModelFamily
+from xdeploy.models.spec import Cost, ExportSpec, Graph, ModelFamily, token_axes
 
 # the export defaults live in artifact.py (torch-free), so the CLI's --help and `convert` need no torch import
 from .artifact import DEFAULT_OPSET, DEFAULT_OPTIMIZE, SUPPORTED_OPSETS, spec_to_json  # noqa: F401
@@ -377,6 +377,11 @@ def export(model: str, *, preset: str | None = None, checkpoint: str | Path | No
         "pooling": dataclasses.asdict(src.pooling) if src.pooling else None,
         "capabilities": src.family.capabilities.to_json(),
     }
+    # FLOPs per call without the model code (bench reads it: benchmarking an artifact needs no torch)
+    cost = Cost.fit(lambda sizes: src.family.flops(src.config, sizes), token_axes(src.family.capabilities),
+                    src.family.dims(src.config).fixed_tokens)
+    if cost is not None:
+        manifest["cost"] = cost.to_json()
     with write_artifact(out, manifest, force=force) as w:
         w.manifest["source"]["weights_sha256"] = w.save_weights(src.module.state_dict())
         # the golden probes: the module's outputs as saved, before torch.onnx runs over it (export/probes.py);

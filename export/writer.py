@@ -46,7 +46,7 @@ EXTERNAL_DATA_BYTES = 32 * 2**20
 CORE_KEYS = frozenset({
     "format", "schema_version", "model", "preset", "source", "config", "precision", "opset", "attn_impl",
     "optimized", "graphs", "axes", "tolerances", "conversion", "pooling", "derived_from", "versions",
-    "export_seconds", "files", "capabilities",
+    "export_seconds", "files", "capabilities", "cost",
 })
 # Core manifest fields mirrored into every graph's metadata_props (as "xdeploy.<key>").
 METADATA_KEYS = ("model", "preset", "precision", "opset", "optimized", "schema_version")

@@ -239,6 +239,74 @@ class Vocabulary:
         return out
 
 
+Monomial = tuple[tuple[str, int], ...]  # token axes and their powers, e.g. (("seq", 2),); () is the constant
+
+
+@dataclass(frozen=True)
+class Cost:
+    """A model's FLOPs per call as its artifact's manifest records them ("cost"), so that a benchmark of the artifact
+    needs no model code (and no torch): per batch row, a polynomial of degree <= 2 in the token axes -- what every
+    family's `flops` is (the products linear in the tokens, attention's scores and mixing quadratic) -- and the
+    token count of a model whose config fixes it (ViT's patches). `fit` reads it off the family's own `flops`."""
+
+    terms: tuple[tuple[Monomial, float], ...]
+    fixed_tokens: int | None = None
+
+    def flops(self, sizes: Mapping[str, int]) -> float:
+        return float(sizes["batch"]) * sum(c * math.prod(float(sizes[a]) ** e for a, e in m) for m, c in self.terms)
+
+    @classmethod
+    def fit(cls, flops: Callable[[Mapping[str, int]], float], axes: Sequence[str], fixed_tokens: int | None = None
+            ) -> Cost | None:
+        """The polynomial that `flops(sizes)` is, from its values on a grid of token counts, or None where it is not
+        one (checked off the grid and at another batch): the family's own function stays the reference."""
+        monos: list[Monomial] = [(), *(((a, 1),) for a in axes), *(((a, 2),) for a in axes),
+                                 *(((a, 1), (b, 1)) for i, a in enumerate(axes) for b in axes[i + 1:])]
+        grid = [dict(zip(axes, v)) for v in np.array(np.meshgrid(*[[7, 19, 64]] * len(axes))).reshape(len(axes), -1).T
+                ] if axes else [{}]
+
+        def row(point: Mapping[str, int]) -> list[float]:
+            return [math.prod(float(point[a]) ** e for a, e in m) for m in monos]
+
+        try:
+            y = np.array([flops({"batch": 1} | {a: int(v) for a, v in p.items()}) for p in grid], dtype=np.float64)
+            coef = np.linalg.lstsq(np.array([row(p) for p in grid]), y, rcond=None)[0]
+            # FLOP counts are whole numbers: snap the solver's rounding (1e-8 where a term is absent, 262144.000006)
+            coef = [float(round(c)) if abs(c - round(c)) <= 1e-6 * max(1.0, abs(c)) else float(c) for c in coef]
+            cost = cls(tuple((m, c) for m, c in zip(monos, coef) if c != 0.0), fixed_tokens)
+            for b, v in ((3, 13), (2, 101), (1, 1000)):  # off the grid, and linear in the batch
+                sizes = {"batch": b} | dict.fromkeys(axes, v)
+                want = float(flops(sizes))
+                if not math.isfinite(want) or abs(cost.flops(sizes) - want) > 1e-9 * max(abs(want), 1.0):
+                    return None
+        except (KeyError, TypeError, ValueError, np.linalg.LinAlgError):  # it reads sizes this fit does not give
+            return None
+        return cost
+
+    def to_json(self) -> dict[str, Any]:
+        return {"flops_per_row": [{"axes": dict(m), "coef": c} for m, c in self.terms],
+                "fixed_tokens": self.fixed_tokens}
+
+    @classmethod
+    def from_json(cls, d: Any) -> Cost:
+        """Parse a manifest's section (untrusted: raises ValueError naming what was expected)."""
+        if not isinstance(d, Mapping) or not isinstance(d.get("flops_per_row"), list):
+            raise ValueError("expected an object with a flops_per_row list")
+        terms = []
+        for t in d["flops_per_row"]:
+            axes, c = (t.get("axes"), t.get("coef")) if isinstance(t, Mapping) else (None, None)
+            if not (isinstance(axes, Mapping) and all(isinstance(a, str) and type(e) is int and 1 <= e <= 2
+                                                      for a, e in axes.items()) and sum(axes.values()) <= 2):
+                raise ValueError(f"term {t!r}: expected axes mapping token axis names to powers 1-2, degree <= 2")
+            if not (isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c)):
+                raise ValueError(f"term {t!r}: expected a finite number coef")
+            terms.append((tuple(sorted(axes.items())), float(c)))
+        n = d.get("fixed_tokens")
+        if n is not None and not (type(n) is int and n >= 1):
+            raise ValueError(f"fixed_tokens {n!r}: expected an int >= 1 or null")
+        return cls(tuple(terms), n)
+
+
 def cache_names(prefix: str, layers: int) -> tuple[str, ...]:
     return tuple(f"{prefix}.{i}.{kv}" for i in range(layers) for kv in ("key", "value"))
 

@@ -323,3 +323,45 @@ def test_no_record_is_shown_above_its_peak(monkeypatch, tmp_path):
     for r in out:
         validate_record(r)
     assert roofline.load_peaks()["fp32@1"] == out[0]["peak_flops"]  # the cache keeps the better peak
+
+
+def test_bench_of_an_artifact_runs_without_torch(cache, tmp_path):
+    """An artifact's FLOPs per call come from its manifest ("cost"), not the model family (whose file imports torch):
+    `xdeploy bench ARTIFACT --runners ort` runs where `import torch` fails in every process it starts, and its
+    records carry the family's FLOPs and token counts, for a model with a token axis and one without."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from families import names, smallest
+
+    from xdeploy.core.records import read_records
+    from xdeploy.export.artifact import load_artifact
+    from xdeploy.export.onnx_export import export
+    from xdeploy.models.registry import dims, get_family
+    from xdeploy.models.spec import token_axes
+
+    with_axis = next(n for n in names() if get_family(n).capabilities.token_axis)
+    without = [n for n in names() if not token_axes(get_family(n).capabilities)]
+    arts = [load_artifact(export(m, preset=smallest(m), out=tmp_path / m)) for m in [with_axis, *without[:1]]]
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import sys\nsys.modules['torch'] = None  # import torch fails\n")
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    out = tmp_path / "b.jsonl"
+    r = subprocess.run([sys.executable, "-m", "xdeploy.cli", "bench", *[str(a.path) for a in arts], "--runners", "ort",
+                        "--no-roofline", "--batch", "2", "--seq", "8", "--warmup", "1", "--min-iters", "2",
+                        "--max-iters", "3", "--threads", "1", "--records", str(out)],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    probe = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True, text=True, env=env)
+    assert probe.returncode != 0  # the block holds in the processes bench starts too
+    recs = {rec["model"]: rec for rec in read_records(out)}
+    for a in arts:
+        sizes = {"batch": 2} | dict.fromkeys(token_axes(a.capabilities), 8)
+        rec = recs[a.model]
+        assert rec["flops"] == pytest.approx(get_family(a.model).flops(a.config, sizes), rel=1e-12)
+        n = 8 if a.model == with_axis else dims(a.config).fixed_tokens
+        assert rec["tokens_per_s"] == pytest.approx(2 * n / rec["latency_s"]["p50"])
+    assert json.loads((arts[0].path / "manifest.json").read_text())["cost"]["flops_per_row"]

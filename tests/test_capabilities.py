@@ -27,6 +27,7 @@ from xdeploy.models.layers import Layer
 from xdeploy.models.spec import (
     Axis,
     Capabilities,
+    Cost,
     DecoderFeeds,
     Dims,
     ExportSpec,
@@ -292,3 +293,41 @@ def test_a_tampered_capabilities_section_is_one_line(echo, tmp_path):
     atomic_write_json(path / MANIFEST, write_manifest_files(path, m))
     with pytest.raises(XDeployError, match="invalid manifest .*capabilities: role 'decoder': decoding feeds"):
         load_artifact(path)
+
+
+def test_every_familys_recorded_cost_is_its_flops():
+    """The manifest's "cost" (FLOPs per call without model code: what lets `xdeploy bench ARTIFACT` run without
+    torch) is read off each family's own `flops`: equal to it at random sizes, batch included, for every registered
+    family at every preset; it survives its JSON; a cost that is no polynomial of degree <= 2 is not recorded."""
+    rng = np.random.default_rng(0)
+    for name, fam in registry.MODELS.items():
+        axes = token_axes(fam.capabilities)
+        for preset in fam.presets:
+            cfg = registry.get_config(name, preset)
+            cost = Cost.fit(lambda sizes, fam=fam, cfg=cfg: fam.flops(cfg, sizes), axes, fam.dims(cfg).fixed_tokens)
+            assert cost is not None and cost.fixed_tokens == fam.dims(cfg).fixed_tokens, (name, preset)
+            assert Cost.from_json(json.loads(json.dumps(cost.to_json()))) == cost
+            for _ in range(4):
+                sizes = {"batch": int(rng.integers(1, 65))} | {a: int(rng.integers(1, 4097)) for a in axes}
+                assert cost.flops(sizes) == pytest.approx(fam.flops(cfg, sizes), rel=1e-12), (name, preset, sizes)
+    assert Cost.fit(lambda s: s["batch"] * s["seq"] ** 3, ("seq",)) is None  # not degree <= 2
+    assert Cost.fit(lambda s: s["seq"] ** 2, ("seq",)) is None  # not linear in the batch
+    assert Cost.fit(lambda s: s["batch"] * s["past"], ("seq",)) is None  # reads a size the fit does not give
+
+
+def test_a_tampered_cost_section_is_one_line(echo, tmp_path):
+    """"cost" is untrusted manifest input: a malformed one is refused at load, in one line naming the section."""
+    from xdeploy.core.fsutil import atomic_write_json
+    from xdeploy.export.artifact import write_manifest_files
+    from xdeploy.export.onnx_export import export
+
+    path = export(echo, preset="tiny", out=tmp_path / "a")
+    m = json.loads((path / MANIFEST).read_text())
+    assert load_artifact(path).cost == Cost.from_json(m["cost"])
+    for bad, msg in [({"flops_per_row": [{"axes": {AXIS: 3}, "coef": 1.0}]}, "powers 1-2, degree <= 2"),
+                     ({"flops_per_row": [{"axes": {}, "coef": "1e9"}]}, "a finite number coef"),
+                     ({"flops_per_row": [], "fixed_tokens": 0}, "fixed_tokens 0: expected an int >= 1"),
+                     ([], "expected an object with a flops_per_row list")]:
+        atomic_write_json(path / MANIFEST, write_manifest_files(path, m | {"cost": bad}))
+        with pytest.raises(XDeployError, match=f"invalid manifest .*cost: .*{msg}"):
+            load_artifact(path)

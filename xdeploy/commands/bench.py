@@ -89,7 +89,6 @@ def run(args: argparse.Namespace) -> int:
         raise XDeployError("--preset/--opset/--attn-impl apply to one MODEL name; several targets were given")
     # bad runners and targets fail here, in a line, before a roofline or an export takes seconds to minutes
     from xdeploy.deploy.registry import check_spec
-    from xdeploy.models.registry import get_family
 
     for r in runners:
         check_spec(r)
@@ -97,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
         if not Path(t).exists() and ("/" in t or t.endswith(".onnx")):
             raise XDeployError(f"{t} does not exist; expected an artifact directory, an ONNX file or a model name")
         if not Path(t).exists():
+            from xdeploy.models.registry import get_family  # a model name: the registry (and torch) is needed
+
             get_family(t)  # not a registered model: the error names the models
     console = make_console()
     log = step_log(console)
