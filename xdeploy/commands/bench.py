@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "artifact), artifact directory, or ONNX file / export directory of another exporter; several "
                    "are timed in the same interleaved rounds")
     p.add_argument("--runners", type=_names, help="comma-separated runner specs, e.g. torch,ort,ov,ov:bf16 "
-                   "(default torch,ort; ort when every target is an ONNX file)")
+                   "(default torch,ort; ort when every target is an ONNX file or PyTorch is not installed)")
     p.add_argument("--shapes", metavar="INPUT:DxD,...", help="ONNX files: sizes of their inputs, trtexec style "
                    "(e.g. input_ids:1x128,attention_mask:1x128); needed for symbolic dims xdeploy does not "
                    "recognize (batch and sequence names take --batch / --seq)")
@@ -80,7 +80,12 @@ def run(args: argparse.Namespace) -> int:
 
     foreign = [t for t in args.target if Path(t).is_file() or (Path(t).is_dir() and not (Path(t) / "manifest.json")
                                                                  .exists())]
-    runners = args.runners or (["ort"] if len(foreign) == len(args.target) else ["torch", "ort"])
+    from xdeploy.core.deps import installed
+
+    # the reference runner where it can run: another exporter's graph has no PyTorch module, and an artifact
+    # benchmarks without PyTorch installed (its FLOPs come from the manifest)
+    reference = len(foreign) < len(args.target) and installed("torch")
+    runners = args.runners or (["torch", "ort"] if reference else ["ort"])
     baseline = args.baseline or ("torch" if "torch" in runners else runners[0])
     shapes = parse_input_shapes(args.shapes)
     if shapes and not foreign:
