@@ -25,7 +25,7 @@ def installed(package: str) -> bool:
 def missing_package(e: ModuleNotFoundError) -> str | None:
     """The top-level package whose absence raised `e`, or None where `e` names a module of an installed package
     (or of xdeploy): a bug, not a missing dependency. What the CLI says in one line instead of a traceback, e.g.
-    `xdeploy bench` in a lean environment without PyTorch."""
+    `xdeploy bench MODEL` (an export) in a lean environment without PyTorch."""
     top = (e.name or "").partition(".")[0]
     return None if not top or top == "xdeploy" or installed(top) else top
 
