@@ -37,6 +37,7 @@ from xdeploy.models.spec import (
     TensorSpec,
     Tolerance,
     Vocabulary,
+    token_axes,
 )
 
 from .onnx_graph import IO, MAX_OPSET, MIN_OPSET, check_external_data, graph_io, read_onnx, view_manifest
@@ -409,9 +410,15 @@ def parse_manifest(root: Path, m: Any, mpath: Path, *, verify: bool = True) -> A
 
     if m.get("cost") is not None:
         try:
-            Cost.from_json(m["cost"])
+            cost = Cost.from_json(m["cost"])
         except ValueError as e:
             raise XDeployError(f"invalid manifest {mpath}: cost: {e}") from None
+        # a term must read a token axis this artifact declares (a benchmark sets those; any other would be a
+        # KeyError deep in `xdeploy bench`)
+        declared = set(token_axes(caps)) if "capabilities" in m else set(m["axes"])
+        odd = sorted({a for mono, _ in cost.terms for a, _ in mono} - declared)
+        _need(not odd, mpath, f"cost reads axis {', '.join(map(repr, odd))}; expected token axes among "
+                              f"{sorted(declared) or 'none'}")
 
     ov_ir = m.get("openvino")
     if ov_ir is not None:

@@ -324,10 +324,12 @@ def test_a_tampered_cost_section_is_one_line(echo, tmp_path):
     path = export(echo, preset="tiny", out=tmp_path / "a")
     m = json.loads((path / MANIFEST).read_text())
     assert load_artifact(path).cost == Cost.from_json(m["cost"])
-    for bad, msg in [({"flops_per_row": [{"axes": {AXIS: 3}, "coef": 1.0}]}, "powers 1-2, degree <= 2"),
-                     ({"flops_per_row": [{"axes": {}, "coef": "1e9"}]}, "a finite number coef"),
-                     ({"flops_per_row": [], "fixed_tokens": 0}, "fixed_tokens 0: expected an int >= 1"),
-                     ([], "expected an object with a flops_per_row list")]:
+    for bad, msg in [({"flops_per_row": [{"axes": {AXIS: 3}, "coef": 1.0}]}, "cost: .*powers 1-2, degree <= 2"),
+                     ({"flops_per_row": [{"axes": {}, "coef": "1e9"}]}, "cost: .*a finite number coef"),
+                     ({"flops_per_row": [], "fixed_tokens": 0}, "cost: fixed_tokens 0: expected an int >= 1"),
+                     ([], "cost: expected an object with a flops_per_row list"),
+                     ({"flops_per_row": [{"axes": {"batch": 1}, "coef": 1.0}]},
+                      f"cost reads axis 'batch'; expected token axes among \\['{AXIS}'\\]")]:
         atomic_write_json(path / MANIFEST, write_manifest_files(path, m | {"cost": bad}))
-        with pytest.raises(XDeployError, match=f"invalid manifest .*cost: .*{msg}"):
+        with pytest.raises(XDeployError, match=f"invalid manifest .*{msg}"):
             load_artifact(path)
