@@ -328,8 +328,8 @@ def test_no_record_is_shown_above_its_peak(monkeypatch, tmp_path):
 def test_bench_of_an_artifact_runs_without_torch(cache, tmp_path):
     """An artifact's FLOPs per call come from its manifest ("cost"), not the model family (whose file imports torch):
     `xdeploy bench ARTIFACT` runs where `import torch` fails in every process it starts, on `ort` (the default
-    there), and its records carry the family's FLOPs and token counts, for a model with a token axis and one
-    without."""
+    there), measuring its quick roofline without torch's kernels, and its records carry the family's FLOPs and token
+    counts, for a model with a token axis and one without."""
     import json
     import os
     import subprocess
@@ -337,6 +337,7 @@ def test_bench_of_an_artifact_runs_without_torch(cache, tmp_path):
 
     from families import names, smallest
 
+    from xdeploy.bench import roofline
     from xdeploy.core.records import read_records
     from xdeploy.export.artifact import load_artifact
     from xdeploy.export.onnx_export import export
@@ -349,11 +350,13 @@ def test_bench_of_an_artifact_runs_without_torch(cache, tmp_path):
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text("import sys\nsys.modules['torch'] = None  # import torch fails\n")
-    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    # a cache of its own: no roofline measured in this environment yet, so bench measures a quick one without torch
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
+                        "XDEPLOY_CACHE": str(tmp_path / "lean-cache")}
     out = tmp_path / "b.jsonl"
     # no --runners: the reference runner is left out where PyTorch cannot be imported, not a failure
     r = subprocess.run([sys.executable, "-m", "xdeploy.cli", "bench", *[str(a.path) for a in arts],
-                        "--no-roofline", "--batch", "2", "--seq", "8", "--warmup", "1", "--min-iters", "2",
+                        "--batch", "2", "--seq", "8", "--warmup", "1", "--min-iters", "2",
                         "--max-iters", "3", "--threads", "1", "--records", str(out)],
                        capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -361,6 +364,11 @@ def test_bench_of_an_artifact_runs_without_torch(cache, tmp_path):
     assert probe.returncode != 0  # the block holds in the processes bench starts too
     recs = {rec["model"]: rec for rec in read_records(out)}
     assert {rec["runner"] for rec in read_records(out)} == {"ort"} and len(recs) == len(arts)
+    roof = json.loads((tmp_path / "lean-cache" / roofline.CACHE_FILE).read_text())  # GEMM peaks of ort and ov
+    assert roof["gemm"]["fp32"]["value"] > 0 and not roof["gemm"]["fp32"]["path"].startswith("torch")
+    assert roof["memory_read"]["path"].startswith("read: numpy")  # the torch read kernels left out
+    assert all(rec["peak_flops"] and (rec["pct_of_peak"] is None or 0 < rec["pct_of_peak"] <= 100)
+               for rec in recs.values())
     for a in arts:
         sizes = {"batch": 2} | dict.fromkeys(token_axes(a.capabilities), 8)
         rec = recs[a.model]
