@@ -25,7 +25,8 @@
 # ort-cuda --precision fp32,int8,int8-dynamic --skip bench,decode,scale,roofline` 33 s; a bare `pytest -m gpu tests`
 # stops at collection (the bundled MiniLM is not carried): pass --continue-on-collection-errors as gpu_check does.
 # Optimized exports (`--precisions ...+opt`) of GPT-2 small take ~70 s each on 2 cores and more there: three did
-# not finish in 330 s; give them a call of their own.
+# not finish in 330 s; give them a call of their own, the three `xdeploy export ... --optimize` side by side first
+# (docs/runners.md, fourth lease, has the command; checked on 2 cores with the tiny GPT: 31 s, the study reusing them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PART_MIB=${PART_MIB:-49}
