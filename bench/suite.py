@@ -214,19 +214,24 @@ def bench_configs(art: Any, batches: Sequence[int], seqs: Sequence[int], graph: 
     return configs, skipped
 
 
+def model_cost(art: Any) -> tuple[Callable[[Mapping[str, int]], float], int | None]:
+    """One of our artifacts' FLOPs per call (a function of the axis sizes) and fixed token count (ViT's patches):
+    the manifest's `cost` (models/spec.py Cost: no model code, no torch), or for an artifact written before the
+    manifest had it, the model family's own (the torch model registry)."""
+    if (cost := art.cost) is not None:
+        return cost.flops, cost.fixed_tokens
+    from xdeploy.models.registry import get_family
+
+    family, cfg = get_family(art.model), art.config
+    return (lambda sizes: float(family.flops(cfg, sizes))), family.dims(cfg).fixed_tokens
+
+
 def tokens_per_call(art: Any, sizes: Mapping[str, int]) -> float | None:
     """Tokens processed per call: batch * (sum of token axes), or batch * the fixed token count (ViT)."""
     seq = sum(sizes[a] for a in token_axes(art.capabilities) if a in sizes)
     if seq:
         return float(sizes["batch"] * seq)
-    if art.foreign is not None:
-        return None
-    if art.cost is not None:  # the manifest's (no model code)
-        n = art.cost.fixed_tokens
-    else:  # an artifact written before the manifest had it
-        from xdeploy.models.registry import dims
-
-        n = dims(art.config).fixed_tokens
+    n = model_cost(art)[1] if art.foreign is None else None
     return float(sizes["batch"] * n) if n else None
 
 
@@ -252,12 +257,8 @@ def latency_record(art: Any, job: BenchJob, result: dict[str, Any], mem: MemoryS
         from xdeploy.export.foreign import dense_flops
 
         flops = dense_flops(art, sizes)
-    elif art.cost is not None:  # recorded at export from the family's `flops` (models/spec.py Cost): no torch here
-        flops = art.cost.flops(sizes)
-    else:  # an artifact written before the manifest had it
-        from xdeploy.models.registry import get_family
-
-        flops = float(get_family(art.model).flops(art.config, sizes))
+    else:
+        flops = model_cost(art)[0](sizes)
     achieved = flops / st["p50"] if st["p50"] > 0 else 0.0
     peak = peak_for(dict(peaks), info["precision"], int(info["threads"]))
     tokens = tokens_per_call(art, sizes)

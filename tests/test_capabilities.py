@@ -333,3 +333,12 @@ def test_a_tampered_cost_section_is_one_line(echo, tmp_path):
         atomic_write_json(path / MANIFEST, write_manifest_files(path, m | {"cost": bad}))
         with pytest.raises(XDeployError, match=f"invalid manifest .*{msg}"):
             load_artifact(path)
+    # without the section (an artifact written before manifests had it) bench asks the family: the same figures
+    from xdeploy.bench.suite import model_cost
+
+    sizes = {"batch": 3, AXIS: 40}
+    atomic_write_json(path / MANIFEST, write_manifest_files(path, {k: v for k, v in m.items() if k != "cost"}))
+    old = load_artifact(path)
+    atomic_write_json(path / MANIFEST, write_manifest_files(path, m))
+    assert old.cost is None and load_artifact(path).cost is not None
+    assert model_cost(old)[0](sizes) == model_cost(load_artifact(path))[0](sizes) == echo_flops(EchoConfig(), sizes)
