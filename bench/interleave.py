@@ -552,6 +552,30 @@ def run_timed_rounds(timers: Mapping[str, Callable[[], Sequence[float]]], *, rou
     return Attempt(rounds=out, calls=samples, calls_per_round=per, load=meter.stop())
 
 
+def loaded(load: Load, t: Thresholds = DEFAULT_THRESHOLDS) -> bool:
+    """Other processes used more than `t.other_cores` cores meanwhile: a cause "load", not "noise"."""
+    return load.other_cores is not None and load.other_cores > t.other_cores
+
+
+def oversubscribed(load: Load, t: Thresholds = DEFAULT_THRESHOLDS) -> str | None:
+    """Why rounds taken under `load` are no quiet machine's, however steady (None: they may be)."""
+    if loaded(load, t) and load.cpu_pressure is not None and load.cpu_pressure > t.cpu_pressure:
+        return (f"CPU oversubscribed {load.cpu_pressure:.0%} of the time > {t.cpu_pressure:.0%} while other "
+                f"processes used {load.other_cores:.1f} cores")
+    return None
+
+
+def speedup_reasons(sp: SpeedUp, load: Load, t: Thresholds = DEFAULT_THRESHOLDS) -> list[str]:
+    """Why a paired speed-up is no figure on its own terms: its paired ratios are dispersed, or its interval is
+    wider than the target while other processes were busy (a busy machine's, not a quiet machine's, figure)."""
+    out = [f"paired ratios IQR {sp.rel_iqr:.0%} of median > {t.series_rel_iqr:.0%}"] \
+        if sp.rel_iqr > t.series_rel_iqr else []
+    if loaded(load, t) and sp.half_width > t.target:
+        out.append(f"speed-up 95% interval {sp.low:.2f}-{sp.high:.2f} is wider than +-{t.target:.0%} of its "
+                   f"median while other processes used {load.other_cores:.1f} cores")
+    return out
+
+
 def judge(attempt: Attempt, baseline: str | None, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> Comparison:
     """Statistics and the verdict of one attempt (module docstring: unstable, wide, or within the target)."""
     t = thresholds
@@ -560,20 +584,12 @@ def judge(attempt: Attempt, baseline: str | None, thresholds: Thresholds = DEFAU
                 if baseline is not None and n != baseline}
     reasons = [(n, f"{n}: round times IQR {s.rel_iqr:.0%} of median > {t.series_rel_iqr:.0%}")
                for n, s in series.items() if s.rel_iqr > t.series_rel_iqr]
-    reasons += [(n, f"{n}: paired ratios IQR {sp.rel_iqr:.0%} of median > {t.series_rel_iqr:.0%}")
-                for n, sp in speedups.items() if sp.rel_iqr > t.series_rel_iqr]
-    other, pressure = attempt.load.other_cores, attempt.load.cpu_pressure
-    loaded = other is not None and other > t.other_cores
+    reasons += [(n, f"{n}: {why}") for n, sp in speedups.items() for why in speedup_reasons(sp, attempt.load, t)]
     wide = [n for n, sp in speedups.items() if sp.half_width > t.target]
-    if loaded:  # a wide interval on a busy machine is not a quiet machine's figure: no figure
-        reasons += [(n, f"{n}: speed-up 95% interval {speedups[n].low:.2f}-{speedups[n].high:.2f} is wider than "
-                        f"+-{t.target:.0%} of its median while other processes used {other:.1f} cores")
-                    for n in wide]
-    if pressure is not None and loaded and pressure > t.cpu_pressure:  # steady rounds, but not a quiet machine's
-        why = (f"CPU oversubscribed {pressure:.0%} of the time > {t.cpu_pressure:.0%} while other processes "
-               f"used {other:.1f} cores")
+    why = oversubscribed(attempt.load, t)
+    if why:  # steady rounds, but not a quiet machine's
         reasons += [(n, why) for n in ([baseline] if baseline is not None else list(attempt.rounds))]
-    cause = None if not reasons else ("load" if loaded else "noise")
+    cause = None if not reasons else ("load" if loaded(attempt.load, t) else "noise")
     flagged = {who for who, _ in reasons}
     return Comparison(baseline=baseline, series=series,
                       latency={n: summarize(c) for n, c in attempt.calls.items()}, speedups=speedups,
@@ -581,6 +597,20 @@ def judge(attempt: Attempt, baseline: str | None, thresholds: Thresholds = DEFAU
                       attempts=1, thresholds=thresholds, rounds=attempt.rounds, round_ids=attempt.round_ids,
                       wide=tuple(n for n in wide if n not in flagged), extra_s=attempt.extra_s, waits=attempt.waits,
                       observed=attempt.observed)
+
+
+def pair_reasons(sp: SpeedUp, cmp: Comparison) -> list[str]:
+    """Why `sp`, the paired speed-up of one row over another that were timed in `cmp`'s rounds (neither need be
+    its baseline), is no figure; empty: it is one.
+
+    It is judged as what it is, the ratio of two rows timed side by side in the same rounds: by the dispersion of
+    those ratios and by the machine's load, as `judge` judges a speed-up over the baseline, but not by either
+    row's round times over the whole run (drift that both rows share and the pairing cancels) nor by the
+    baseline's, which is not in this comparison. In the peers studies a peer verdict had inherited every one of
+    them: on Intel Xeon model 207 the PyTorch row's own dispersion (29% in one run) withheld every peer verdict of
+    its workload, however steady the two rows' ratio (docs/benchmarks.md)."""
+    why = oversubscribed(cmp.load, cmp.thresholds)
+    return speedup_reasons(sp, cmp.load, cmp.thresholds) + ([why] if why else [])
 
 
 def _badness(c: Comparison) -> float:

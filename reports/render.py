@@ -437,8 +437,8 @@ def _vs_peer_cell(r: Mapping[str, Any]) -> str:
     v = r.get("vs_peer")
     if not v:
         return NONE
-    if not v["stable"]:
-        return f"{unstable_text(r['stability'].get('cause'))} vs {v['peer']}"
+    if not v["stable"]:  # its own cause since the peer verdict is judged on its own ratios (older records: the row's)
+        return f"{unstable_text(v.get('cause', r['stability'].get('cause')))} vs {v['peer']}"
     cell = f"{speedup(v['median'], (v['low'], v['high']), wide=bool(v.get('wide')))} vs {v['peer']}"
     if v.get("verdict"):  # the instance spread of the two rows widens the tie band (studies/peers.run_workload)
         cell += f": **{v['verdict']}** (instance spread ±{v['instance_spread']:.1%})"

@@ -117,6 +117,12 @@ MIN_COSINE = {"fp32": 0.9999, "bf16": 0.99, "int8": 0.98}
 # ties; at 60% it is 0.78, so the ranking, not only the top hit, is at stake (docs/benchmarks.md)
 RETRIEVAL_QUERIES = 512
 RETRIEVAL_DROP = 0.6
+# a round's value per system is the median of a block of calls lasting at least this long. On Intel Xeon model 207
+# the calls of one engine varied 18-25% (IQR / median) one by one, uncorrelated even between neighbours half a second
+# apart, so single-call blocks of BERT-base b1 (34-170 ms) left paired ratios 34-39% apart: no figure. The median of
+# >= 3 calls cut that to 13-15% (docs/benchmarks.md); the quick configs (tests) keep the harness's 20 ms
+MIN_BLOCK_S = 0.5
+QUICK_MIN_BLOCK_S = 0.02
 
 
 def peer_rows(task: str) -> tuple[tuple[str, str, str, str], ...]:
@@ -632,7 +638,8 @@ def _systems(w: Workload, ckpt: Path, root: Path, threads: int, wanted: Sequence
 
 def run_workload(w: Workload, *, root: Path, threads: int, wanted: Sequence[str], max_seconds: float,
                  min_rounds: int, attempts: int, log: Callable[[str], None],
-                 xrows: Sequence[tuple[str, str, str, str]] = XDEPLOY, replicas: int = 2) -> list[dict[str, Any]]:
+                 xrows: Sequence[tuple[str, str, str, str]] = XDEPLOY, replicas: int = 2,
+                 min_block_s: float = MIN_BLOCK_S) -> list[dict[str, Any]]:
     """Prepare every system (`replicas` independently loaded instances of each), check its outputs against the
     reference, time them all in the same interleaved rounds; one record per system.
 
@@ -641,7 +648,15 @@ def run_workload(w: Workload, *, root: Path, threads: int, wanted: Sequence[str]
     so one instance per system cannot tell a 3% difference between systems from luck. A row's round time is
     the mean over its instances; the instance spread (the larger A/A ratio of the two rows, instance 1 vs 2)
     widens the band inside which a speed-up counts as a tie."""
-    from xdeploy.bench.interleave import band_verdict, compare, instance_spread, paired_rows, row_rounds
+    from xdeploy.bench.interleave import (
+        band_verdict,
+        compare,
+        instance_spread,
+        loaded,
+        pair_reasons,
+        paired_rows,
+        row_rounds,
+    )
     from xdeploy.core.fingerprint import fingerprint
     from xdeploy.core.records import make_record
 
@@ -671,7 +686,7 @@ def run_workload(w: Workload, *, root: Path, threads: int, wanted: Sequence[str]
         base = f"{REFERENCE[0]} {REFERENCE[1]}"
         # fixed span (not sequential): a row's round is the mean over its instances, which needs every round
         cmp = compare(calls, baseline=base, attempts=attempts, max_seconds=max_seconds, min_rounds=min_rounds,
-                      log=log, sequential=False)
+                      log=log, sequential=False, min_block_s=min_block_s)
     finally:
         for s in systems:
             s.close()
@@ -693,11 +708,12 @@ def run_workload(w: Workload, *, root: Path, threads: int, wanted: Sequence[str]
         if s.system == "xdeploy" and peers:
             def versus(peer: str, n: str = n) -> dict[str, Any]:
                 sp = paired_rows(cmp.rounds, cmp.round_ids, inst[peer], inst[n])
-                t = cmp.thresholds  # dispersed paired ratios: no figure; an interval wider than the target: "wide"
-                stable = steady[n] and steady[peer] and sp.rel_iqr <= t.series_rel_iqr
+                reasons = pair_reasons(sp, cmp)  # no figure; an interval wider than the target: "wide"
                 band, verdict = band_verdict(sp, spread[n], spread[peer])
-                return {"peer": peer, "median": sp.median, "low": sp.low, "high": sp.high, "stable": stable,
-                        "wide": sp.half_width > t.target,
+                return {"peer": peer, "median": sp.median, "low": sp.low, "high": sp.high, "stable": not reasons,
+                        "cause": None if not reasons else "load" if loaded(cmp.load, cmp.thresholds) else "noise",
+                        "reasons": reasons,
+                        "rel_iqr": sp.rel_iqr, "wide": sp.half_width > cmp.thresholds.target,
                         "instance_spread": band - 1.0, "verdict": verdict}
 
             vs = versus(min(peers, key=lambda m: median[m]))
@@ -763,13 +779,15 @@ def _versions() -> dict[str, str]:
 def run(out: Path, *, quick: bool = False, workloads: Sequence[str] | None = None, threads: int = 0,
         systems: Sequence[str] = SYSTEMS, max_seconds: float = 20.0, min_rounds: int = 8, attempts: int = 2,
         work: Path | None = None, log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
-        onnx_graph: bool = False, static_int8: bool = False, prepare_only: bool = False, replicas: int = 2) -> Path:
+        onnx_graph: bool = False, static_int8: bool = False, prepare_only: bool = False, replicas: int = 2,
+        min_block_s: float | None = None) -> Path:
     """Run the study and write <out>/records.jsonl and the rendered report <out>/summary.md.
     `prepare_only`: write the checkpoints and every system's export into `work` and stop (no timing; e.g. under
     load, before timing on a quiet machine); `onnx_graph`: also time the `ov` rows on the ONNX graph; `static_int8`:
     also time xdeploy's static Q/DQ int8 export on OpenVINO (XDEPLOY_STATIC) in the workloads other than
     sentences (`workload_rows`: a sentence workload always has it);
-    `replicas`: independently loaded instances per system (run_workload says why)."""
+    `replicas`: independently loaded instances per system (run_workload says why); `min_block_s`: the shortest
+    block of calls a round times per system (MIN_BLOCK_S; the quick configs QUICK_MIN_BLOCK_S)."""
     from xdeploy.bench.interleave import resolve_threads
     from xdeploy.bench.suite import apply_thread_env
     from xdeploy.core.fingerprint import fingerprint
@@ -790,6 +808,9 @@ def run(out: Path, *, quick: bool = False, workloads: Sequence[str] | None = Non
         chosen = tuple(w for w in chosen if w.name in workloads)
     threads = resolve_threads(threads)
     torch.set_num_threads(threads)
+    min_block_s = (QUICK_MIN_BLOCK_S if quick else MIN_BLOCK_S) if min_block_s is None else min_block_s
+    if not min_block_s >= 0:
+        raise XDeployError(f"min_block_s must be >= 0 seconds; got {min_block_s}")
     work = work or Path("artifacts/peers")
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -815,7 +836,7 @@ def run(out: Path, *, quick: bool = False, workloads: Sequence[str] | None = Non
         log(f"{w.name}: preparing ({', '.join(systems)}; {threads} threads)")
         records += run_workload(w, root=work, threads=threads, wanted=systems, max_seconds=max_seconds,
                                 min_rounds=min_rounds, attempts=attempts, log=log, xrows=xrows,
-                                replicas=replicas)
+                                replicas=replicas, min_block_s=min_block_s)
         write_records(out / "records.jsonl", records)  # after each workload: a crash keeps what was measured
     from xdeploy.reports.render import render_report
 
@@ -844,6 +865,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "sentences (every sentence workload has it; minutes of export at base presets)")
     ap.add_argument("--replicas", type=int, default=2,
                     help="instances of each system timed side by side (their A/A spread widens the tie band)")
+    ap.add_argument("--min-block-s", type=float, default=None,
+                    help=f"shortest block of calls a round times per system, in seconds (default {MIN_BLOCK_S}; "
+                         f"--quick {QUICK_MIN_BLOCK_S})")
     ap.add_argument("--prepare-only", action="store_true",
                     help="write checkpoints and exports into --work and stop (time later, on a quiet machine)")
     a = ap.parse_args(argv)
@@ -852,7 +876,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   threads=a.threads, systems=[x for x in a.systems.split(",") if x], max_seconds=a.max_seconds,
                   min_rounds=a.min_rounds, attempts=a.attempts, work=a.work, onnx_graph=a.ov_onnx_graph,
                   static_int8=a.static_int8,
-                  prepare_only=a.prepare_only, replicas=a.replicas)
+                  prepare_only=a.prepare_only, replicas=a.replicas, min_block_s=a.min_block_s)
     except XDeployError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

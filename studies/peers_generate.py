@@ -881,7 +881,15 @@ def run_workload(w: Workload, *, work: Path, threads: int, rows: Sequence[Row], 
     compared: each row's `roofline` also carries the read bandwidth of its own comparison's rounds (median) and its
     share of it (`pct_in_rounds`), beside the share of the best read peak (`pct`)."""
     from xdeploy.bench.groups import Group, grouped_comparison
-    from xdeploy.bench.interleave import band_verdict, compare, instance_spread, paired_rows, row_rounds
+    from xdeploy.bench.interleave import (
+        band_verdict,
+        compare,
+        instance_spread,
+        loaded,
+        pair_reasons,
+        paired_rows,
+        row_rounds,
+    )
     from xdeploy.core.fingerprint import fingerprint
     from xdeploy.core.records import make_record
 
@@ -1047,10 +1055,11 @@ def run_workload(w: Workload, *, work: Path, threads: int, rows: Sequence[Row], 
         if system == "xdeploy" and peers:
             peer = min(peers, key=lambda n: rounds_median[n])
             sp = paired_rows(cmp.rounds, cmp.round_ids, inst[peer], inst[name])
-            stable = bool(steady[name] and steady[peer] and sp.rel_iqr <= t.series_rel_iqr)
+            reasons = pair_reasons(sp, cmp)  # its own ratios and the load, not either row's rounds (pair_reasons)
             band, verdict = band_verdict(sp, instance_spread(aa[name]), instance_spread(aa[peer]))
-            vs_peer = {"peer": peer, "median": sp.median, "low": sp.low, "high": sp.high, "stable": stable,
-                       "cause": None if stable else (st.get("cause") or cmp.stability(peer).get("cause") or "noise"),
+            vs_peer = {"peer": peer, "median": sp.median, "low": sp.low, "high": sp.high, "stable": not reasons,
+                       "cause": None if not reasons else "load" if loaded(cmp.load, t) else "noise",
+                       "reasons": reasons, "rel_iqr": sp.rel_iqr,
                        "wide": sp.half_width > t.target,  # half_width is relative to the median
                        # the tie band 1 +- instance_spread: the two rows' larger A/A deviation (one instance: 0)
                        "instance_spread": band - 1.0, "verdict": verdict}

@@ -467,3 +467,24 @@ def test_resolve_threads_is_the_one_meaning_of_a_thread_request() -> None:
             il.resolve_threads(bad)  # type: ignore[arg-type]
     # the one "is this optional package installed" check (core/deps.py), used by export, doctor and serve
     assert installed("numpy") and not installed("xdeploy_no_such_package") and not installed("numpy.no_such_mod")
+
+
+def test_a_pair_of_candidates_is_judged_on_its_own_ratios_not_on_the_baseline_or_the_drift() -> None:
+    """Two rows that drift together over the run (round times 2x apart) and a baseline whose rounds are dispersed:
+    `judge` withholds every speed-up over the baseline, but the two rows' ratio is steady and is a figure
+    (pair_reasons: the peers studies' verdict of an xdeploy row against a peer row). The same rows with
+    disagreeing rounds, or on an oversubscribed machine, are no figure."""
+    rng = np.random.default_rng(0)
+    drift = np.linspace(1.0, 2.0, 16)  # the host slows down over the run, for both rows alike
+    base = 0.050 * rng.choice([1.0, 1.8], 16)  # the baseline's own rounds: half of them 80% slower
+    a, b = 0.010 * drift, 0.008 * drift * (1 + 0.02 * rng.standard_normal(16))
+    c = il.judge(_attempt({"torch": base, "a": a, "b": b}), baseline="torch")
+    assert not c.stability("a")["stable"] and not c.stability("b")["stable"]  # the baseline's and the drift's
+    sp = il.paired(c.rounds, c.round_ids, "a", "b")
+    assert il.pair_reasons(sp, c) == [] and 1.2 < sp.median < 1.3
+    swapped = np.where(np.arange(16) % 2, a * 1.6, a)  # every other round of `a` 60% slower: its ratio disperses
+    c2 = il.judge(_attempt({"torch": base, "a": swapped, "b": b}), baseline="torch")
+    assert any("paired ratios IQR" in r for r in il.pair_reasons(il.paired(c2.rounds, c2.round_ids, "a", "b"), c2))
+    contended = il.Load(wall_s=1.0, loadavg_1m=3.0, other_cores=1.0, own_cores=1.0, cores=2, cpu_pressure=0.6)
+    c3 = il.judge(_attempt({"torch": base, "a": a, "b": b}, load=contended), baseline="torch")
+    assert any("oversubscribed" in r for r in il.pair_reasons(il.paired(c3.rounds, c3.round_ids, "a", "b"), c3))
