@@ -613,6 +613,16 @@ def pair_reasons(sp: SpeedUp, cmp: Comparison) -> list[str]:
     return speedup_reasons(sp, cmp.load, cmp.thresholds) + ([why] if why else [])
 
 
+def pair_figure(sp: SpeedUp, cmp: Comparison) -> dict[str, Any]:
+    """JSON-ready verdict of `sp`, one row's paired speed-up over another timed in `cmp`'s rounds (`pair_reasons`):
+    its median and 95% interval, whether it is a figure (`stable`; else its `cause` and `reasons`), its paired
+    ratios' dispersion and whether its interval is wider than the target (`wide`)."""
+    reasons = pair_reasons(sp, cmp)
+    return {"median": sp.median, "low": sp.low, "high": sp.high, "stable": not reasons,
+            "cause": None if not reasons else "load" if loaded(cmp.load, cmp.thresholds) else "noise",
+            "reasons": reasons, "rel_iqr": sp.rel_iqr, "wide": sp.half_width > cmp.thresholds.target}
+
+
 def _badness(c: Comparison) -> float:
     """How far past the thresholds the steadiest attempt is (lower is steadier)."""
     t = c.thresholds

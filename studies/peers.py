@@ -119,8 +119,9 @@ RETRIEVAL_QUERIES = 512
 RETRIEVAL_DROP = 0.6
 # a round's value per system is the median of a block of calls lasting at least this long. On Intel Xeon model 207
 # the calls of one engine varied 18-25% (IQR / median) one by one, uncorrelated even between neighbours half a second
-# apart, so single-call blocks of BERT-base b1 (34-170 ms) left paired ratios 34-39% apart: no figure. The median of
-# >= 3 calls cut that to 13-15% (docs/benchmarks.md); the quick configs (tests) keep the harness's 20 ms
+# apart, so single-call blocks of BERT-base b1 (34-170 ms) left paired ratios 34-39% apart: no figure. Medians of 3
+# MiniLM calls cut that to 13-16%; 0.5-s blocks halved BERT-base b1's and ViT's peer ratios' IQR (16% -> 8.5%,
+# docs/benchmarks.md); the quick configs (tests) keep the harness's 20 ms
 MIN_BLOCK_S = 0.5
 QUICK_MIN_BLOCK_S = 0.02
 
@@ -648,15 +649,7 @@ def run_workload(w: Workload, *, root: Path, threads: int, wanted: Sequence[str]
     so one instance per system cannot tell a 3% difference between systems from luck. A row's round time is
     the mean over its instances; the instance spread (the larger A/A ratio of the two rows, instance 1 vs 2)
     widens the band inside which a speed-up counts as a tie."""
-    from xdeploy.bench.interleave import (
-        band_verdict,
-        compare,
-        instance_spread,
-        loaded,
-        pair_reasons,
-        paired_rows,
-        row_rounds,
-    )
+    from xdeploy.bench.interleave import band_verdict, compare, instance_spread, pair_figure, paired_rows, row_rounds
     from xdeploy.core.fingerprint import fingerprint
     from xdeploy.core.records import make_record
 
@@ -708,13 +701,9 @@ def run_workload(w: Workload, *, root: Path, threads: int, wanted: Sequence[str]
         if s.system == "xdeploy" and peers:
             def versus(peer: str, n: str = n) -> dict[str, Any]:
                 sp = paired_rows(cmp.rounds, cmp.round_ids, inst[peer], inst[n])
-                reasons = pair_reasons(sp, cmp)  # no figure; an interval wider than the target: "wide"
                 band, verdict = band_verdict(sp, spread[n], spread[peer])
-                return {"peer": peer, "median": sp.median, "low": sp.low, "high": sp.high, "stable": not reasons,
-                        "cause": None if not reasons else "load" if loaded(cmp.load, cmp.thresholds) else "noise",
-                        "reasons": reasons,
-                        "rel_iqr": sp.rel_iqr, "wide": sp.half_width > cmp.thresholds.target,
-                        "instance_spread": band - 1.0, "verdict": verdict}
+                # judged on the two rows' own ratios and the load (pair_reasons), not on either row's rounds
+                return {"peer": peer} | pair_figure(sp, cmp) | {"instance_spread": band - 1.0, "verdict": verdict}
 
             vs = versus(min(peers, key=lambda m: median[m]))
             # and the fastest peer row on the same engine (ov vs optimum-intel / sentence-transformers openvino)

@@ -881,15 +881,7 @@ def run_workload(w: Workload, *, work: Path, threads: int, rows: Sequence[Row], 
     compared: each row's `roofline` also carries the read bandwidth of its own comparison's rounds (median) and its
     share of it (`pct_in_rounds`), beside the share of the best read peak (`pct`)."""
     from xdeploy.bench.groups import Group, grouped_comparison
-    from xdeploy.bench.interleave import (
-        band_verdict,
-        compare,
-        instance_spread,
-        loaded,
-        pair_reasons,
-        paired_rows,
-        row_rounds,
-    )
+    from xdeploy.bench.interleave import band_verdict, compare, instance_spread, pair_figure, paired_rows, row_rounds
     from xdeploy.core.fingerprint import fingerprint
     from xdeploy.core.records import make_record
 
@@ -1055,14 +1047,10 @@ def run_workload(w: Workload, *, work: Path, threads: int, rows: Sequence[Row], 
         if system == "xdeploy" and peers:
             peer = min(peers, key=lambda n: rounds_median[n])
             sp = paired_rows(cmp.rounds, cmp.round_ids, inst[peer], inst[name])
-            reasons = pair_reasons(sp, cmp)  # its own ratios and the load, not either row's rounds (pair_reasons)
             band, verdict = band_verdict(sp, instance_spread(aa[name]), instance_spread(aa[peer]))
-            vs_peer = {"peer": peer, "median": sp.median, "low": sp.low, "high": sp.high, "stable": not reasons,
-                       "cause": None if not reasons else "load" if loaded(cmp.load, t) else "noise",
-                       "reasons": reasons, "rel_iqr": sp.rel_iqr,
-                       "wide": sp.half_width > t.target,  # half_width is relative to the median
-                       # the tie band 1 +- instance_spread: the two rows' larger A/A deviation (one instance: 0)
-                       "instance_spread": band - 1.0, "verdict": verdict}
+            # judged on the two rows' own ratios and the load (pair_reasons), not on either row's rounds; the tie
+            # band 1 +- instance_spread: the two rows' larger A/A deviation (one instance: 0)
+            vs_peer = {"peer": peer} | pair_figure(sp, cmp) | {"instance_spread": band - 1.0, "verdict": verdict}
         records.append(make_record(
             "peers_generate", fp, **common, ttft_s=m["ttft_s"], tpot_s=m["tpot_s"], e2e_s=rounds_median[name],
             itl_s=m["itl_s"], output_tokens_per_s=w.new_tokens / rounds_median[name],

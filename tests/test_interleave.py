@@ -488,3 +488,7 @@ def test_a_pair_of_candidates_is_judged_on_its_own_ratios_not_on_the_baseline_or
     contended = il.Load(wall_s=1.0, loadavg_1m=3.0, other_cores=1.0, own_cores=1.0, cores=2, cpu_pressure=0.6)
     c3 = il.judge(_attempt({"torch": base, "a": a, "b": b}, load=contended), baseline="torch")
     assert any("oversubscribed" in r for r in il.pair_reasons(il.paired(c3.rounds, c3.round_ids, "a", "b"), c3))
+    # the record the studies write: a figure with no cause on the quiet machine, "load" on the contended one
+    quiet, busy = il.pair_figure(sp, c), il.pair_figure(il.paired(c3.rounds, c3.round_ids, "a", "b"), c3)
+    assert quiet["stable"] and quiet["cause"] is None and quiet["median"] == sp.median
+    assert not busy["stable"] and busy["cause"] == "load" and busy["reasons"]
